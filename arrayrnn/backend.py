@@ -1,0 +1,113 @@
+"""The one backend switch: which array module (NumPy or CuPy) a call's arrays live in.
+
+Only this module asks whether CuPy is installed. Everything else calls :func:`get_xp` and
+:func:`as_array`, and writes array-generic code against the module it returns.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_module() -> ModuleType | None:
+    """The ``cupy`` module if it is installed and imports, else ``None``."""
+    try:
+        import cupy
+    except Exception:  # ImportError, or a CUDA library failing to load
+        return None
+    return cupy
+
+
+def is_cupy_array(a: Any) -> bool:
+    cp = cupy_module()
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def device_of(a: Any) -> str:
+    """``"cpu"`` or ``"cuda:N"``."""
+    if is_cupy_array(a):
+        return f"cuda:{a.device.id}"
+    return "cpu"
+
+
+def _describe(name: str, a: Any) -> str:
+    return f"{name} ({type(a).__module__}.{type(a).__name__}, dtype {a.dtype}, on {device_of(a)})"
+
+
+def get_xp(*arrays: Any, names: tuple[str, ...] | None = None) -> ModuleType:
+    """The array module shared by ``arrays`` (``None`` entries are skipped).
+
+    Raises ``TypeError`` naming the arrays when they live on different devices, or when floating
+    arrays among them have different dtypes (never a silent cast). ``names`` labels the arrays in
+    the message; by default they are called ``arrays[i]``.
+    """
+    labels = names or tuple(f"arrays[{i}]" for i in range(len(arrays)))
+    present = [(label, a) for label, a in zip(labels, arrays) if a is not None]
+    if not present:
+        return np
+    first_label, first = present[0]
+    first_float = next(((lbl, a) for lbl, a in present if _is_floating(a)), None)
+    for label, a in present[1:]:
+        if device_of(a) != device_of(first):
+            raise TypeError(f"{_describe(first_label, first)} and {_describe(label, a)} are on different "
+                            "devices; move them to one device first (e.g. params.to(cupy))")
+        if first_float is not None and _is_floating(a) and a.dtype != first_float[1].dtype:
+            raise TypeError(f"{_describe(*first_float)} and {_describe(label, a)} have different dtypes; "
+                            "convert them explicitly (e.g. x.astype(params.data.dtype))")
+    return cupy_module() if is_cupy_array(first) else np
+
+
+def _is_floating(a: Any) -> bool:
+    return np.dtype(a.dtype).kind == "f"
+
+
+def as_array(obj: Any, name: str = "array") -> Any:
+    """A NumPy or CuPy view of ``obj`` without copying where the protocol allows.
+
+    Accepts NumPy and CuPy arrays as they are, objects with ``__cuda_array_interface__`` (as CuPy
+    arrays), objects with ``__dlpack__`` (PyTorch, JAX, ...; CPU ones as NumPy, CUDA ones as CuPy),
+    and objects with ``__array_interface__`` or ``__array__``. Anything else is a ``TypeError``.
+    """
+    if isinstance(obj, np.ndarray) or is_cupy_array(obj):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _require_cupy(name).asarray(obj)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        device_type = int(obj.__dlpack_device__()[0])
+        if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+            return np.from_dlpack(obj)
+        return _require_cupy(name).from_dlpack(obj)
+    if hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
+        return np.asarray(obj)
+    raise TypeError(f"{name} has type {type(obj).__name__}; expected an array (NumPy, CuPy, or any object "
+                    "with __dlpack__, __cuda_array_interface__ or __array_interface__)")
+
+
+def _require_cupy(name: str) -> ModuleType:
+    cp = cupy_module()
+    if cp is None:
+        raise TypeError(f"{name} lives on a GPU but CuPy is not installed; install the 'gpu' extra "
+                        "(pip install 'arrayrnn[gpu]') or move it to host memory first")
+    return cp
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A NumPy array with the contents of ``a`` (a copy only when ``a`` is on a GPU)."""
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def module_for(target: Any) -> ModuleType:
+    """The array module named by ``target``: a module (numpy / cupy) or a device string."""
+    if isinstance(target, ModuleType) and target.__name__ in ("numpy", "cupy"):
+        return target
+    if isinstance(target, str):
+        if target == "cpu" or target == "numpy":
+            return np
+        if target.startswith("cuda") or target == "cupy":
+            return _require_cupy(f"device {target!r}")
+    raise ValueError(f"target = {target!r}; expected numpy, cupy, 'cpu', 'cuda' or 'cuda:N'")

@@ -1,0 +1,102 @@
+"""The canonical weight layout: where every named block of a stack sits in the one flat buffer.
+
+For each layer in order, for each direction (forward, then reverse), the blocks
+``W_ih (G*H, I_l)``, ``W_hh (G*H, H_out)``, ``b_ih (G*H,)``, ``b_hh (G*H,)``, ``W_hr (P, H)``,
+each row-major and contiguous, absent ones skipped. This is PyTorch's parameter order, so
+``torch.cat([p.flatten() for p in module.parameters()])`` equals the buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from .spec import RNNSpec
+
+BLOCK_NAMES = ("W_ih", "W_hh", "b_ih", "b_hh", "W_hr")
+DIRECTION_NAMES = ("fwd", "rev")
+
+
+@dataclass(frozen=True)
+class Block:
+    layer: int
+    direction: int
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.size
+
+    @property
+    def key(self) -> str:
+        """``"l0.fwd.W_ih"``: the name used by ``named_views`` and in saved files."""
+        return f"l{self.layer}.{DIRECTION_NAMES[self.direction]}.{self.name}"
+
+
+def block_shapes(spec: RNNSpec, layer: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the blocks present in one layer-direction, in canonical order."""
+    gh, h, h_out = spec.gate_size, spec.hidden_size, spec.output_size
+    shapes: dict[str, tuple[int, ...]] = {"W_ih": (gh, spec.layer_input_size(layer)), "W_hh": (gh, h_out)}
+    if spec.has_b_ih:
+        shapes["b_ih"] = (gh,)
+    if spec.has_b_hh:
+        shapes["b_hh"] = (gh,)
+    if spec.proj_size:
+        shapes["W_hr"] = (spec.proj_size, h)
+    return shapes
+
+
+class Layout:
+    """All offsets of one spec's canonical buffer. Use :func:`layout_of` to get the cached instance."""
+
+    def __init__(self, spec: RNNSpec):
+        self.spec = spec
+        blocks: list[Block] = []
+        offset = 0
+        for layer in range(spec.num_layers):
+            for direction in range(spec.num_directions):
+                for name, shape in block_shapes(spec, layer).items():
+                    blocks.append(Block(layer, direction, name, offset, shape))
+                    offset += math.prod(shape)
+        self.blocks: tuple[Block, ...] = tuple(blocks)
+        self.size = offset
+        self._by_position = {(b.layer, b.direction, b.name): b for b in blocks}
+
+    def block(self, layer: int, direction: int, name: str) -> Block:
+        try:
+            return self._by_position[(layer, direction, name)]
+        except KeyError:
+            raise self._missing(layer, direction, name) from None
+
+    def has(self, layer: int, direction: int, name: str) -> bool:
+        return (layer, direction, name) in self._by_position
+
+    def _missing(self, layer: int, direction: int, name: str) -> ValueError:
+        spec = self.spec
+        if not (isinstance(layer, int) and 0 <= layer < spec.num_layers):
+            return ValueError(f"layer = {layer!r}; expected 0 <= layer < num_layers = {spec.num_layers}")
+        if not (isinstance(direction, int) and 0 <= direction < spec.num_directions):
+            return ValueError(f"direction = {direction!r}; expected 0 <= direction < {spec.num_directions} "
+                              f"(bidirectional={spec.bidirectional})")
+        present = tuple(block_shapes(spec, layer))
+        if name in BLOCK_NAMES:
+            return ValueError(f"name = {name!r} is absent for bias={spec.bias!r}, proj_size={spec.proj_size}; "
+                              f"present blocks: {present}")
+        return ValueError(f"name = {name!r}; expected one of {present}")
+
+    def layer_direction_span(self, layer: int, direction: int) -> tuple[int, int]:
+        """[start, stop) of one layer-direction's blocks in the buffer."""
+        names = tuple(block_shapes(self.spec, layer))
+        return self.block(layer, direction, names[0]).offset, self.block(layer, direction, names[-1]).stop
+
+
+@functools.lru_cache(maxsize=256)
+def layout_of(spec: RNNSpec) -> Layout:
+    return Layout(spec)

@@ -1,0 +1,166 @@
+"""`RNNSpec`: the validated, hashable description of a recurrent stack.
+
+Every derived size (directions, gates, output size, per-layer input size) is computed here and nowhere
+else; the layout, the engines and the interop code all ask the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+GATES_PER_MODE = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}
+GATE_NAMES = {"rnn_tanh": ("h",), "rnn_relu": ("h",), "lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
+BIAS_MODES = ("double", "single_inp", "single_rec", "none")
+DTYPES = ("float16", "float32", "float64")
+
+_BIAS_ALIASES = {True: "double", False: "none", None: "none"}
+
+
+def _normalize_bias(bias: Any) -> str:
+    if isinstance(bias, bool) or bias is None:
+        return _BIAS_ALIASES[bias]
+    if isinstance(bias, str) and bias in BIAS_MODES:
+        return bias
+    raise ValueError(f"bias = {bias!r}; expected True, False or one of {BIAS_MODES}")
+
+
+def _normalize_dtype(dtype: Any) -> str:
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or dtype
+    if isinstance(name, str) and name in DTYPES:
+        return name
+    raise ValueError(f"dtype = {dtype!r}; expected one of {DTYPES}")
+
+
+def _check_positive_int(field: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} = {value!r}; expected an integer >= {minimum}")
+    return int(value)
+
+
+def _normalize_cell_clip(cell_clip: Any) -> tuple[float, float] | None:
+    if cell_clip is None:
+        return None
+    if isinstance(cell_clip, (int, float)) and not isinstance(cell_clip, bool):
+        lo, hi = -float(cell_clip), float(cell_clip)
+    elif isinstance(cell_clip, (tuple, list)) and len(cell_clip) == 2:
+        lo, hi = (float(v) for v in cell_clip)
+    else:
+        raise ValueError(f"cell_clip = {cell_clip!r}; expected None, a positive float c, or a pair (lo, hi)")
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"cell_clip = {cell_clip!r}; expected finite bounds with lo < hi")
+    return (lo, hi)
+
+
+@dataclass(frozen=True)
+class RNNSpec:
+    """What a recurrent stack is: mode, sizes, layers, directions, bias mode and options.
+
+    Construction validates every field (``ValueError`` naming the field, the value and what is allowed)
+    and normalizes aliases: ``bias=True`` becomes ``"double"``, ``bias=False`` ``"none"``; a float
+    ``cell_clip=c`` becomes ``(-c, c)``; a NumPy dtype becomes its name.
+    """
+
+    mode: str
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bidirectional: bool = False
+    bias: str | bool = True
+    proj_size: int = 0
+    cell_clip: tuple[float, float] | float | None = None
+    dropout: float = 0.0
+    reset_after: bool = True
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode = {self.mode!r}; expected one of {MODES}")
+        _check_positive_int("input_size", self.input_size)
+        _check_positive_int("hidden_size", self.hidden_size)
+        _check_positive_int("num_layers", self.num_layers)
+        _check_positive_int("proj_size", self.proj_size, minimum=0)
+        for flag in ("bidirectional", "reset_after"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} = {getattr(self, flag)!r}; expected True or False")
+        if self.proj_size and self.mode != "lstm":
+            raise ValueError(f"proj_size = {self.proj_size} with mode = {self.mode!r}; "
+                             "projection exists only for mode='lstm' (use proj_size=0)")
+        if self.proj_size >= self.hidden_size:
+            raise ValueError(f"proj_size = {self.proj_size}; expected 0 (no projection) or "
+                             f"0 < proj_size < hidden_size = {self.hidden_size}")
+        if self.cell_clip is not None and self.mode != "lstm":
+            raise ValueError(f"cell_clip = {self.cell_clip!r} with mode = {self.mode!r}; "
+                             "cell clipping exists only for mode='lstm' (use cell_clip=None)")
+        if not self.reset_after and self.mode != "gru":
+            raise ValueError(f"reset_after = False with mode = {self.mode!r}; only GRU has a reset variant")
+        dropout = self.dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout = {dropout!r}; expected a probability in [0, 1)")
+        object.__setattr__(self, "dropout", float(dropout))
+        object.__setattr__(self, "bias", _normalize_bias(self.bias))
+        object.__setattr__(self, "cell_clip", _normalize_cell_clip(self.cell_clip))
+        object.__setattr__(self, "dtype", _normalize_dtype(self.dtype))
+
+    # -- derived sizes: the only place these are computed ---------------------------------------
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def gates(self) -> int:
+        """Gate blocks per weight matrix: 1 (rnn), 3 (gru), 4 (lstm)."""
+        return GATES_PER_MODE[self.mode]
+
+    @property
+    def gate_names(self) -> tuple[str, ...]:
+        return GATE_NAMES[self.mode]
+
+    @property
+    def gate_size(self) -> int:
+        return self.gates * self.hidden_size
+
+    @property
+    def output_size(self) -> int:
+        """Size of h (and of each direction's slice of y): proj_size if projecting, else hidden_size."""
+        return self.proj_size or self.hidden_size
+
+    @property
+    def has_b_ih(self) -> bool:
+        return self.bias in ("double", "single_inp")
+
+    @property
+    def has_b_hh(self) -> bool:
+        return self.bias in ("double", "single_rec")
+
+    @property
+    def has_cell(self) -> bool:
+        return self.mode == "lstm"
+
+    def layer_input_size(self, layer: int) -> int:
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer = {layer!r}; expected 0 <= layer < num_layers = {self.num_layers}")
+        return self.input_size if layer == 0 else self.num_directions * self.output_size
+
+    # -- serialization --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["cell_clip"] is not None:
+            d["cell_clip"] = list(d["cell_clip"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RNNSpec:
+        if not isinstance(d, dict):
+            raise ValueError(f"spec = {d!r}; expected a dict of RNNSpec fields")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"spec has unknown fields {unknown}; expected a subset of {sorted(names)}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> RNNSpec:
+        return dataclasses.replace(self, **changes)
