@@ -2,6 +2,8 @@
 
 from .backend import as_array, get_xp
 from .errors import EngineUnavailableError
+from .interop import from_torch, to_torch_state_dict
+from .io import load, save
 from .layout import Layout, layout_of
 from .params import PackedParams
 from .spec import RNNSpec
@@ -14,6 +16,10 @@ __all__ = [
     "PackedParams",
     "RNNSpec",
     "as_array",
+    "from_torch",
+    "load",
+    "save",
+    "to_torch_state_dict",
     "get_xp",
     "layout_of",
 ]

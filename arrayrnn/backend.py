@@ -47,7 +47,7 @@ def get_xp(*arrays: Any, names: tuple[str, ...] | None = None) -> ModuleType:
     the message; by default they are called ``arrays[i]``.
     """
     labels = names or tuple(f"arrays[{i}]" for i in range(len(arrays)))
-    present = [(label, a) for label, a in zip(labels, arrays) if a is not None]
+    present = [(label, a) for label, a in zip(labels, arrays, strict=True) if a is not None]
     if not present:
         return np
     first_label, first = present[0]

@@ -87,8 +87,8 @@ class Layout:
                               f"(bidirectional={spec.bidirectional})")
         present = tuple(block_shapes(spec, layer))
         if name in BLOCK_NAMES:
-            return ValueError(f"name = {name!r} is absent for bias={spec.bias!r}, proj_size={spec.proj_size}; "
-                              f"present blocks: {present}")
+            return ValueError(f"name = {name!r} is absent for bias={spec.bias!r}, "
+                              f"proj_size={spec.proj_size}; present blocks: {present}")
         return ValueError(f"name = {name!r}; expected one of {present}")
 
     def layer_direction_span(self, layer: int, direction: int) -> tuple[int, int]:
