@@ -1,0 +1,148 @@
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+from arrayrnn import io as arrayrnn_io
+
+SPECS = [
+    ar.RNNSpec("lstm", 3, 5, num_layers=2, bidirectional=True, proj_size=2, cell_clip=(-2, 3), dropout=0.1),
+    ar.RNNSpec("gru", 3, 5, bias="single_rec", reset_after=False, dtype="float64"),
+    ar.RNNSpec("rnn_relu", 1, 1, bias=False),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_save_load_round_trip_is_bit_exact(tmp_path, spec):
+    params = ar.PackedParams.init(spec, seed=1)
+    path = tmp_path / "model.npz"
+    ar.save(path, params)
+    loaded = ar.load(path)
+    assert loaded.spec == spec and loaded.format == "canonical"
+    assert loaded.data.dtype == params.data.dtype and loaded.data.tobytes() == params.data.tobytes()
+
+
+def test_file_holds_no_pickle_and_a_json_header(tmp_path):
+    path = tmp_path / "m.npz"
+    ar.save(path, ar.PackedParams.init(SPECS[0]))
+    with np.load(path, allow_pickle=False) as npz:
+        header = json.loads(npz["header"].tobytes())
+    assert header["format"] == "arrayrnn.PackedParams" and header["version"] == 1
+    assert ar.RNNSpec.from_dict(header["spec"]) == SPECS[0]
+
+
+def _rewrite(path, header=None, data=None):
+    with np.load(path, allow_pickle=False) as npz:
+        members = {"header": npz["header"], "data": npz["data"]}
+    if header is not None:
+        members["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    if data is not None:
+        members["data"] = data
+    with open(path, "wb") as f:
+        np.savez(f, **members)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "m.npz"
+    params = ar.PackedParams.init(SPECS[0], seed=0)
+    ar.save(path, params)
+    with np.load(path) as npz:
+        header = json.loads(npz["header"].tobytes())
+    return path, header, params
+
+
+def test_truncated_file(saved):
+    path = saved[0]
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="not a readable arrayrnn file"):
+        ar.load(path)
+
+
+def test_flipped_byte_in_the_buffer(saved):
+    path = saved[0]
+    with zipfile.ZipFile(path) as z:
+        data_info = z.getinfo("data.npy")
+    raw = bytearray(path.read_bytes())
+    raw[data_info.header_offset + 200] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"damaged|unreadable|not a readable"):
+        ar.load(path)
+
+
+def test_tampered_buffer_fails_the_checksum(saved):
+    path, _, params = saved
+    data = params.data.copy()
+    data[3] += 1
+    _rewrite(path, data=data)
+    with pytest.raises(ValueError, match="SHA-256 does not match"):
+        ar.load(path)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(version=2), r"format version = 2; this arrayrnn reads versions 1..1"),
+    (dict(version="1"), r"format version = '1'"),
+    (dict(format="other"), r"format = 'other'; expected 'arrayrnn.PackedParams'"),
+    (dict(spec={"mode": "lstm"}), r"invalid spec in header"),
+    (dict(spec=dict(mode="lstm", input_size=3, hidden_size=0)), r"invalid spec in header: hidden_size = 0"),
+    (dict(dtype="float64"), r"header dtype = 'float64' and data dtype = float32"),
+    (dict(length=3), r"header length = 3"),
+])
+def test_damaged_header_fields(saved, change, message):
+    path, header, _ = saved
+    _rewrite(path, header=header | change)
+    with pytest.raises(ValueError, match=message):
+        ar.load(path)
+
+
+def test_header_not_json(saved):
+    path = saved[0]
+    with np.load(path) as npz:
+        data = npz["data"]
+    with open(path, "wb") as f:
+        np.savez(f, header=np.frombuffer(b"{not json", dtype=np.uint8), data=data)
+    with pytest.raises(ValueError, match="header is not valid JSON"):
+        ar.load(path)
+
+
+@pytest.mark.parametrize("write", [
+    lambda p: np.savez(p, weights=np.zeros(3)),
+    lambda p: np.save(p, np.zeros(3)),
+    lambda p: p.write_bytes(b"hello, not an npz file at all"),
+    lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True),
+])
+def test_foreign_files(tmp_path, write):
+    path = tmp_path / "foreign.npz"
+    write(path)
+    if not path.exists():
+        os.rename(str(path) + ".npy", path)
+    with pytest.raises(ValueError):
+        ar.load(path)
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        ar.load(tmp_path / "absent.npz")
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(saved, monkeypatch):
+    path, _, params = saved
+    before = path.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(arrayrnn_io.np, "savez", crash)
+    with pytest.raises(OSError, match="disk full"):
+        ar.save(path, ar.PackedParams.init(SPECS[1]))
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(path.parent)) == [path.name]
+
+
+def test_save_rejects_non_params(tmp_path):
+    with pytest.raises(TypeError, match="params has type ndarray"):
+        ar.save(tmp_path / "x.npz", np.zeros(3))

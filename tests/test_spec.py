@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from arrayrnn import RNNSpec
+
+
+def test_defaults_and_normalization():
+    spec = RNNSpec("lstm", 3, 5, bias=True, cell_clip=2.5, dtype=np.float64)
+    assert spec.bias == "double" and spec.cell_clip == (-2.5, 2.5) and spec.dtype == "float64"
+    assert RNNSpec("gru", 3, 5, bias=False).bias == "none"
+    assert RNNSpec("lstm", 3, 5, cell_clip=(-1, 3)).cell_clip == (-1.0, 3.0)
+    assert RNNSpec("rnn_tanh", 3, 5, dtype=np.dtype("float32")).dtype == "float32"
+
+
+@pytest.mark.parametrize(("mode", "gates", "names"), [
+    ("rnn_tanh", 1, ("h",)), ("rnn_relu", 1, ("h",)),
+    ("lstm", 4, ("i", "f", "g", "o")), ("gru", 3, ("r", "z", "n")),
+])
+def test_derived_sizes(mode, gates, names):
+    spec = RNNSpec(mode, 7, 6, num_layers=3, bidirectional=True)
+    assert spec.gates == gates and spec.gate_names == names and spec.gate_size == gates * 6
+    assert spec.num_directions == 2 and spec.output_size == 6
+    assert spec.layer_input_size(0) == 7 and spec.layer_input_size(2) == 12
+    with pytest.raises(ValueError, match="layer = 3"):
+        spec.layer_input_size(3)
+
+
+def test_projection_sizes():
+    spec = RNNSpec("lstm", 7, 6, num_layers=2, bidirectional=True, proj_size=2)
+    assert spec.output_size == 2 and spec.layer_input_size(1) == 4
+
+
+@pytest.mark.parametrize(("bias", "b_ih", "b_hh"), [
+    (True, True, True), ("double", True, True), ("single_inp", True, False), ("single_rec", False, True),
+    (False, False, False), ("none", False, False),
+])
+def test_bias_modes(bias, b_ih, b_hh):
+    spec = RNNSpec("gru", 2, 3, bias=bias)
+    assert (spec.has_b_ih, spec.has_b_hh) == (b_ih, b_hh)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(mode="lstmm"), r"mode = 'lstmm'; expected one of"),
+    (dict(input_size=0), r"input_size = 0; expected an integer >= 1"),
+    (dict(hidden_size=0), r"hidden_size = 0; expected an integer >= 1"),
+    (dict(hidden_size=2.0), r"hidden_size = 2.0"),
+    (dict(num_layers=0), r"num_layers = 0"),
+    (dict(num_layers=True), r"num_layers = True"),
+    (dict(proj_size=-1), r"proj_size = -1"),
+    (dict(mode="gru", proj_size=2), r"proj_size = 2 with mode = 'gru'"),
+    (dict(proj_size=4), r"proj_size = 4; expected 0 \(no projection\) or 0 < proj_size < hidden_size = 4"),
+    (dict(proj_size=5), r"proj_size = 5"),
+    (dict(dropout=1.0), r"dropout = 1.0; expected a probability in \[0, 1\)"),
+    (dict(dropout=-0.1), r"dropout = -0.1"),
+    (dict(dropout="0.5"), r"dropout = '0.5'"),
+    (dict(dtype="int32"), r"dtype = 'int32'; expected one of"),
+    (dict(dtype="bfloat16"), r"dtype = 'bfloat16'"),
+    (dict(bias="single"), r"bias = 'single'; expected True, False or one of"),
+    (dict(bidirectional=1), r"bidirectional = 1; expected True or False"),
+    (dict(cell_clip=0.0), r"cell_clip = 0.0; expected finite bounds"),
+    (dict(cell_clip=(2, 1)), r"cell_clip = \(2, 1\)"),
+    (dict(cell_clip=float("inf")), r"cell_clip = inf"),
+    (dict(cell_clip="x"), r"cell_clip = 'x'"),
+    (dict(mode="gru", cell_clip=1.0), r"cell_clip = 1.0 with mode = 'gru'"),
+    (dict(reset_after=False), r"reset_after = False with mode = 'lstm'"),
+])
+def test_validation_errors(kwargs, message):
+    fields = dict(mode="lstm", input_size=3, hidden_size=4) | kwargs
+    with pytest.raises(ValueError, match=message):
+        RNNSpec(**fields)
+
+
+def test_frozen_and_hashable():
+    spec = RNNSpec("lstm", 3, 4)
+    with pytest.raises(AttributeError):
+        spec.hidden_size = 5
+    assert hash(spec) == hash(RNNSpec("lstm", 3, 4, bias="double"))
+
+
+@pytest.mark.parametrize("spec", [
+    RNNSpec("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2, cell_clip=(-1, 2), dropout=0.25),
+    RNNSpec("gru", 3, 4, bias="single_rec", reset_after=False, dtype="float64"),
+    RNNSpec("rnn_relu", 1, 1, bias=False, dtype="float16"),
+])
+def test_dict_round_trip(spec):
+    import json
+
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert RNNSpec.from_dict(d) == spec
+
+
+def test_from_dict_rejects_unknown_fields_and_non_dicts():
+    with pytest.raises(ValueError, match=r"unknown fields \['hiden_size'\]"):
+        RNNSpec.from_dict({"mode": "lstm", "input_size": 3, "hiden_size": 4})
+    with pytest.raises(ValueError, match="expected a dict"):
+        RNNSpec.from_dict(["lstm"])
