@@ -6,6 +6,7 @@ from .interop import from_torch, to_torch_state_dict
 from .io import load, save
 from .layout import Layout, layout_of
 from .params import PackedParams
+from .rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
 from .spec import RNNSpec
 
 __version__ = "0.1.0"
@@ -14,6 +15,8 @@ __all__ = [
     "EngineUnavailableError",
     "Layout",
     "PackedParams",
+    "RNNGrads",
+    "RNNResult",
     "RNNSpec",
     "as_array",
     "from_torch",
@@ -22,4 +25,6 @@ __all__ = [
     "to_torch_state_dict",
     "get_xp",
     "layout_of",
+    "rnn_backward",
+    "rnn_forward",
 ]

@@ -1,0 +1,188 @@
+"""Gate math of the four cells for one time step, written once against ``xp`` (NumPy or CuPy).
+
+Every function works on the ``n`` active rows of one step. Forward steps return the new state and the
+residuals the backward needs (see :class:`~arrayrnn.engines.base.DirectionCache`); backward steps take
+the total cotangent of the step's output ``dh`` (and ``dc`` for LSTM) and return the pre-activation
+gradients plus the carries into the previous step. Derivatives are taken from outputs: ``1 - g*g`` for
+tanh, ``s * (1 - s)`` for sigmoid, ``y > 0`` for relu. Gates are addressed by name (``spec.gate_names``).
+
+Semantics, per active row (``@`` as in ``x @ W.T``; ``xw = W_ih x + b_ih (+ folded b_hh)``):
+
+- rnn: ``h = act(xw + W_hh h)``
+- lstm: ``i, f, g, o = sig, sig, tanh, sig(xw + W_hh h)``; ``c = clip(f*c + i*g)``;
+  ``h = o * tanh(c)``, then ``h = W_hr h`` with projection
+- gru, reset_after: ``r, z = sig(xw_rz + W_hrz h)``; ``n = tanh(xw_n + r * (W_hn h + b_hn))``
+- gru, reset_before: ``n = tanh(xw_n + W_hn (r * h))`` (``b_hn`` is folded into ``xw``);
+  both GRUs: ``h = (1 - z) * n + z * h``
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from .spec import RNNSpec
+
+if TYPE_CHECKING:  # engines import this module; the weights type is only needed for hints
+    from .engines.base import DirectionWeights
+
+Array = Any
+
+
+# -- gates by name ------------------------------------------------------------------------------
+def gate_slice(spec: RNNSpec, first: str, last: str | None = None) -> slice:
+    """Columns of gates ``first`` .. ``last`` (inclusive, in ``spec.gate_names`` order) in a G*H axis."""
+    names, h = spec.gate_names, spec.hidden_size
+    start, stop = names.index(first), names.index(last or first) + 1
+    return slice(start * h, stop * h)
+
+
+def gate(spec: RNNSpec, a: Array, first: str, last: str | None = None) -> Array:
+    """View of gate(s) ``first`` .. ``last`` along the last axis of ``a``."""
+    return a[..., gate_slice(spec, first, last)]
+
+
+# -- activations (in place where it saves memory) ------------------------------------------------
+def sigmoid_(xp: ModuleType, a: Array) -> Array:
+    """``a = 1 / (1 + exp(-a))`` in place, computed as ``(1 + tanh(a/2)) / 2`` (no overflow)."""
+    a *= 0.5
+    xp.tanh(a, out=a)
+    a += 1.0
+    a *= 0.5
+    return a
+
+
+def tanh_(xp: ModuleType, a: Array) -> Array:
+    return xp.tanh(a, out=a)
+
+
+def relu_(xp: ModuleType, a: Array) -> Array:
+    return xp.maximum(a, 0, out=a)
+
+
+# -- biases -------------------------------------------------------------------------------------
+def split_biases(spec: RNNSpec, b_ih: Array | None, b_hh: Array | None) -> tuple[Array | None, Array | None]:
+    """``(input_bias, inner_bias)``: what is added once into ``xw`` and what stays inside the step.
+
+    Every bias is additive outside any product except the reset-after GRU's ``b_hn``, which sits in
+    ``r * (W_hn h + b_hn)``; that one stays with the kernel. Each bias keeps exactly the place
+    DESIGN.md gives it, so a single bias mode is a plain omission.
+    """
+    inner = None
+    outer_hh = b_hh
+    if b_hh is not None and spec.mode == "gru" and spec.reset_after:
+        inner = gate(spec, b_hh, "n")
+        outer_hh = b_hh.copy()
+        gate(spec, outer_hh, "n")[...] = 0
+    if b_ih is None:
+        return outer_hh, inner
+    if outer_hh is None:
+        return b_ih, inner
+    return b_ih + outer_hh, inner
+
+
+# -- forward steps: (xp, spec, w, xw_t, h, c) -> (h_new, c_new, residuals) ------------------------
+def rnn_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
+                     c: Array | None) -> tuple[Array, None, dict[str, Array]]:
+    pre = xw_t + h @ w.W_hh.T
+    h_new = tanh_(xp, pre) if spec.mode == "rnn_tanh" else relu_(xp, pre)
+    return h_new, None, {}
+
+
+def lstm_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
+                      c: Array) -> tuple[Array, Array, dict[str, Array]]:
+    gates = xw_t + h @ w.W_hh.T
+    sigmoid_(xp, gate(spec, gates, "i", "f"))
+    tanh_(xp, gate(spec, gates, "g"))
+    sigmoid_(xp, gate(spec, gates, "o"))
+    i, f, g, o = (gate(spec, gates, name) for name in ("i", "f", "g", "o"))
+    c_new = f * c
+    c_new += i * g
+    if spec.cell_clip is not None:
+        xp.clip(c_new, *spec.cell_clip, out=c_new)
+    tanh_c = xp.tanh(c_new)
+    h_new = o * tanh_c
+    if w.W_hr is not None:
+        h_new = h_new @ w.W_hr.T
+    return h_new, c_new, {"gates": gates, "c": c_new, "tanh_c": tanh_c}
+
+
+def gru_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
+                     c: Array | None) -> tuple[Array, None, dict[str, Array]]:
+    gates = xw_t.copy()
+    rz, n = gate(spec, gates, "r", "z"), gate(spec, gates, "n")
+    residuals = {"gates": gates}
+    if spec.reset_after:
+        hh = h @ w.W_hh.T
+        hn = gate(spec, hh, "n")
+        if w.inner_bias is not None:
+            hn += w.inner_bias
+        rz += gate(spec, hh, "r", "z")
+        sigmoid_(xp, rz)
+        n += gate(spec, gates, "r") * hn
+        residuals["hn"] = hn
+    else:
+        rz += h @ gate(spec, w.W_hh.T, "r", "z")
+        sigmoid_(xp, rz)
+        n += (gate(spec, gates, "r") * h) @ gate(spec, w.W_hh.T, "n")
+    tanh_(xp, n)
+    h_new = h - n
+    h_new *= gate(spec, gates, "z")
+    h_new += n
+    return h_new, None, residuals
+
+
+# -- backward steps -----------------------------------------------------------------------------
+# (xp, spec, w, dh, dc, res_t, h_prev_t, c_prev_t, y_t)
+#     -> (d_ih, d_hh or None (meaning d_ih), d_h, dh_prev, dc_prev)
+def rnn_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
+                      res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
+    d_pre = dh * (1.0 - y * y) if spec.mode == "rnn_tanh" else dh * (y > 0)
+    return d_pre, None, None, d_pre @ w.W_hh, None
+
+
+def lstm_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array,
+                       res: dict[str, Array], h_prev: Array, c_prev: Array, y: Array):
+    gates, tanh_c = res["gates"], res["tanh_c"]
+    i, f, g, o = (gate(spec, gates, name) for name in ("i", "f", "g", "o"))
+    dm = dh @ w.W_hr if w.W_hr is not None else dh
+    dc = dc + dm * o * (1.0 - tanh_c * tanh_c)
+    if spec.cell_clip is not None:
+        lo, hi = spec.cell_clip
+        c = res["c"]
+        dc *= (c > lo) & (c < hi)  # clipped entries pass no gradient
+    d_pre = xp.empty_like(gates)
+    gate(spec, d_pre, "i")[...] = dc * g * i * (1.0 - i)
+    gate(spec, d_pre, "f")[...] = dc * c_prev * f * (1.0 - f)
+    gate(spec, d_pre, "g")[...] = dc * i * (1.0 - g * g)
+    gate(spec, d_pre, "o")[...] = dm * tanh_c * o * (1.0 - o)
+    d_h = dh if w.W_hr is not None else None
+    return d_pre, None, d_h, d_pre @ w.W_hh, dc * f
+
+
+def gru_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
+                      res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
+    gates = res["gates"]
+    r, z, n = (gate(spec, gates, name) for name in ("r", "z", "n"))
+    d_ih = xp.empty_like(gates)
+    dn = gate(spec, d_ih, "n")
+    dn[...] = dh * (1.0 - z) * (1.0 - n * n)
+    gate(spec, d_ih, "z")[...] = dh * (h_prev - n) * z * (1.0 - z)
+    dh_prev = dh * z
+    if spec.reset_after:
+        gate(spec, d_ih, "r")[...] = dn * res["hn"] * r * (1.0 - r)
+        d_hh = d_ih.copy()
+        gate(spec, d_hh, "n")[...] *= r
+        dh_prev += d_hh @ w.W_hh
+        return d_ih, d_hh, None, dh_prev, None
+    d_rh = dn @ gate(spec, w.W_hh.T, "n").T
+    gate(spec, d_ih, "r")[...] = d_rh * h_prev * r * (1.0 - r)
+    dh_prev += d_rh * r
+    dh_prev += gate(spec, d_ih, "r", "z") @ gate(spec, w.W_hh.T, "r", "z").T
+    return d_ih, None, None, dh_prev, None
+
+
+FORWARD_STEPS = {"rnn_tanh": rnn_forward_step, "rnn_relu": rnn_forward_step,
+                 "lstm": lstm_forward_step, "gru": gru_forward_step}
+BACKWARD_STEPS = {"rnn_tanh": rnn_backward_step, "rnn_relu": rnn_backward_step,
+                  "lstm": lstm_backward_step, "gru": gru_backward_step}

@@ -1,0 +1,234 @@
+"""The shared stack driver: layers x directions over a pluggable direction kernel, with hoisted GEMMs.
+
+:class:`StackEngine` implements the stack-level :class:`~arrayrnn.engines.base.Engine` for any
+:class:`~arrayrnn.engines.base.DirectionKernel`. Roughly, for each layer ``l`` and direction ``d``::
+
+    xw = (x_l @ W_ih.T + input_bias)                    # ONE GEMM over all T*B rows
+    y_d, h_n, c_n, cache = kernel.forward(spec, w, xw, batch_sizes, h0[k], c0[k], reverse=d == 1)
+    x_{l+1} = concat(y_0, y_1) * mask_l                 # inter-layer dropout (training only)
+
+and backward, from the last layer down::
+
+    grads = kernel.backward(...)                        # per step only dgates @ W_hh (and dh @ W_hr)
+    dx_l    += d_ih @ W_ih                              # ONE GEMM each, over all T*B rows;
+    dW_ih    = d_ih.T @ x_l                             # inactive rows have zero d_ih / d_hh
+    dW_hh    = d_hh.T @ h_prev                          # reset-before GRU: n rows use r * h_prev
+    dW_hr    = d_h.T @ (o * tanh(c));  db_ih = d_ih.sum();  db_hh = d_hh.sum()
+
+The engine cache keeps the layer-0 input, initial states, masks, batch sizes and each direction's
+``DirectionForward`` (its ``y`` and residuals); the input of layer ``l > 0`` is rebuilt from the
+outputs of layer ``l-1`` in the backward. float16 runs with float32 math (inputs upcast once, results
+cast back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..backend import get_xp
+from ..cells import gate, gate_slice, split_biases
+from ..params import PackedParams
+from ..spec import RNNSpec
+from .base import (
+    DirectionForward,
+    DirectionGrads,
+    DirectionKernel,
+    DirectionWeights,
+    Engine,
+    StackForward,
+    StackGrads,
+)
+
+Array = Any
+
+
+@dataclass(frozen=True, eq=False)
+class StackCache:
+    params: PackedParams              # the params the math ran with (float32 copies for float16)
+    x: Array                          # (T, B, I) layer-0 input, sorted, zero at padding
+    batch_sizes: np.ndarray
+    h0: Array
+    c0: Array | None
+    masks: tuple[Array, ...] | None
+    layers: tuple[tuple[DirectionForward, ...], ...]   # [layer][direction]
+    io_dtype: str                     # the dtype the caller sees
+
+
+def direction_weights(params: PackedParams, layer: int, direction: int) -> DirectionWeights:
+    spec = params.spec
+
+    def block(name: str) -> Array | None:
+        return params.view(layer, direction, name) if params.layout.has(layer, direction, name) else None
+
+    b_ih, b_hh = block("b_ih"), block("b_hh")
+    input_bias, inner_bias = split_biases(spec, b_ih, b_hh)
+    return DirectionWeights(W_ih=block("W_ih"), W_hh=block("W_hh"), b_ih=b_ih, b_hh=b_hh, W_hr=block("W_hr"),
+                            input_bias=input_bias, inner_bias=inner_bias)
+
+
+def input_projection(x: Array, w: DirectionWeights) -> Array:
+    """``x @ W_ih.T + input_bias`` for every step at once: (T, B, I) -> (T, B, G*H)."""
+    T, B, I = x.shape
+    xw = x.reshape(T * B, I) @ w.W_ih.T
+    if w.input_bias is not None:
+        xw += w.input_bias
+    return xw.reshape(T, B, -1)
+
+
+def previous_states(xp: ModuleType, seq: Array, init: Array, batch_sizes: np.ndarray, reverse: bool) -> Array:
+    """``prev[t, b]``: the state entering step ``t`` of row ``b`` (``init`` at the row's first step).
+
+    The forward direction starts every row at ``t = 0``; the reverse direction starts row ``b`` at
+    ``t = len_b - 1``, i.e. rows ``[batch_sizes[t+1]:batch_sizes[t]]`` start at ``t``.
+    """
+    prev = xp.empty_like(seq)
+    if not reverse:
+        prev[0] = init
+        prev[1:] = seq[:-1]
+        return prev
+    prev[-1] = init
+    prev[:-1] = seq[1:]
+    for t in np.flatnonzero(batch_sizes[1:] < batch_sizes[:-1]):
+        start, stop = int(batch_sizes[t + 1]), int(batch_sizes[t])
+        prev[t, start:stop] = init[start:stop]
+    return prev
+
+
+def _rows(a: Array) -> Array:
+    """(T, B, F) -> (T*B, F)."""
+    return a.reshape(-1, a.shape[-1])
+
+
+class StackEngine(Engine):
+    """An engine made of the shared driver and a direction kernel (reference, numba, cupy)."""
+
+    def __init__(self, name: str, kernel: DirectionKernel):
+        self.name = name
+        self.kernel = kernel
+
+    def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
+        return None
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, params: PackedParams, x: Array, batch_sizes: np.ndarray, h0: Array, c0: Array | None,
+                masks: tuple[Array, ...] | None, keep_cache: bool) -> StackForward:
+        io_dtype = str(x.dtype)
+        params, x, h0, c0, masks = _to_compute_dtype(params, x, h0, c0, masks)
+        spec, xp = params.spec, get_xp(x)
+        L, D = spec.num_layers, spec.num_directions
+        h_n, c_n = xp.empty_like(h0), (xp.empty_like(c0) if c0 is not None else None)
+        layer_input, layers = x, []
+        for layer in range(L):
+            if layer > 0 and masks is not None:
+                layer_input = layer_input * masks[layer - 1]
+            outs = []
+            for direction in range(D):
+                k = layer * D + direction
+                w = direction_weights(params, layer, direction)
+                out = self.kernel.forward(spec, w, input_projection(layer_input, w), batch_sizes, h0[k],
+                                          c0[k] if c0 is not None else None, direction == 1, keep_cache)
+                h_n[k] = out.h_n
+                if c_n is not None:
+                    c_n[k] = out.c_n
+                outs.append(out)
+            layers.append(tuple(outs))
+            layer_input = _layer_output(xp, outs)
+        cache = None
+        if keep_cache:
+            cache = StackCache(params, x, batch_sizes, h0, c0, masks, tuple(layers), io_dtype)
+        return StackForward(_cast(layer_input, io_dtype), _cast(h_n, io_dtype), _cast(c_n, io_dtype), cache)
+
+    # -- backward -------------------------------------------------------------------------------
+    def backward(self, params: PackedParams, cache: StackCache, dy: Array, dh_n: Array,
+                 dc_n: Array | None) -> StackGrads:
+        params = cache.params
+        spec, xp, bs = params.spec, get_xp(cache.x), cache.batch_sizes
+        dtype = params.data.dtype
+        dy, dh_n = dy.astype(dtype, copy=False), dh_n.astype(dtype, copy=False)
+        dc_n = dc_n.astype(dtype, copy=False) if dc_n is not None else None
+        D, H_out = spec.num_directions, spec.output_size
+        grads = PackedParams.zeros(spec, xp)
+        dh0 = xp.empty_like(cache.h0)
+        dc0 = xp.empty_like(cache.c0) if cache.c0 is not None else None
+        d_layer = dy
+        for layer in reversed(range(spec.num_layers)):
+            layer_input = self._layer_input(xp, cache, layer)
+            d_input = xp.zeros_like(layer_input)
+            for direction in range(D):
+                k = layer * D + direction
+                w = direction_weights(params, layer, direction)
+                fwd = cache.layers[layer][direction]
+                reverse = direction == 1
+                h_prev = previous_states(xp, fwd.y, cache.h0[k], bs, reverse)
+                c_prev = (previous_states(xp, fwd.cache.c, cache.c0[k], bs, reverse)
+                          if cache.c0 is not None else None)
+                dy_d = xp.ascontiguousarray(d_layer[..., direction * H_out:(direction + 1) * H_out])
+                g = self.kernel.backward(spec, w, fwd, h_prev, c_prev, dy_d, dh_n[k],
+                                         dc_n[k] if dc_n is not None else None, bs, reverse)
+                dh0[k] = g.dh0
+                if dc0 is not None:
+                    dc0[k] = g.dc0
+                _weight_grads(spec, grads, layer, direction, w, g, fwd, layer_input, h_prev)
+                d_input += (_rows(g.d_ih) @ w.W_ih).reshape(d_input.shape)
+            if layer > 0 and cache.masks is not None:
+                d_input *= cache.masks[layer - 1]
+            d_layer = d_input
+        io = cache.io_dtype
+        if io != str(dtype):
+            grads = grads.astype(io)
+        return StackGrads(_cast(d_layer, io), _cast(dh0, io), _cast(dc0, io), grads)
+
+    @staticmethod
+    def _layer_input(xp: ModuleType, cache: StackCache, layer: int) -> Array:
+        if layer == 0:
+            return cache.x
+        below = _layer_output(xp, cache.layers[layer - 1])
+        return below * cache.masks[layer - 1] if cache.masks is not None else below
+
+
+def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[DirectionForward, ...]) -> Array:
+    return outs[0].y if len(outs) == 1 else xp.concatenate([o.y for o in outs], axis=2)
+
+
+def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int, w: DirectionWeights,
+                  g: DirectionGrads, fwd: DirectionForward, layer_input: Array, h_prev: Array) -> None:
+    """The hoisted weight-gradient GEMMs and bias reductions of one layer-direction."""
+    def put(name: str, value: Array) -> None:
+        grads.view(layer, direction, name)[...] = value
+
+    d_ih, d_hh = _rows(g.d_ih), _rows(g.d_hh)
+    put("W_ih", d_ih.T @ _rows(layer_input))
+    if w.b_ih is not None:
+        put("b_ih", d_ih.sum(axis=0))
+    if w.b_hh is not None:
+        put("b_hh", d_hh.sum(axis=0))
+    h_prev = _rows(h_prev)
+    if spec.mode == "gru" and not spec.reset_after:
+        # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
+        dW_hh = grads.view(layer, direction, "W_hh")
+        dW_hh[gate_slice(spec, "r", "z")] = gate(spec, d_hh, "r", "z").T @ h_prev
+        r_h = gate(spec, _rows(fwd.cache.gates), "r") * h_prev
+        dW_hh[gate_slice(spec, "n")] = gate(spec, d_hh, "n").T @ r_h
+    else:
+        put("W_hh", d_hh.T @ h_prev)
+    if w.W_hr is not None:
+        m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
+        put("W_hr", _rows(g.d_h).T @ _rows(m))
+
+
+# -- float16: float32 math ----------------------------------------------------------------------
+def _to_compute_dtype(params: PackedParams, x: Array, h0: Array, c0: Array | None,
+                      masks: tuple[Array, ...] | None):
+    if params.spec.dtype != "float16":
+        return params, x, h0, c0, masks
+    up = "float32"
+    return (params.astype(up), x.astype(up), h0.astype(up), c0.astype(up) if c0 is not None else None,
+            tuple(m.astype(up) for m in masks) if masks is not None else None)
+
+
+def _cast(a: Array | None, dtype: str) -> Array | None:
+    return a.astype(dtype, copy=False) if a is not None else None

@@ -1,0 +1,275 @@
+"""``rnn_forward`` / ``rnn_backward``: a whole sequence through every layer and direction in one call.
+
+This is the frontend every engine shares. It validates the inputs (before an engine is chosen), moves
+``batch_first`` input to time-major, sorts rows by length (descending, stable) so that step ``t``
+works on the contiguous prefix ``[:batch_sizes[t]]``, draws the dropout masks once on the host, calls
+the engine chosen by :func:`~arrayrnn.engines.select_engine`, and puts the rows back in the caller's
+order. Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
+``pack_padded_sequence(x, lengths, enforce_sorted=False)``; roughly::
+
+    for l in layers:                       # input of l > 0: output of l-1 (times the dropout mask)
+        for d in directions:               # d = 1 runs t = len_b - 1 .. 0
+            h, c = h0[l*D+d, b], c0[l*D+d, b]
+            for t in steps of row b:       # t < len_b only
+                h, c = cell(x_l[t, b], h, c);  y_l[t, b, d] = h
+            h_n[l*D+d, b], c_n[l*D+d, b] = h, c
+
+Outputs past a row's end are zero; a row of length 0 has zero outputs and ``h_n = h0``, ``c_n = c0``.
+
+``rnn_backward`` runs the engine's hand-written BPTT. After a ``training=False`` forward (which keeps no
+cache) it first recomputes the forward with the cache from the inputs the result references (``x``,
+``h0``, ``c0`` and the params), then runs the backward: backward after inference works, at the cost of
+one more forward. The result references the params; updating them in place between forward and
+backward changes what the backward computes, so step the optimizer after ``rnn_backward``. Likewise,
+do not write into ``res.y`` before the backward (the engine may keep it as its residual).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backend import as_array, get_xp, to_host
+from .batch_order import BatchOrder
+from .dropout import check_seed, dropout_masks
+from .engines import select_engine
+from .engines.base import Engine
+from .params import PackedParams
+from .spec import RNNSpec
+
+Array = Any
+
+
+@dataclass(frozen=True, eq=False)
+class _Saved:
+    """What ``rnn_backward`` needs from the forward call, in the engine's (sorted, time-major) order."""
+
+    engine: Engine
+    order: BatchOrder
+    batch_first: bool
+    x: Array
+    h0: Array
+    c0: Array | None
+    masks: tuple[Array, ...] | None
+    cache: Any  # None after an inference forward
+
+
+@dataclass(frozen=True, eq=False)
+class RNNResult:
+    """Outputs of :func:`rnn_forward` plus what :func:`rnn_backward` needs.
+
+    ``y``: ``(T, B, D*H_out)`` (``(B, T, D*H_out)`` with ``batch_first``); ``h_n``: ``(L*D, B, H_out)``;
+    ``c_n``: ``(L*D, B, H)`` for LSTM, else ``None``.
+    """
+
+    y: Array
+    h_n: Array
+    c_n: Array | None
+    params: PackedParams
+    training: bool
+    engine: str
+    _saved: _Saved = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class RNNGrads:
+    """Gradients from :func:`rnn_backward`; ``dparams`` has the params' spec, format and layout."""
+
+    dx: Array
+    dh0: Array
+    dc0: Array | None
+    dparams: PackedParams
+
+
+def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = None, c0: Any = None,
+                batch_first: bool = False, training: bool = False, seed: int | None = None,
+                engine: str = "auto") -> RNNResult:
+    """Run ``x`` through every layer and direction of ``params`` in one fused call.
+
+    ``x``: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), the params' dtype and
+    device. ``lengths``: optional integers ``(B,)`` in ``0..T``, any order, host or device. ``h0``,
+    ``c0``: optional initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)`` (zeros when ``None``).
+    ``training=True`` keeps the cache for :func:`rnn_backward` and applies inter-layer dropout with
+    masks drawn from ``seed`` (see :mod:`arrayrnn.dropout`). ``engine``: ``"auto"`` or an engine name.
+    """
+    spec = _check_params(params)
+    batch_first = _check_flag("batch_first", batch_first)
+    training = _check_flag("training", training)
+    seed = check_seed(seed)
+    x = as_array(x, "x")
+    h0 = as_array(h0, "h0") if h0 is not None else None
+    c0 = as_array(c0, "c0") if c0 is not None else None
+    xp = get_xp(params.data, x, h0, c0, names=("params.data", "x", "h0", "c0"))
+    T, B = _check_x(spec, params, x, batch_first, xp)
+    _check_state("h0", h0, (spec.num_layers * spec.num_directions, B, spec.output_size), params)
+    _check_c0(spec, c0, B, params)
+    order = _batch_order(lengths, T, B)
+    chosen = select_engine(engine, spec, xp, seq_len=T, params_format=params.format)
+
+    x_sorted = order.sort(xp.swapaxes(x, 0, 1) if batch_first else x)
+    if order.has_padding:
+        x_sorted = xp.where(order.active(xp), x_sorted, 0)  # padding never reaches a GEMM (NaN-safe)
+    x_sorted = xp.ascontiguousarray(x_sorted)
+    h0_sorted = order.sort(h0) if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
+    c0_sorted = order.sort(c0) if c0 is not None else (
+        _zero_state(xp, spec, B, spec.hidden_size) if spec.has_cell else None)
+    masks = _device_masks(xp, order, dropout_masks(spec, T, B, seed)) if training else None
+
+    out = chosen.forward(params, x_sorted, order.batch_sizes, h0_sorted, c0_sorted, masks,
+                         keep_cache=training)
+    saved = _Saved(chosen, order, batch_first, x_sorted, h0_sorted, c0_sorted, masks, out.cache)
+    return RNNResult(y=_to_caller(xp, order.unsort(out.y), batch_first), h_n=order.unsort(out.h_n),
+                     c_n=order.unsort(out.c_n), params=params, training=training, engine=chosen.name,
+                     _saved=saved)
+
+
+def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = None, *,
+                 params: PackedParams | None = None) -> RNNGrads:
+    """Hand-written BPTT through the call that produced ``res``.
+
+    ``dy``, ``dh_n``, ``dc_n``: cotangents of ``res.y``, ``res.h_n``, ``res.c_n`` (same shapes; ``None``
+    means zeros). ``params``, if given, must be the params ``res`` was computed with (``ValueError``
+    otherwise). After a ``training=False`` forward the forward is recomputed with the cache first.
+    Returns ``dx`` (shaped like ``x``), ``dh0``, ``dc0`` (LSTM) and ``dparams``.
+    """
+    if not isinstance(res, RNNResult):
+        raise TypeError(f"res has type {type(res).__name__}; expected the RNNResult returned by rnn_forward")
+    if params is not None:
+        _check_same_params(res, params)
+    spec, saved = res.params.spec, res._saved
+    xp = get_xp(res.y)
+    dy = _check_cotangent("dy", dy, res.y, "res.y")
+    dh_n = _check_cotangent("dh_n", dh_n, res.h_n, "res.h_n")
+    if dc_n is not None and res.c_n is None:
+        raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
+    dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
+
+    order = saved.order
+    cache = saved.cache
+    if cache is None:  # inference forward: recompute it with the cache
+        cache = saved.engine.forward(res.params, saved.x, order.batch_sizes, saved.h0, saved.c0, saved.masks,
+                                     keep_cache=True).cache
+    dy_sorted = xp.ascontiguousarray(order.sort(xp.swapaxes(dy, 0, 1) if saved.batch_first else dy))
+    g = saved.engine.backward(res.params, cache, dy_sorted, order.sort(dh_n), order.sort(dc_n))
+    return RNNGrads(dx=_to_caller(xp, order.unsort(g.dx), saved.batch_first), dh0=order.unsort(g.dh0),
+                    dc0=order.unsort(g.dc0), dparams=g.dparams)
+
+
+# -- validation ---------------------------------------------------------------------------------
+def _check_params(params: Any) -> RNNSpec:
+    if not isinstance(params, PackedParams):
+        raise TypeError(f"params has type {type(params).__name__}; expected an arrayrnn.PackedParams "
+                        "(e.g. PackedParams.init(spec) or PackedParams(spec, buffer))")
+    return params.spec
+
+
+def _check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} = {value!r}; expected True or False")
+    return bool(value)
+
+
+def _check_x(spec: RNNSpec, params: PackedParams, x: Array, batch_first: bool, xp: Any) -> tuple[int, int]:
+    layout = "(B, T, input_size)" if batch_first else "(T, B, input_size)"
+    if x.ndim != 3:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected a 3-D array {layout} "
+                         "(add the missing axis explicitly, e.g. x[:, None, :] for a batch of one)")
+    if np.dtype(x.dtype).kind != "f" or x.dtype != params.data.dtype:
+        raise TypeError(f"x has dtype {x.dtype}; expected the params' dtype {params.data.dtype} "
+                        "(convert with x.astype(params.data.dtype))")
+    if xp is np and spec.dtype == "float16":
+        raise TypeError("float16 runs on GPU only (with float32 math); on CPU use "
+                        "params.astype('float32') and x.astype('float32')")
+    T, B, features = (x.shape[1], x.shape[0], x.shape[2]) if batch_first else x.shape
+    if features != spec.input_size:
+        raise ValueError(f"x has {features} features (shape {tuple(x.shape)}); expected "
+                         f"spec.input_size = {spec.input_size} in the last axis of {layout}")
+    if T == 0 or B == 0:
+        raise ValueError(f"x has shape {tuple(x.shape)} with T = {T}, B = {B}; expected at least one step "
+                         "and one row")
+    return int(T), int(B)
+
+
+def _check_state(name: str, state: Array | None, shape: tuple[int, ...], params: PackedParams) -> None:
+    if state is None:
+        return
+    if tuple(state.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(state.shape)}; expected (num_layers * num_directions, B, "
+                         f"{'H_out' if name == 'h0' else 'hidden_size'}) = {shape}")
+    if state.dtype != params.data.dtype:
+        raise TypeError(f"{name} has dtype {state.dtype}; expected the params' dtype {params.data.dtype} "
+                        f"(convert with {name}.astype(params.data.dtype))")
+
+
+def _check_c0(spec: RNNSpec, c0: Array | None, B: int, params: PackedParams) -> None:
+    if c0 is not None and not spec.has_cell:
+        raise ValueError(f"c0 was given but mode = {spec.mode!r} has no cell state; pass c0=None")
+    _check_state("c0", c0, (spec.num_layers * spec.num_directions, B, spec.hidden_size), params)
+
+
+def _batch_order(lengths: Any, T: int, B: int) -> BatchOrder:
+    if lengths is None:
+        return BatchOrder.full(T, B)
+    if isinstance(lengths, (list, tuple)):
+        host = np.asarray(lengths)
+    else:
+        host = to_host(as_array(lengths, "lengths"))
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"lengths has dtype {host.dtype}; expected an integer array of shape ({B},)")
+    if host.shape != (B,):
+        raise ValueError(f"lengths has shape {host.shape}; expected ({B},), one length per row of x")
+    bad = np.flatnonzero((host < 0) | (host > T))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"lengths[{b}] = {int(host[b])}; every length must be in 0..T = {T}")
+    return BatchOrder.from_lengths(host.astype(np.int64), T)
+
+
+def _check_same_params(res: RNNResult, params: Any) -> None:
+    if not isinstance(params, PackedParams):
+        raise TypeError(f"params has type {type(params).__name__}; expected an arrayrnn.PackedParams")
+    if params.spec != res.params.spec:
+        raise ValueError(f"res was computed with spec {res.params.spec} but params has spec {params.spec}; "
+                         "pass the result of rnn_forward with these params")
+    if params.format != res.params.format or not _same_buffer(params.data, res.params.data):
+        raise ValueError("res was computed with another params buffer (same spec, different data); "
+                         "pass the params that rnn_forward was called with")
+
+
+def _same_buffer(a: Array, b: Array) -> bool:
+    def address(arr: Array) -> int:
+        iface = getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__
+        return int(iface["data"][0])
+
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and address(a) == address(b))
+
+
+def _check_cotangent(name: str, value: Any, like: Array, like_name: str) -> Array:
+    xp = get_xp(like)
+    if value is None:
+        return xp.zeros_like(like)
+    value = as_array(value, name)
+    get_xp(like, value, names=(like_name, name))
+    if tuple(value.shape) != tuple(like.shape):
+        raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {like_name}'s shape "
+                         f"{tuple(like.shape)}")
+    if value.dtype != like.dtype:
+        raise TypeError(f"{name} has dtype {value.dtype}; expected {like_name}'s dtype {like.dtype}")
+    return value
+
+
+# -- layout helpers -----------------------------------------------------------------------------
+def _zero_state(xp: Any, spec: RNNSpec, B: int, width: int) -> Array:
+    return xp.zeros((spec.num_layers * spec.num_directions, B, width), dtype=spec.dtype)
+
+
+def _device_masks(xp: Any, order: BatchOrder, masks: tuple[np.ndarray, ...] | None):
+    if masks is None:
+        return None
+    return tuple(order.sort(xp.asarray(m), axis=1) for m in masks)
+
+
+def _to_caller(xp: Any, a: Array, batch_first: bool) -> Array:
+    return xp.ascontiguousarray(xp.swapaxes(a, 0, 1)) if batch_first else a
