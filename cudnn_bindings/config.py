@@ -169,10 +169,12 @@ def _round_bf16(v: float) -> float:
 
 
 def fill_bytes(data_type: DataType, value: float) -> bytes:
-    """``value`` encoded as one element of ``data_type`` (what cuDNN reads through ``paddingFill``)."""
-    if data_type is DataType.BFLOAT16:
-        return (int(np.array(_round_bf16(value), np.float32).view(np.uint32)) >> 16).to_bytes(2, "little")
-    return np.array(value, _NP_DTYPES[data_type]).tobytes()
+    """``value`` encoded as one element of ``data_type`` (what cuDNN reads through ``paddingFill``);
+    values beyond the type's range become inf."""
+    with np.errstate(over="ignore"):
+        if data_type is DataType.BFLOAT16:
+            return (int(np.array(_round_bf16(value), np.float32).view(np.uint32)) >> 16).to_bytes(2, "little")
+        return np.array(value, _NP_DTYPES[data_type]).tobytes()
 
 
 def fill_value(data_type: DataType, raw: bytes) -> float:

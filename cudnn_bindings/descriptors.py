@@ -238,9 +238,16 @@ class RNNDescriptor(_Owned):
         if dropout is not None and not isinstance(dropout, DropoutDescriptor):
             raise TypeError(f"dropout must be a DropoutDescriptor or None; got {type(dropout).__name__}")
         c = config
-        raw.set_rnn_descriptor_v8(self.ptr, c.algo, c.cell_mode, c.bias_mode, c.dir_mode, c.input_mode,
-                                  c.data_type, c.math_prec, c.math_type, c.input_size, c.hidden_size,
-                                  c.proj_size, c.num_layers, dropout.ptr if dropout else None, c.aux_flags)
+        try:
+            raw.set_rnn_descriptor_v8(self.ptr, c.algo, c.cell_mode, c.bias_mode, c.dir_mode, c.input_mode,
+                                      c.data_type, c.math_prec, c.math_type, c.input_size, c.hidden_size,
+                                      c.proj_size, c.num_layers, dropout.ptr if dropout else None,
+                                      c.aux_flags)
+        except CudnnError as exc:
+            if exc.status < 3000 or exc.status >= 4000:  # only NOT_SUPPORTED* needs the configuration named
+                raise
+            hint = f"cuDNN does not support this configuration: {_describe(c)}"
+            raise CudnnError(exc.status, exc.function, exc.detail, hint) from None
         raw.rnn_set_clip(self.ptr, c.clip_mode, c.lclip, c.rclip)
         self.config, self.dropout = config, dropout
 
@@ -258,6 +265,11 @@ class RNNDescriptor(_Owned):
     def dropout_address(self) -> int:
         """The dropout descriptor address cuDNN holds (0 when none). See `cudnnGetRNNDescriptor_v8`."""
         return raw.get_rnn_descriptor_v8(self.ptr)[12]
+
+
+def _describe(c: RNNConfig) -> str:
+    parts = [f"{k}={v.name if hasattr(v, 'name') else v}" for k, v in vars(c).items()]
+    return ", ".join(parts)
 
 
 class RNNDataDescriptor(_Owned):
