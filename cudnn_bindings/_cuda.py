@@ -25,7 +25,7 @@ def _load() -> ctypes.CDLL | None:
         try:
             drv = ctypes.CDLL(name)
         except OSError as exc:
-            why.append(f"{name}: {exc}")
+            why.append(str(exc))
             continue
         protos = {"cuInit": [c_uint], "cuDeviceGetCount": [c_void_p], "cuDeviceGet": [c_void_p, c_int],
                   "cuDevicePrimaryCtxRetain": [c_void_p, c_int], "cuCtxSetCurrent": [c_void_p],

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import raw
-from .config import _as_int
+from .config import _as_enum, _as_int
 from .descriptors import Handle, RNNDataDescriptor, RNNDescriptor, TensorDescriptor, _Owned
 from .enums import DataType, ForwardMode, WgradMode
 
@@ -76,7 +76,7 @@ def temp_space_sizes(handle: Handle, rnn_desc: RNNDescriptor, x_desc: RNNDataDes
                      fwd_mode: ForwardMode = ForwardMode.TRAINING) -> tuple[int, int]:
     """``(work_space_size, reserve_space_size)`` in bytes. See `cudnnGetRNNTempSpaceSizes`."""
     return raw.get_rnn_temp_space_sizes(_desc(handle, "handle"), _desc(rnn_desc, "rnn_desc"),
-                                        ForwardMode(fwd_mode), _desc(x_desc, "x_desc"))
+                                        _as_enum("fwd_mode", fwd_mode, ForwardMode), _desc(x_desc, "x_desc"))
 
 
 def _region(addr: int, base: int, desc: TensorDescriptor) -> WeightRegion | None:
@@ -108,7 +108,7 @@ def forward(handle: Handle, rnn_desc: RNNDescriptor, *, fwd_mode: ForwardMode, d
     """Forward pass over the whole sequence (``dev_seq_lengths``: int32 lengths in device memory).
     See `cudnnRNNForward`."""
     raw.rnn_forward(
-        _desc(handle, "handle"), _desc(rnn_desc, "rnn_desc"), ForwardMode(fwd_mode),
+        _desc(handle, "handle"), _desc(rnn_desc, "rnn_desc"), _as_enum("fwd_mode", fwd_mode, ForwardMode),
         _mem(dev_seq_lengths, "dev_seq_lengths"), _desc(x_desc, "x_desc"), _mem(x, "x"),
         _desc(y_desc, "y_desc"), _mem(y, "y"), _desc(h_desc, "h_desc"), _mem(hx, "hx"), _mem(hy, "hy"),
         _desc(c_desc, "c_desc", optional=True), _mem(cx, "cx"), _mem(cy, "cy"),
@@ -142,7 +142,7 @@ def backward_weights(handle: Handle, rnn_desc: RNNDescriptor, *, add_grad: Wgrad
     """Weight gradients, added to (ADD) or written over (SET) ``dweight_space``; call after
     `backward_data` with the same reserve space. See `cudnnRNNBackwardWeights_v8`."""
     raw.rnn_backward_weights_v8(
-        _desc(handle, "handle"), _desc(rnn_desc, "rnn_desc"), WgradMode(add_grad),
+        _desc(handle, "handle"), _desc(rnn_desc, "rnn_desc"), _as_enum("add_grad", add_grad, WgradMode),
         _mem(dev_seq_lengths, "dev_seq_lengths"), _desc(x_desc, "x_desc"), _mem(x, "x"),
         _desc(h_desc, "h_desc"), _mem(hx, "hx"), _desc(y_desc, "y_desc"), _mem(y, "y"),
         _size(weight_space_size, "weight_space_size"), _mem(dweight_space, "dweight_space"),
