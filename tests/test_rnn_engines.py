@@ -1,0 +1,99 @@
+"""select_engine (the one place choosing an engine), the stack driver's float16 path, and the documented
+size of the residual cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import ENGINES
+from rnn_helpers import make_case
+
+from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_forward
+from arrayrnn.batch_order import BatchOrder
+from arrayrnn.engines import engine_unavailable_reason, load_engine, select_engine
+
+SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
+
+
+def test_reference_is_always_available():
+    assert "reference" in ENGINES
+    assert select_engine("reference", SPEC, np).name == "reference"
+
+
+def test_unknown_engine_lists_the_names():
+    with pytest.raises(ValueError, match=r"engine = 'mkl'; expected one of \('auto', 'reference', 'numba'"):
+        select_engine("mkl", SPEC, np)
+
+
+@pytest.mark.parametrize("name", ["cupy", "cudnn"])
+def test_gpu_engines_cannot_run_numpy_arrays(name):
+    with pytest.raises(EngineUnavailableError, match=rf"engine = '{name}'"):
+        select_engine(name, SPEC, np)
+
+
+def test_auto_on_cpu_picks_numba_when_available_else_reference():
+    expected = "numba" if engine_unavailable_reason("numba", SPEC, np) is None else "reference"
+    assert select_engine("auto", SPEC, np).name == expected
+
+
+def test_missing_engine_module_is_unavailable_and_auto_falls_back(monkeypatch):
+    monkeypatch.setitem(engines.ENGINE_MODULES, "numba", "arrayrnn.engines._not_installed")
+    message = r"engine = 'numba' is not part of this installation \(module arrayrnn.engines._not_installed"
+    with pytest.raises(EngineUnavailableError, match=message):
+        load_engine("numba")
+    assert select_engine("auto", SPEC, np).name == "reference"
+    assert "numba" not in engines.available_engines(SPEC)
+
+
+def test_engine_whose_dependency_is_missing_names_it(monkeypatch, tmp_path):
+    package = tmp_path / "fake_engines"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "broken.py").write_text("import numba_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(engines.ENGINE_MODULES, "numba", "fake_engines.broken")
+    message = r"engine = 'numba' cannot be imported .*numba_that_is_not.*it needs the numba package"
+    with pytest.raises(EngineUnavailableError, match=message):
+        select_engine("numba", SPEC, np)
+
+
+def test_float16_runs_with_float32_math_in_the_driver():
+    """float16 is GPU-only in rnn_forward; the driver's float16 path (upcast once, cast back) is array
+    generic, so it is checked here on NumPy arrays against the float32 run of the same rounded inputs."""
+    spec16 = RNNSpec(mode="gru", input_size=3, hidden_size=4, num_layers=2, bidirectional=True,
+                     dtype="float16")
+    case = make_case(spec16.replace(dtype="float32"), 5, 3)
+    order = BatchOrder.from_lengths(np.asarray(case.lengths), 5)
+    x16, h16 = order.sort(case.x).astype(np.float16), order.sort(case.h0).astype(np.float16)
+    x16 = np.where(order.active(np), x16, 0).astype(np.float16)
+    p16 = PackedParams(spec16, case.params.data.astype(np.float16))
+    engine = load_engine("reference")
+    out16 = engine.forward(p16, x16, order.batch_sizes, h16, None, None, keep_cache=True)
+    out32 = engine.forward(p16.astype("float32"), x16.astype(np.float32), order.batch_sizes,
+                           h16.astype(np.float32), None, None, keep_cache=True)
+    assert out16.y.dtype == np.float16 and out16.h_n.dtype == np.float16
+    np.testing.assert_array_equal(out16.y, out32.y.astype(np.float16))
+    dy = order.sort(case.dy).astype(np.float16)
+    g16 = engine.backward(p16, out16.cache, dy, np.zeros_like(h16), None)
+    g32 = engine.backward(p16.astype("float32"), out32.cache, dy.astype(np.float32),
+                          np.zeros_like(h16, dtype=np.float32), None)
+    assert g16.dparams.spec == spec16 and g16.dparams.data.dtype == np.float16 and g16.dx.dtype == np.float16
+    np.testing.assert_array_equal(g16.dparams.data, g32.dparams.data.astype(np.float16))
+
+
+@pytest.mark.parametrize("fields, per_step", [
+    (dict(mode="rnn_tanh"), 0),
+    (dict(mode="gru"), 4),
+    (dict(mode="gru", reset_after=False), 3),
+    (dict(mode="lstm"), 6),
+    (dict(mode="lstm", proj_size=2), 6),
+])
+def test_residual_cache_size_is_as_documented(fields, per_step):
+    """Bytes per step and row of one direction's residuals: 0 / 4H / 3H / 6H elements (base.py's table)."""
+    spec = RNNSpec(input_size=3, hidden_size=5, num_layers=2, bidirectional=True, dtype="float32", **fields)
+    x = np.ones((3, 2, 3), np.float32)
+    res = rnn_forward(PackedParams.init(spec), x, training=True, engine="reference")
+    for layer in res._saved.cache.layers:
+        for fwd in layer:
+            assert fwd.cache.nbytes_per_step_row() == per_step * spec.hidden_size * 4
+            assert fwd.y.shape == (3, 2, spec.output_size)
