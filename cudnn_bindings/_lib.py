@@ -38,7 +38,7 @@ _state: dict[str, object] = {"lib": None, "path": None}
 
 
 def _files_in(where: Path, subdirs: tuple[str, ...] = ("",)) -> list[Path]:
-    if where.is_file():
+    if not where.is_dir():  # a library file (or a missing path, reported as such)
         return [where]
     return [where / sub / name for sub in subdirs for name in LIB_NAMES]
 

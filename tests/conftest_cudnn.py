@@ -32,7 +32,7 @@ def _library_error() -> str:
     try:
         cb.version()
     except cb.CudnnLibraryError as exc:
-        return str(exc)
+        return " ".join(str(exc).split())  # one line, for skip reasons
     return ""
 
 
@@ -209,3 +209,16 @@ def shared_prefix(names: list[str]) -> str:
     if any(len(s) == len(common) for s in split):  # a member would be left without a name
         common = common[:-1]
     return "_".join(common) + "_" if common else ""
+
+
+def new_handles():
+    """Start counting: returns a function giving the live cuDNN objects created since (per class), so the
+    leak checks hold whatever other tests or caches keep alive."""
+    start = cb.live_handles()
+
+    def delta() -> dict[str, int]:
+        now = cb.live_handles()
+        diff = {k: now.get(k, 0) - start.get(k, 0) for k in set(now) | set(start)}
+        return {k: v for k, v in diff.items() if v}
+
+    return delta

@@ -15,9 +15,9 @@ import cudnn_bindings as cb
 from cudnn_bindings.config import MATH_PRECISIONS
 
 try:
-    from conftest_cudnn import requires_cudnn
+    from conftest_cudnn import new_handles, requires_cudnn
 except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import requires_cudnn
+    from tests.conftest_cudnn import new_handles, requires_cudnn
 
 pytestmark = requires_cudnn
 
@@ -85,13 +85,14 @@ def test_rnn_round_trip_persistent_algos(rnn_desc: cb.RNNDescriptor, algo, mode,
 
 
 def test_unsupported_persistent_configuration_rejected_by_cudnn() -> None:
+    new = new_handles()
     cfg = cb.RNNConfig(algo="persist_static", bias_mode="no_bias", input_size=4, hidden_size=4)
     with pytest.raises(cb.CudnnError) as info:
         cb.RNNDescriptor(cfg)
     err = info.value
     assert err.name == "CUDNN_STATUS_NOT_SUPPORTED" and err.function == "cudnnSetRNNDescriptor_v8"
     assert "cuDNN does not support this configuration" in str(err) and "NO_BIAS" in str(err)
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 CLIPS = [("minmax", -1.5, 2.25), ("minmax", -math.inf, math.inf), ("none", 0.0, 0.0), ("minmax", 3.0, 3.0),
@@ -115,11 +116,12 @@ def test_rnn_descriptor_holds_its_dropout_descriptor() -> None:
 
 
 def test_rnn_descriptor_type_checks() -> None:
+    new = new_handles()
     with pytest.raises(TypeError, match="config must be an RNNConfig"):
         cb.RNNDescriptor({"input_size": 2})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="dropout must be a DropoutDescriptor"):
         cb.RNNDescriptor(cb.RNNConfig(input_size=2, hidden_size=3), dropout=5)  # type: ignore[arg-type]
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 # ---------------------------------------------------------------- RNN data descriptor round trips
@@ -200,6 +202,7 @@ def test_tensor_descriptor_forms_and_size() -> None:
 
 # ---------------------------------------------------------------- cuDNN's own rejections
 def test_unsorted_lengths_in_packed_layout_rejected_by_cudnn() -> None:
+    new = new_handles()
     cfg = cb.SeqDataConfig(layout="seq_major_packed", max_seq_length=5, batch_size=3, vector_size=2,
                            seq_lengths=[2, 5, 1])
     with pytest.raises(cb.CudnnError) as info:
@@ -209,7 +212,7 @@ def test_unsorted_lengths_in_packed_layout_rejected_by_cudnn() -> None:
     assert err.function == "cudnnSetRNNDataDescriptor" and "isSortedSequences" in err.detail
     assert str(err).startswith("cudnnSetRNNDataDescriptor failed with CUDNN_STATUS_BAD_PARAM (2000): ")
     assert "isSortedSequences" in str(err)
-    assert cb.live_handles() == {}  # the half-built descriptor was freed
+    assert new() == {}  # the half-built descriptor was freed
 
 
 def test_zero_length_in_packed_layout_rejected_by_cudnn() -> None:
@@ -235,11 +238,12 @@ def test_unsupported_configuration_reports_not_supported() -> None:
 
 # ---------------------------------------------------------------- dropout descriptor
 def test_dropout_descriptor_without_handle() -> None:
+    new = new_handles()
     with cb.DropoutDescriptor() as d:
         assert not d.closed
     with pytest.raises(ValueError, match=r"dropout = 0\.5 needs a Handle"):
         cb.DropoutDescriptor(None, 0.5)
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 # ---------------------------------------------------------------- lifetime and leaks
@@ -254,41 +258,45 @@ KINDS = {
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_close_is_idempotent_and_context_manager_closes(kind: str) -> None:
+    new = new_handles()
     d = KINDS[kind]()
-    assert cb.live_handles() == {kind: 1} and isinstance(d.ptr, int) and int(d) == d.ptr
+    assert new() == {kind: 1} and isinstance(d.ptr, int) and int(d) == d.ptr
     d.close()
     d.close()
-    assert d.closed and "closed" in repr(d) and cb.live_handles() == {}
+    assert d.closed and "closed" in repr(d) and new() == {}
     with pytest.raises(ValueError, match=f"{kind} is closed"):
         _ = d.ptr
     with KINDS[kind]() as d2:
         assert not d2.closed
-    assert d2.closed and cb.live_handles() == {}
+    assert d2.closed and new() == {}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_finalizer_frees_forgotten_objects(kind: str) -> None:
+    new = new_handles()
     d = KINDS[kind]()
-    assert cb.live_handles() == {kind: 1}
+    assert new() == {kind: 1}
     del d
     gc.collect()
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_ten_thousand_create_close_leave_no_live_handles(kind: str) -> None:
+    new = new_handles()
     make = KINDS[kind]
     for _ in range(10_000):
         make().close()
     for _ in range(1_000):  # and some left to the finalizer
         make()
     gc.collect()
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 def test_live_handles_counts_each_kind() -> None:
+    new = new_handles()
     objs = [KINDS[k]() for k in sorted(KINDS) for _ in range(3)]
-    assert cb.live_handles() == {k: 3 for k in KINDS}
+    assert new() == {k: 3 for k in KINDS}
     for o in objs:
         o.close()
-    assert cb.live_handles() == {}
+    assert new() == {}

@@ -11,9 +11,9 @@ from cudnn_bindings import raw
 from cudnn_bindings.errors import status_name
 
 try:
-    from conftest_cudnn import requires_cudnn
+    from conftest_cudnn import new_handles, requires_cudnn
 except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import requires_cudnn
+    from tests.conftest_cudnn import new_handles, requires_cudnn
 
 
 def test_error_attributes_and_message() -> None:
@@ -64,13 +64,15 @@ def test_clip_rejection_by_cudnn() -> None:
 
 @requires_cudnn
 def test_our_validation_runs_before_cudnn() -> None:
+    new = new_handles()
     with pytest.raises(ValueError, match="hidden_size = 0"):
         cb.RNNDescriptor(cb.RNNConfig(input_size=2, hidden_size=0))
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 @requires_cudnn
 def test_handle_without_gpu_is_a_clear_cudnn_error() -> None:
+    new = new_handles()
     if cb.device_count() > 0:
         pytest.skip("a CUDA device is present; the no-GPU path cannot be exercised here")
     with pytest.raises(cb.CudnnError) as info:
@@ -80,7 +82,7 @@ def test_handle_without_gpu_is_a_clear_cudnn_error() -> None:
     text = str(err)
     assert text.startswith("cudnnCreate failed with CUDNN_STATUS_NOT_INITIALIZED (1001)")
     assert "CUDA driver" in text and ("NVIDIA GPU" in text or "no usable GPU" in text)
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 def test_handle_rejects_bad_device_before_any_call() -> None:

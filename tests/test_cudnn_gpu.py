@@ -15,9 +15,9 @@ import pytest
 import cudnn_bindings as cb
 
 try:
-    from conftest_cudnn import gpu_reason
+    from conftest_cudnn import gpu_reason, new_handles
 except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import gpu_reason
+    from tests.conftest_cudnn import gpu_reason, new_handles
 
 REASON = gpu_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "GPU present")]
@@ -31,19 +31,21 @@ def cp():
 
 @pytest.fixture
 def handle(cp):
+    new = new_handles()
     with cb.Handle(stream=cp.cuda.get_current_stream()) as h:
         yield h
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 def test_handle_and_stream() -> None:
+    new = new_handles()
     with cb.Handle() as h:
         assert h.ptr and h.device == 0 and h.stream == 0
-        assert cb.live_handles() == {"Handle": 1}
+        assert new() == {"Handle": 1}
         h.set_stream(None)
         assert h.stream == 0
     h.close()
-    assert h.closed and cb.live_handles() == {}
+    assert h.closed and new() == {}
 
 
 def test_handle_binds_a_cupy_stream(cp) -> None:
@@ -61,9 +63,10 @@ def test_handle_on_each_device() -> None:
 
 
 def test_many_handles_leave_none_alive() -> None:
+    new = new_handles()
     for _ in range(50):
         cb.Handle().close()
-    assert cb.live_handles() == {}
+    assert new() == {}
 
 
 def test_dropout_descriptor_round_trip(cp, handle) -> None:
@@ -175,6 +178,7 @@ def _numeric_grad(f, arr: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 
 def test_tiny_lstm_forward_and_backward(cp, handle) -> None:
+    new = new_handles()
     rng = np.random.default_rng(0)
     f64 = cb.DataType.DOUBLE
     cfg = cb.RNNConfig(cell_mode="lstm", data_type=f64, math_prec=f64, input_size=I, hidden_size=H)
@@ -234,4 +238,4 @@ def test_tiny_lstm_forward_and_backward(cp, handle) -> None:
 
     for got, arr in ((dx, x_host), (dhx, hx_host), (dcx, cx_host), (dw, w_host)):
         np.testing.assert_allclose(got.get(), _numeric_grad(loss, arr), rtol=1e-6, atol=1e-7)
-    assert cb.live_handles() == {"Handle": 1}
+    assert new() == {}  # only the fixture's handle, made before, is alive

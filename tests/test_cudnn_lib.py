@@ -13,9 +13,9 @@ import cudnn_bindings as cb
 from cudnn_bindings import _lib
 
 try:
-    from conftest_cudnn import include_dir, parse_headers, requires_cudnn
+    from conftest_cudnn import LIBRARY_ERROR, include_dir, parse_headers, requires_cudnn
 except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import include_dir, parse_headers, requires_cudnn
+    from tests.conftest_cudnn import LIBRARY_ERROR, include_dir, parse_headers, requires_cudnn
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTHING = {"wheel": False, "pathfinder": False, "system": False}
@@ -58,6 +58,15 @@ def test_env_var_points_at_a_specific_library(tmp_path: Path) -> None:
         assert lib.cudnnGetVersion() == cb.version()
 
 
+def test_missing_cudnn_path_falls_through(tmp_path: Path) -> None:
+    with pytest.raises(cb.CudnnLibraryError) as info:
+        _lib.find_library({_lib.ENV_ROOT: str(tmp_path / "gone")}, **NOTHING)
+    assert f"$CUDNN_PATH: {tmp_path / 'gone'} (no such file)" in str(info.value)
+    if not LIBRARY_ERROR:  # with the other sources enabled, the search goes on and finds the library
+        _, path = _lib.find_library({_lib.ENV_ROOT: str(tmp_path / "gone")})
+        assert Path(path).is_file()
+
+
 @requires_cudnn
 def test_cudnn_path_install_root_is_searched() -> None:
     root = Path(cb.library_path()).parent.parent  # .../nvidia/cudnn with lib/ below it
@@ -70,7 +79,7 @@ def test_strict_env_var_gives_search_path_error(tmp_path: Path) -> None:
     with pytest.raises(cb.CudnnLibraryError) as info:
         _lib.find_library({_lib.ENV_LIB: str(missing)})
     text = str(info.value)
-    assert str(missing) in text and "no such file" in text
+    assert f"{missing} (no such file)" in text
     assert "ARRAYRNN_CUDNN_LIB is set, so only it was tried" in text
 
 
@@ -131,8 +140,10 @@ def test_version_decoding() -> None:
     assert _lib._decode_version(8907) == "8.9.7"
 
 
-def test_import_never_loads_the_library() -> None:
-    code = "import cudnn_bindings, cudnn_bindings._lib as L; assert L._state['lib'] is None; print('ok')"
+def test_import_never_loads_the_library_nor_arrayrnn() -> None:
+    code = ("import sys, cudnn_bindings, cudnn_bindings._lib as L; assert L._state['lib'] is None\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'arrayrnn'], 'imports arrayrnn'\n"
+            "print('ok')")
     out = _run(code)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
