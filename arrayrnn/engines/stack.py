@@ -145,7 +145,7 @@ class StackEngine(Engine):
     # -- backward -------------------------------------------------------------------------------
     def backward(self, params: PackedParams, cache: StackCache, dy: Array, dh_n: Array,
                  dc_n: Array | None) -> StackGrads:
-        params = cache.params
+        params = cache.params  # what the math ran with (the float32 copy for float16 params)
         spec, xp, bs = params.spec, get_xp(cache.x), cache.batch_sizes
         dtype = params.data.dtype
         dy, dh_n = dy.astype(dtype, copy=False), dh_n.astype(dtype, copy=False)
