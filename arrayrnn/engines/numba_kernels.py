@@ -1,0 +1,434 @@
+"""Compiled time loops of the numba engine: per-step GEMM plus fused gate math, forward and backward.
+
+Each ``*_forward_rows`` / ``*_backward_rows`` function runs the WHOLE time loop of one direction for the
+rows ``[r0, r1)`` of the (length-sorted) batch. Rows of an RNN never interact, so disjoint row ranges run
+on different threads with no synchronisation per step (``*_forward`` / ``*_backward`` are the ``prange``
+launchers over row chunks). Per step: one GEMM through NumPy's BLAS (:mod:`.numba_blas`), then one pass
+of fused, vectorisable gate math that writes the new state, the output and the residuals in place.
+
+Semantics equal :mod:`arrayrnn.cells` (the oracle); per active row of step ``t`` of an LSTM, roughly::
+
+    xw[t] += h @ W_hh.T                              # per-step GEMM, in place
+    i, f, g, o = sig(xw_i), sig(xw_f), tanh(xw_g), sig(xw_o)   # stored over xw[t] (the cache)
+    c = clip(f * c + i * g);  h = o * tanh(c)        # h = (o * tanh(c)) @ W_hr.T with projection
+
+Argument conventions, to keep one compiled signature per dtype: every array is C-contiguous; an absent
+array (no projection, no cache, no inner bias) is a zero-size array, announced by a flag; ``bs`` is the
+int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``. Buffers are preallocated by the caller; nothing
+is allocated per step. Entries of inactive rows (``b >= bs[t]``) of ``y``, the residuals and the
+gradient stacks are set to zero.
+
+Activations: float64 uses libm (``math.exp``/``math.tanh``); float32 uses branch-free formulas built
+on :func:`_exp_f32` that LLVM vectorises (numba has no vector libm here), accurate to a few ulp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic, overload, register_jitable
+
+from ..spec import GATE_NAMES
+from .numba_blas import gemm
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+
+# gate positions along the G*H axis, by name (spec.gate_names order)
+_LSTM = {name: k for k, name in enumerate(GATE_NAMES["lstm"])}
+_GRU = {name: k for k, name in enumerate(GATE_NAMES["gru"])}
+LSTM_I, LSTM_F, LSTM_G, LSTM_O = (_LSTM[n] for n in ("i", "f", "g", "o"))
+GRU_R, GRU_Z, GRU_N = (_GRU[n] for n in ("r", "z", "n"))
+GRU_RZ_FIRST = min(GRU_R, GRU_Z)  # r and z are adjacent: one GEMM serves both (reset-before GRU)
+assert abs(GRU_R - GRU_Z) == 1
+
+
+# -- activations ----------------------------------------------------------------------------------
+@intrinsic
+def _int32_bits_as_float32(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)       # ln 2 split in two for an exact first reduction step
+_LN2_LO = np.float32(-2.12194440e-4)
+
+
+@register_jitable(inline="always")
+def _exp_f32(x):
+    """exp(x) for float32 without libm: x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor, 2^n from bits."""
+    x = min(max(x, np.float32(-87.0)), np.float32(87.0))
+    n = np.floor(x * _LOG2E + np.float32(0.5))
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = np.float32(1.0 / 5040.0)
+    p = p * r + np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    return p * _int32_bits_as_float32(np.int32((np.int32(n) + 127) << 23))
+
+
+@register_jitable(inline="always")
+def _tanh_f32(x):
+    """tanh: odd Taylor polynomial below |x| = 0.4, (1 - e)/(1 + e) with e = exp(-2|x|) above."""
+    ax = abs(x)
+    e = _exp_f32(np.float32(-2.0) * ax)
+    big = (np.float32(1.0) - e) / (np.float32(1.0) + e)
+    big = big if x >= np.float32(0.0) else -big
+    x2 = x * x
+    p = np.float32(21844.0 / 6081075.0)
+    p = p * x2 - np.float32(1382.0 / 155925.0)
+    p = p * x2 + np.float32(62.0 / 2835.0)
+    p = p * x2 - np.float32(17.0 / 315.0)
+    p = p * x2 + np.float32(2.0 / 15.0)
+    p = p * x2 - np.float32(1.0 / 3.0)
+    small = x + x * x2 * p
+    return small if ax < np.float32(0.4) else big
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)), compiled per float type."""
+
+
+def tanh(x):
+    """tanh(x), compiled per float type."""
+
+
+@register_jitable(inline="always")
+def _sigmoid_f64(x):
+    e = math.exp(-abs(x))  # never overflows; both branches keep full relative accuracy
+    s = 1.0 / (1.0 + e)
+    return s if x >= 0.0 else e * s
+
+
+@overload(sigmoid, inline="always")
+def _sigmoid_impl(x):
+    if x == types.float32:
+        return lambda x: np.float32(1.0) / (np.float32(1.0) + _exp_f32(-x))
+    return lambda x: _sigmoid_f64(x)
+
+
+@overload(tanh, inline="always")
+def _tanh_impl(x):
+    if x == types.float32:
+        return lambda x: _tanh_f32(x)
+    return lambda x: math.tanh(x)
+
+
+@numba.njit(**_JIT)
+def activate(kind, x, out):
+    """Test hook: ``out = sigmoid(x)`` (kind 0) or ``tanh(x)`` (kind 1), elementwise over 1-D arrays."""
+    for j in range(x.shape[0]):
+        out[j] = sigmoid(x[j]) if kind == 0 else tanh(x[j])
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def one_of(a):
+    """1 in the dtype of array ``a`` (a bare ``1.0`` would promote float32 math to float64)."""
+
+
+@overload(one_of, inline="always")
+def _one_of_impl(a):
+    real = np.float32 if a.dtype == types.float32 else np.float64
+    return lambda a: real(1.0)
+
+
+@register_jitable(inline="always")
+def _step_time(s, T, reverse):
+    return T - 1 - s if reverse else s
+
+
+@register_jitable(inline="always")
+def _active_stop(bs, t, r1):
+    return min(bs[t], r1)
+
+
+# -- LSTM -----------------------------------------------------------------------------------------
+@numba.njit(**_JIT)
+def lstm_forward_rows(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hrT, project, h, c, y, m,
+                      keep, c_all, tanh_c_all, clip_lo, clip_hi):
+    """Rows ``[r0, r1)``: ``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
+    ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
+    ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only)."""
+    T = xw.shape[0]
+    H = c.shape[1]
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = _active_stop(bs, t, r1)
+        if n > r0:
+            gates = xw[t, r0:n]
+            gemm(ilp64, h[r0:n], W_hhT, gates, 1.0)
+            for b in range(r0, n):
+                g = xw[t, b]
+                cb = c[b]
+                out = m[b] if project else y[t, b]
+                tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
+                for j in range(H):
+                    gi = sigmoid(g[LSTM_I * H + j])
+                    gf = sigmoid(g[LSTM_F * H + j])
+                    gg = tanh(g[LSTM_G * H + j])
+                    go = sigmoid(g[LSTM_O * H + j])
+                    cn = gf * cb[j] + gi * gg
+                    cn = clip_lo if cn < clip_lo else cn
+                    cn = clip_hi if cn > clip_hi else cn
+                    tc = tanh(cn)
+                    g[LSTM_I * H + j] = gi
+                    g[LSTM_F * H + j] = gf
+                    g[LSTM_G * H + j] = gg
+                    g[LSTM_O * H + j] = go
+                    cb[j] = cn
+                    tc_out[j] = tc
+                    out[j] = go * tc
+                if keep:
+                    c_all[t, b] = cb
+            if project:
+                gemm(ilp64, m[r0:n], W_hrT, y[t, r0:n], 0.0)
+            h[r0:n] = y[t, r0:n]
+        lo = max(n, r0)
+        y[t, lo:r1] = 0.0
+        if keep:
+            xw[t, lo:r1] = 0.0
+            c_all[t, lo:r1] = 0.0
+            if project:
+                tanh_c_all[t, lo:r1] = 0.0
+
+
+@numba.njit(**_JIT)
+def lstm_backward_rows(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh, W_hr, project,
+                       dy, dh, dc, d_ih, d_h, dm, use_clip, clip_lo, clip_hi):
+    """Rows ``[r0, r1)``, steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
+    forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
+    (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``d_ih (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
+    out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection."""
+    T = gates.shape[0]
+    H = dc.shape[1]
+    one = one_of(gates)
+    zero = one - one
+    for s in range(T):
+        t = _step_time(T - 1 - s, T, reverse)
+        n = _active_stop(bs, t, r1)
+        if n > r0:
+            if project:
+                d_h[t, r0:n] = dy[t, r0:n] + dh[r0:n]
+                gemm(ilp64, d_h[t, r0:n], W_hr, dm[r0:n], 0.0)
+            for b in range(r0, n):
+                g = gates[t, b]
+                d = d_ih[t, b]
+                cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
+                dyb, dhb, dmb = dy[t, b], dh[b], dm[b]
+                tcb = tanh_c_all[t, b] if project else cb
+                for j in range(H):
+                    gi = g[LSTM_I * H + j]
+                    gf = g[LSTM_F * H + j]
+                    gg = g[LSTM_G * H + j]
+                    go = g[LSTM_O * H + j]
+                    tc = tcb[j] if project else tanh(cb[j])
+                    dmj = dmb[j] if project else dyb[j] + dhb[j]
+                    dcj = dcb[j] + dmj * go * (one - tc * tc)
+                    inside = (cb[j] > clip_lo) & (cb[j] < clip_hi)
+                    dcj = dcj if (inside or not use_clip) else dcj * zero
+                    d[LSTM_I * H + j] = dcj * gg * gi * (one - gi)
+                    d[LSTM_F * H + j] = dcj * cp[j] * gf * (one - gf)
+                    d[LSTM_G * H + j] = dcj * gi * (one - gg * gg)
+                    d[LSTM_O * H + j] = dmj * tc * go * (one - go)
+                    dcb[j] = dcj * gf
+            gemm(ilp64, d_ih[t, r0:n], W_hh, dh[r0:n], 0.0)
+        lo = max(n, r0)
+        d_ih[t, lo:r1] = 0.0
+        if project:
+            d_h[t, lo:r1] = 0.0
+
+
+@numba.njit(parallel=True, **_JIT)
+def lstm_forward(ilp64, bounds, xw, bs, reverse, W_hhT, W_hrT, project, h, c, y, m, keep, c_all, tanh_c_all,
+                 clip_lo, clip_hi):
+    for k in prange(bounds.shape[0] - 1):
+        lstm_forward_rows(ilp64, bounds[k], bounds[k + 1], xw, bs, reverse, W_hhT, W_hrT, project, h, c, y, m,
+                          keep, c_all, tanh_c_all, clip_lo, clip_hi)
+
+
+@numba.njit(parallel=True, **_JIT)
+def lstm_backward(ilp64, bounds, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh, W_hr, project, dy, dh,
+                  dc, d_ih, d_h, dm, use_clip, clip_lo, clip_hi):
+    for k in prange(bounds.shape[0] - 1):
+        lstm_backward_rows(ilp64, bounds[k], bounds[k + 1], gates, c_all, c_prev, tanh_c_all, bs, reverse,
+                           W_hh, W_hr, project, dy, dh, dc, d_ih, d_h, dm, use_clip, clip_lo, clip_hi)
+
+
+# -- GRU ------------------------------------------------------------------------------------------
+@numba.njit(**_JIT)
+def gru_forward_rows(ilp64, r0, r1, xw, bs, reverse, W_hhT, reset_after, b_hn, h, y, hh, keep, hn_all):
+    """Rows ``[r0, r1)``: ``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
+    ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
+    ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after)."""
+    T = xw.shape[0]
+    H = h.shape[1]
+    R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = _active_stop(bs, t, r1)
+        if n > r0:
+            if reset_after:
+                gemm(ilp64, h[r0:n], W_hhT, hh[r0:n], 0.0)
+                for b in range(r0, n):
+                    g, hb, q, yb = xw[t, b], h[b], hh[b], y[t, b]
+                    hn_out = hn_all[t if keep else 0, b]
+                    for j in range(H):
+                        r = sigmoid(g[R + j] + q[R + j])
+                        z = sigmoid(g[Z + j] + q[Z + j])
+                        hn = q[N + j] + b_hn[j]
+                        nn = tanh(g[N + j] + r * hn)
+                        g[R + j] = r
+                        g[Z + j] = z
+                        g[N + j] = nn
+                        hn_out[j] = hn
+                        yb[j] = nn + z * (hb[j] - nn)
+            else:
+                rz = xw[t, r0:n, RZ:RZ + 2 * H]
+                gemm(ilp64, h[r0:n], W_hhT[:, RZ:RZ + 2 * H], rz, 1.0)
+                for b in range(r0, n):
+                    g, hb, q = xw[t, b], h[b], hh[b]
+                    for j in range(H):
+                        r = sigmoid(g[R + j])
+                        g[R + j] = r
+                        g[Z + j] = sigmoid(g[Z + j])
+                        q[j] = r * hb[j]
+                gemm(ilp64, hh[r0:n, :H], W_hhT[:, N:N + H], xw[t, r0:n, N:N + H], 1.0)
+                for b in range(r0, n):
+                    g, hb, yb = xw[t, b], h[b], y[t, b]
+                    for j in range(H):
+                        nn = tanh(g[N + j])
+                        z = g[Z + j]
+                        g[N + j] = nn
+                        yb[j] = nn + z * (hb[j] - nn)
+            h[r0:n] = y[t, r0:n]
+        lo = max(n, r0)
+        y[t, lo:r1] = 0.0
+        if keep:
+            xw[t, lo:r1] = 0.0
+            if reset_after:
+                hn_all[t, lo:r1] = 0.0
+
+
+@numba.njit(**_JIT)
+def gru_backward_rows(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, reset_after, dy, dh, d_ih,
+                      d_hh, drh):
+    """Rows ``[r0, r1)``. ``d_ih (T,B,3H)`` out; ``d_hh (T,B,3H)`` out for reset-after (the n part is
+    ``d_ih``'s times r), unused for reset-before (equal to ``d_ih``); ``drh (B,H)`` scratch (reset-before:
+    the gradient of ``r*h``)."""
+    T = gates.shape[0]
+    H = dh.shape[1]
+    R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
+    one = one_of(gates)
+    for s in range(T):
+        t = _step_time(T - 1 - s, T, reverse)
+        n = _active_stop(bs, t, r1)
+        if n > r0:
+            for b in range(r0, n):
+                g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], d_ih[t, b]
+                for j in range(H):
+                    r, z, nn = g[R + j], g[Z + j], g[N + j]
+                    dhj = dyb[j] + dhb[j]
+                    dn = dhj * (one - z) * (one - nn * nn)
+                    d[N + j] = dn
+                    d[Z + j] = dhj * (hp[j] - nn) * z * (one - z)
+                    dhb[j] = dhj * z
+            if reset_after:
+                for b in range(r0, n):
+                    g, hnb, d, e = gates[t, b], hn_all[t, b], d_ih[t, b], d_hh[t, b]
+                    for j in range(H):
+                        r = g[R + j]
+                        dr = d[N + j] * hnb[j] * r * (one - r)
+                        d[R + j] = dr
+                        e[R + j] = dr
+                        e[Z + j] = d[Z + j]
+                        e[N + j] = d[N + j] * r
+                gemm(ilp64, d_hh[t, r0:n], W_hh, dh[r0:n], 1.0)
+            else:
+                gemm(ilp64, d_ih[t, r0:n, N:N + H], W_hh[N:N + H], drh[r0:n], 0.0)
+                for b in range(r0, n):
+                    g, hp, d, q, dhb = gates[t, b], h_prev[t, b], d_ih[t, b], drh[b], dh[b]
+                    for j in range(H):
+                        r = g[R + j]
+                        d[R + j] = q[j] * hp[j] * r * (one - r)
+                        dhb[j] += q[j] * r
+                gemm(ilp64, d_ih[t, r0:n, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], dh[r0:n], 1.0)
+        lo = max(n, r0)
+        d_ih[t, lo:r1] = 0.0
+        if reset_after:
+            d_hh[t, lo:r1] = 0.0
+
+
+@numba.njit(parallel=True, **_JIT)
+def gru_forward(ilp64, bounds, xw, bs, reverse, W_hhT, reset_after, b_hn, h, y, hh, keep, hn_all):
+    for k in prange(bounds.shape[0] - 1):
+        gru_forward_rows(ilp64, bounds[k], bounds[k + 1], xw, bs, reverse, W_hhT, reset_after, b_hn, h, y, hh,
+                         keep, hn_all)
+
+
+@numba.njit(parallel=True, **_JIT)
+def gru_backward(ilp64, bounds, gates, hn_all, h_prev, bs, reverse, W_hh, reset_after, dy, dh, d_ih, d_hh,
+                 drh):
+    for k in prange(bounds.shape[0] - 1):
+        gru_backward_rows(ilp64, bounds[k], bounds[k + 1], gates, hn_all, h_prev, bs, reverse, W_hh,
+                          reset_after, dy, dh, d_ih, d_hh, drh)
+
+
+# -- plain RNN (tanh or relu) ---------------------------------------------------------------------
+@numba.njit(**_JIT)
+def rnn_forward_rows(ilp64, r0, r1, xw, bs, reverse, W_hhT, relu, h, y):
+    """Rows ``[r0, r1)``: ``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch."""
+    T = xw.shape[0]
+    H = h.shape[1]
+    zero = one_of(xw) * 0
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = _active_stop(bs, t, r1)
+        if n > r0:
+            pre = xw[t, r0:n]
+            gemm(ilp64, h[r0:n], W_hhT, pre, 1.0)
+            for b in range(r0, n):
+                p, yb = xw[t, b], y[t, b]
+                for j in range(H):
+                    yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+            h[r0:n] = y[t, r0:n]
+        y[t, max(n, r0):r1] = 0.0
+
+
+@numba.njit(**_JIT)
+def rnn_backward_rows(ilp64, r0, r1, y, bs, reverse, W_hh, relu, dy, dh, d_pre):
+    T = y.shape[0]
+    H = dh.shape[1]
+    one = one_of(y)
+    zero = one - one
+    for s in range(T):
+        t = _step_time(T - 1 - s, T, reverse)
+        n = _active_stop(bs, t, r1)
+        if n > r0:
+            for b in range(r0, n):
+                yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], d_pre[t, b]
+                for j in range(H):
+                    slope = (one if yb[j] > zero else zero) if relu else one - yb[j] * yb[j]
+                    d[j] = (dyb[j] + dhb[j]) * slope
+            gemm(ilp64, d_pre[t, r0:n], W_hh, dh[r0:n], 0.0)
+        d_pre[t, max(n, r0):r1] = 0.0
+
+
+@numba.njit(parallel=True, **_JIT)
+def rnn_forward(ilp64, bounds, xw, bs, reverse, W_hhT, relu, h, y):
+    for k in prange(bounds.shape[0] - 1):
+        rnn_forward_rows(ilp64, bounds[k], bounds[k + 1], xw, bs, reverse, W_hhT, relu, h, y)
+
+
+@numba.njit(parallel=True, **_JIT)
+def rnn_backward(ilp64, bounds, y, bs, reverse, W_hh, relu, dy, dh, d_pre):
+    for k in prange(bounds.shape[0] - 1):
+        rnn_backward_rows(ilp64, bounds[k], bounds[k + 1], y, bs, reverse, W_hh, relu, dy, dh, d_pre)
