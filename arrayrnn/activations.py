@@ -146,7 +146,7 @@ def tanh() -> Activation:
 
 def _sigmoid_into(xp, x, out):
     """``out = 1 / (1 + exp(-x))``: exp overflows to inf for very negative x, giving exactly 0."""
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         xp.negative(x, out=out)
         xp.exp(out, out=out)
     out += 1

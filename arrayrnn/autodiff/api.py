@@ -59,16 +59,16 @@ def _box(arg: Any, trace: Trace, path: str, leaves: list[Node]) -> Any:
         return {k: _box(v, trace, f"{path}[{k!r}]", leaves) for k, v in arg.items()}
     if isinstance(arg, Traced):
         raise TypeError(f"{_describe(path)} is already a traced value; nested differentiation is not "
-                        f"supported")
-    if not hasattr(arg, "dtype") or not hasattr(arg, "shape") or isinstance(arg, np.generic):
+                        "supported")
+    if isinstance(arg, np.generic):
+        arg = np.asarray(arg)  # a NumPy scalar: differentiate it as a 0-d array
+    if not hasattr(arg, "dtype") or not hasattr(arg, "shape"):
         raise TypeError(f"{_describe(path)} has type {type(arg).__name__}; can differentiate only with "
-                        f"respect "
-                        "to floating arrays, PackedParams, or lists/tuples/dicts of them")
+                        "respect to floating arrays, PackedParams, or lists/tuples/dicts of them")
     if np.dtype(arg.dtype).kind != "f":
         raise TypeError(f"{_describe(path)} has dtype {arg.dtype}; can differentiate only with respect to "
                         "floating arrays (convert with x.astype('float32') or pass it as a "
-                        "non-differentiated "
-                        "argument)")
+                        "non-differentiated argument)")
     node_value = leaf(arg, trace)
     leaves.append(node_value.node)
     return node_value

@@ -78,8 +78,8 @@ def _first(gs: tuple) -> Any:
 
 @primitive(keep=())
 def add(x, y):
-    _binary("add", x, y)
-    return x + y
+    xp = _binary("add", x, y)
+    return xp.asarray(x + y)
 
 
 @add.defvjp
@@ -89,8 +89,8 @@ def _add_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=())
 def subtract(x, y):
-    _binary("subtract", x, y)
-    return x - y
+    xp = _binary("subtract", x, y)
+    return xp.asarray(x - y)
 
 
 @subtract.defvjp
@@ -100,8 +100,8 @@ def _subtract_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=("x", "y"))
 def mul(x, y):
-    _binary("mul", x, y)
-    return x * y
+    xp = _binary("mul", x, y)
+    return xp.asarray(x * y)
 
 
 @mul.defvjp
@@ -112,8 +112,8 @@ def _mul_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=("y", "ans"))
 def divide(x, y):
-    _binary("divide", x, y)
-    return x / y
+    xp = _binary("divide", x, y)
+    return xp.asarray(x / y)
 
 
 @divide.defvjp
@@ -125,8 +125,8 @@ def _divide_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=("x", "p", "ans"))
 def power(x, p):
-    _binary("power", x, p)
-    return x ** p
+    xp = _binary("power", x, p)
+    return xp.asarray(x ** p)
 
 
 @power.defvjp
@@ -167,7 +167,7 @@ def matmul(a, b):
         raise ValueError(f"matmul: a has shape {a.shape} and b has shape {b.shape}; the last axis of a "
                          f"({k_a}) "
                          f"must equal the {'only' if b.ndim == 1 else 'second-to-last'} axis of b ({k_b})")
-    return xp.matmul(a, b)
+    return xp.asarray(xp.matmul(a, b))
 
 
 @matmul.defvjp
@@ -206,6 +206,7 @@ def _reduced_to_input(g: Any, shape: tuple, axes: tuple | None, keepdims: bool) 
 @primitive(keep=())
 def _sum(x, *, axis=None, keepdims=False):
     xp = _operands("sum", x=x)
+    x = xp.asarray(x)
     return xp.asarray(xp.sum(x, axis=_normalize_axes("sum", axis, x.ndim), keepdims=keepdims))
 
 
@@ -217,6 +218,7 @@ def _sum_vjp(g, ans, x, *, axis=None, keepdims=False):
 @primitive(keep=())
 def _mean(x, *, axis=None, keepdims=False):
     xp = _operands("mean", x=x)
+    x = xp.asarray(x)
     return xp.asarray(xp.mean(x, axis=_normalize_axes("mean", axis, x.ndim), keepdims=keepdims))
 
 

@@ -152,10 +152,10 @@ def value_of(x: Any) -> Any:
 def _raw_argument(a: Any) -> Any:
     """Unwrap NumPy scalars to Python scalars (no silent promotion of float32 arrays) and take foreign
     arrays (DLPack, __array_interface__) as NumPy/CuPy without copying."""
+    if isinstance(a, np.generic):  # before the Python types: np.float64 is a float
+        return a.item()
     if a is None or isinstance(a, (bool, int, float, np.ndarray, tuple, list, slice)):
         return a
-    if isinstance(a, np.generic):
-        return a.item()
     if any(hasattr(a, p) for p in ("__dlpack__", "__cuda_array_interface__", "__array_interface__")):
         return as_array(a)
     return a

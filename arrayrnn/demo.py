@@ -1,0 +1,251 @@
+"""A character-level LSTM language model on CPython's own documentation: ``python -m arrayrnn.demo``.
+
+The text is ``pydoc_data.topics`` (about half a million characters of English help text that ships with
+every CPython). The model is ``Embedding -> LSTM -> Dense`` built from ``ar.nn``, trained with
+``ar.value_and_grad`` and ``ar.optim.Adam`` on random windows of the first 90% of the text; the last 10%
+is held out. It prints the unigram entropy of the text (the bits per character of a model that knows only
+character frequencies), the validation bits per character before and after training, and a sample.
+The same seed gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from . import nn, ops, optim
+from .autodiff import value_and_grad
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 300
+    hidden: int = 256
+    layers: int = 1
+    embed: int = 48
+    batch: int = 32
+    seq_len: int = 96
+    lr: float = 4e-3
+    clip: float = 1.0
+    engine: str = "auto"
+    seed: int = 0
+    eval_chars: int = 16384
+    sample_chars: int = 300
+
+
+def load_text() -> str:
+    """CPython's ``pydoc_data.topics`` help texts, joined in key order."""
+    from pydoc_data.topics import topics
+
+    return "".join(topics[key] for key in sorted(topics))
+
+
+class Vocabulary:
+    """The sorted set of characters of a text, with encode/decode to integer ids."""
+
+    def __init__(self, text: str):
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array([self.index[c] for c in text], dtype=np.int64)
+
+    def decode(self, ids: Any) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+def unigram_entropy(ids: np.ndarray, vocab_size: int) -> float:
+    """Bits per character of the character-frequency model of ``ids``."""
+    p = np.bincount(ids, minlength=vocab_size) / len(ids)
+    p = p[p > 0]
+    return float(-(p * np.log2(p)).sum())
+
+
+class CharModel:
+    """``Embedding -> LSTM -> Dense``; ``params`` is the list of the three layers' buffers."""
+
+    def __init__(self, vocab_size: int, cfg: Config):
+        self.embedding = nn.Embedding(vocab_size, cfg.embed, seed=cfg.seed)
+        self.lstm = nn.LSTM(cfg.embed, cfg.hidden, cfg.layers, seed=cfg.seed + 1, engine=cfg.engine)
+        self.head = nn.Dense(cfg.hidden, vocab_size, seed=cfg.seed + 2)
+
+    @property
+    def params(self) -> list:
+        return [self.embedding.params, self.lstm.params, self.head.params]
+
+    def logits(self, params: list, ids: Any, h0: Any = None, c0: Any = None) -> tuple[Any, Any, Any]:
+        """Time-major ``ids`` ``(T, B)`` -> logits ``(T, B, V)`` and the final ``(h, c)``."""
+        emb, lstm, head = params
+        y, h_n, c_n = self.lstm.apply(lstm, self.embedding.apply(emb, ids), h0=h0, c0=c0)
+        return self.head.apply(head, y), h_n, c_n
+
+    def loss(self, params: list, inputs: Any, targets: Any) -> Any:
+        logits, _, _ = self.logits(params, inputs)
+        return ops.softmax_cross_entropy(logits, targets)
+
+
+def random_windows(ids: np.ndarray, batch: int, seq_len: int, rng: np.random.Generator) -> np.ndarray:
+    """``(seq_len + 1, batch)`` windows starting at random offsets (time-major)."""
+    starts = rng.integers(0, len(ids) - seq_len - 1, size=batch)
+    return np.stack([ids[s:s + seq_len + 1] for s in starts], axis=1)
+
+
+def bits_per_char(model: CharModel, ids: np.ndarray, rows: int = 32) -> float:
+    """Mean next-character cross-entropy in bits over ``ids`` cut into ``rows`` parallel streams."""
+    length = (len(ids) - 1) // rows
+    windows = np.stack([ids[r * length:(r + 1) * length + 1] for r in range(rows)], axis=1)
+    loss = model.loss(model.params, windows[:-1], windows[1:])
+    return float(loss) / LN2
+
+
+def learning_rate(cfg: Config, step: int) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``cfg.lr``."""
+    warmup = max(1, cfg.steps // 20)
+    if step <= warmup:
+        return cfg.lr * step / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def train(cfg: Config, train_ids: np.ndarray, model: CharModel, progress: bool = True) -> list[float]:
+    """Run ``cfg.steps`` Adam steps; returns the training loss (nats) of every step.
+
+    A non-finite loss stops training with a ``FloatingPointError`` naming the step.
+    """
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(cfg.seed)
+    opt = optim.Adam(model.params, lr=cfg.lr)
+    loss_and_grads = value_and_grad(model.loss)
+    losses: list[float] = []
+    chars_per_step = cfg.batch * cfg.seq_len
+    start = time.perf_counter()
+    with tqdm(range(1, cfg.steps + 1), desc="training", unit="step", disable=not progress,
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        for step in bar:
+            window = random_windows(train_ids, cfg.batch, cfg.seq_len, rng)
+            loss, grads = loss_and_grads(model.params, window[:-1], window[1:])
+            loss = float(loss)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"step {step}: the training loss is {loss}; training diverged "
+                                         f"(try a smaller --lr than {cfg.lr} or a smaller clip)")
+            optim.clip_grad_norm(grads, cfg.clip)
+            opt.lr = learning_rate(cfg, step)
+            opt.step(grads)
+            losses.append(loss)
+            elapsed = time.perf_counter() - start
+            speed = step * chars_per_step / elapsed
+            bar.set_postfix(loss=f"{loss:.3f}", bpc=f"{loss / LN2:.2f}", chars_s=f"{speed:,.0f}")
+    return losses
+
+
+def sample(model: CharModel, vocab: Vocabulary, prompt: str, n: int, seed: int,
+           temperature: float = 0.8) -> str:
+    """Continue ``prompt`` by ``n`` characters, one LSTM step at a time, carrying ``(h, c)``."""
+    rng = np.random.default_rng(seed)
+    logits, h, c = model.logits(model.params, vocab.encode(prompt)[:, None])
+    out = []
+    for _ in range(n):
+        z = logits[-1, 0].astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        next_id = int(rng.choice(len(p), p=p / p.sum()))
+        out.append(next_id)
+        logits, h, c = model.logits(model.params, np.array([[next_id]]), h, c)
+    return prompt + vocab.decode(out)
+
+
+def save_model(path: str, model: CharModel, vocab: Vocabulary, cfg: Config) -> None:
+    """An ``.npz`` with a JSON header (config, vocabulary) and the three parameter buffers; no pickle."""
+    header = json.dumps({"format": "arrayrnn-demo", "version": 1, "config": asdict(cfg),
+                         "chars": vocab.chars})
+    emb, lstm, head = model.params
+    np.savez(path, header=np.array(header), embedding=emb, lstm=lstm.data, head=head)
+
+
+def load_model(path: str) -> tuple[CharModel, Vocabulary, Config]:
+    with np.load(path, allow_pickle=False) as f:
+        header = json.loads(str(f["header"]))
+        if header.get("format") != "arrayrnn-demo":
+            raise ValueError(f"{path} is not an arrayrnn demo model")
+        cfg = Config(**header["config"])
+        vocab = Vocabulary("".join(header["chars"]))
+        model = CharModel(len(vocab), cfg)
+        for target, name in ((model.embedding.params, "embedding"), (model.lstm.params.data, "lstm"),
+                             (model.head.params, "head")):
+            target[...] = f[name]
+    return model, vocab, cfg
+
+
+def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = sys.stdout) -> dict[str, Any]:
+    """The whole demo; returns the numbers it prints."""
+    started = time.perf_counter()
+    text = load_text()
+    vocab = Vocabulary(text)
+    ids = vocab.encode(text)
+    split = int(0.9 * len(ids))
+    train_ids, valid_ids = ids[:split], ids[split:split + cfg.eval_chars + 1]
+    model = CharModel(len(vocab), cfg)
+    entropy = unigram_entropy(train_ids, len(vocab))
+    print(f"text: pydoc_data.topics, {len(text):,} characters, {len(vocab)} distinct; "
+          f"model: LSTM hidden={cfg.hidden} layers={cfg.layers} engine={model.lstm.engine}", file=out)
+    print(f"unigram entropy of the text:        {entropy:.3f} bits/char", file=out)
+    before = bits_per_char(model, valid_ids)
+    print(f"validation bits/char before:        {before:.3f}", file=out)
+    train_start = time.perf_counter()
+    losses = train(cfg, train_ids, model, progress=progress)
+    train_seconds = time.perf_counter() - train_start
+    after = bits_per_char(model, valid_ids)
+    chars_per_second = cfg.steps * cfg.batch * cfg.seq_len / train_seconds
+    print(f"validation bits/char after {cfg.steps} steps: {after:.3f}  "
+          f"({train_seconds:.1f} s of training, {chars_per_second:,.0f} chars/s)", file=out)
+    text_sample = sample(model, vocab, "The ", cfg.sample_chars, cfg.seed)
+    print("sample:\n" + text_sample, file=out)
+    if save:
+        save_model(save, model, vocab, cfg)
+        print(f"saved the model to {save}", file=out)
+    total = time.perf_counter() - started
+    print(f"total time: {total:.1f} s", file=out)
+    return {"unigram_entropy": entropy, "bpc_before": before, "bpc_after": after, "losses": losses,
+            "sample": text_sample, "train_seconds": train_seconds, "total_seconds": total}
+
+
+def main(argv: list[str] | None = None) -> None:
+    defaults = Config()
+    parser = argparse.ArgumentParser(prog="python -m arrayrnn.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps (%(default)s)")
+    parser.add_argument("--hidden", type=int, default=defaults.hidden, help="LSTM hidden size (%(default)s)")
+    parser.add_argument("--layers", type=int, default=defaults.layers, help="LSTM layers (%(default)s)")
+    parser.add_argument("--engine", default=defaults.engine,
+                        help="auto | reference | numba | cupy | cudnn (%(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed (%(default)s)")
+    parser.add_argument("--batch", type=int, default=defaults.batch, help="sequences per step (%(default)s)")
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="characters per sequence "
+                        "(%(default)s)")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak Adam learning rate (%(default)s)")
+    parser.add_argument("--save", metavar="PATH", help="write the trained model to PATH (.npz)")
+    args = parser.parse_args(argv)
+    for name in ("steps", "hidden", "layers", "batch", "seq_len"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} = {getattr(args, name)}; expected an integer >= 1")
+    if args.save and not os.path.isdir(os.path.dirname(os.path.abspath(args.save))):
+        parser.error(f"--save {args.save}: the directory does not exist")
+    cfg = Config(steps=args.steps, hidden=args.hidden, layers=args.layers, engine=args.engine, seed=args.seed,
+                 batch=args.batch, seq_len=args.seq_len, lr=args.lr)
+    run(cfg, save=args.save)
+
+
+if __name__ == "__main__":
+    main()
