@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -118,20 +119,17 @@ class Optimizer:
         step = state_dict.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"state_dict['step'] = {step!r}; expected an integer >= 0")
-        for i, (saved, mine) in enumerate(zip(states, self.state, strict=True)):
+        fresh = type(self)(self.params, **state_dict["hyperparameters"])
+        for i, (saved, mine) in enumerate(zip(states, fresh.state, strict=True)):
             if set(saved) != set(mine):
-                raise ValueError(f"state_dict['state'][{i}] has entries {sorted(saved)}; expected "
-                                 f"{sorted(mine)}")
+                raise ValueError(f"state_dict['state'][{i}] has entries {sorted(saved)}; expected {sorted(mine)}")
             for name, a in saved.items():
                 if tuple(np.shape(a)) != tuple(mine[name].shape) or str(a.dtype) != str(mine[name].dtype):
                     raise ValueError(f"state_dict['state'][{i}][{name!r}] has shape {tuple(np.shape(a))} and "
-                                     f"dtype {a.dtype}; expected {tuple(mine[name].shape)} "
-                                     f"{mine[name].dtype}")
-        type(self).__init__(self, self.params, **state_dict["hyperparameters"])
-        self.step_count = step
-        for saved, mine in zip(states, self.state, strict=True):
-            for name, a in saved.items():
+                                     f"dtype {a.dtype}; expected {tuple(mine[name].shape)} {mine[name].dtype}")
                 mine[name][...] = get_xp(mine[name]).asarray(a)
+        fresh.step_count = step
+        self.__dict__.update(fresh.__dict__)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to an ``.npz`` (a JSON header plus arrays; no pickle), atomically."""
@@ -159,7 +157,7 @@ class Optimizer:
                     raise ValueError(f"{path} is not an arrayrnn optimizer file of version {FORMAT_VERSION}")
                 state = [{name: f[f"state/{i}/{name}"] for name in names}
                          for i, names in enumerate(header["names"])]
-        except (OSError, KeyError, json.JSONDecodeError, EOFError) as e:
+        except (OSError, KeyError, json.JSONDecodeError, EOFError, zipfile.BadZipFile) as e:
             raise ValueError(f"{path}: not a readable arrayrnn optimizer file ({type(e).__name__}: "
                              f"{e})") from None
         except ValueError as e:
