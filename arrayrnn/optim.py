@@ -122,11 +122,13 @@ class Optimizer:
         fresh = type(self)(self.params, **state_dict["hyperparameters"])
         for i, (saved, mine) in enumerate(zip(states, fresh.state, strict=True)):
             if set(saved) != set(mine):
-                raise ValueError(f"state_dict['state'][{i}] has entries {sorted(saved)}; expected {sorted(mine)}")
+                raise ValueError(f"state_dict['state'][{i}] has entries {sorted(saved)}; "
+                                 f"expected {sorted(mine)}")
             for name, a in saved.items():
                 if tuple(np.shape(a)) != tuple(mine[name].shape) or str(a.dtype) != str(mine[name].dtype):
-                    raise ValueError(f"state_dict['state'][{i}][{name!r}] has shape {tuple(np.shape(a))} and "
-                                     f"dtype {a.dtype}; expected {tuple(mine[name].shape)} {mine[name].dtype}")
+                    raise ValueError(f"state_dict['state'][{i}][{name!r}] has shape {tuple(np.shape(a))} "
+                                     f"and dtype {a.dtype}; expected {tuple(mine[name].shape)} "
+                                     f"{mine[name].dtype}")
                 mine[name][...] = get_xp(mine[name]).asarray(a)
         fresh.step_count = step
         self.__dict__.update(fresh.__dict__)

@@ -1,4 +1,4 @@
-"""``ar.scan``: an LSTM cell written with ``ar.ops`` against the fused engine, reverse order, trees, errors."""
+"""``ar.scan``: an LSTM cell written with ``ar.ops`` against the fused engine; reverse, trees, errors."""
 
 import numpy as np
 import pytest
