@@ -210,7 +210,10 @@ def lstm_backward_loop(ilp64, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_h
         n = bs[t]
         if n > 0:
             if project:
-                d_h[t, :n] = dy[t, :n] + dh[:n]
+                for b in range(n):
+                    dhb, dyb, out = dh[b], dy[t, b], d_h[t, b]
+                    for j in range(out.shape[0]):
+                        out[j] = dyb[j] + dhb[j]
                 gemm(ilp64, d_h[t, :n], W_hr, dm[:n], 0.0)
             for b in range(n):
                 g = gates[t, b]

@@ -1,0 +1,402 @@
+"""RNN benchmark: every available CPU engine against PyTorch CPU, shapes of shared/BENCH_SHAPES.md.
+
+    python bench/bench_rnn.py --write          # full run, writes bench/RESULTS.md between its markers
+    python bench/bench_rnn.py --quick          # smoke run: tiny shapes, 3 pairs, prints only
+
+Method (BENCH_SHAPES.md): float32, time-major, same process, ``torch.set_num_threads`` equal to our
+BLAS thread count (``--threads``, set through threadpoolctl); for each configuration the two sides run
+in alternated pairs (who goes first alternates too) and the reported ratio is the median of the
+per-pair ratios ours/PyTorch. Before every timed call the process sleeps ``--gap`` seconds: OpenBLAS's
+idle workers spin for about 0.1 s after a call and OpenMP's for a while too, and without the pause
+each side's spinning threads slow the other side's next call (measured: PyTorch's S1 LSTM forward
+16 ms alone, 32 ms right after one of ours). Both sides use the same weights (``ar.from_torch``) and
+the outputs are compared once per configuration (``max|dy|``).
+
+A training step is forward + backward with ``dy = 1`` (the gradient of ``y.sum()``), input gradient
+included on both sides. S5's lengths are uniform in 1..T, unsorted; PyTorch runs them through
+``pack_padded_sequence(enforce_sorted=False)`` inside the timed call (our sort is inside too).
+
+Memory: each training step also runs once in a fresh subprocess per side: our tracemalloc peak (NumPy
+allocations during the step) and, for both sides, the growth of the process's peak RSS over its RSS
+right before the step. Roofline: FLOPs / the best sgemm rate measured on a 2048^3 GEMM here (forward
+FLOPs per layer-direction ``2 G H (I_l + H_out) N`` with ``N`` the active (t, b) pairs; a training
+step counted as 3x that). This script never asserts timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import threadpoolctl
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import arrayrnn as ar  # noqa: E402
+from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+START, END = "<!-- rnn-bench:start -->", "<!-- rnn-bench:end -->"
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    T: int
+    B: int
+    I: int
+    H: int
+    layers: int = 1
+    bidirectional: bool = False
+    variable_lengths: bool = False
+
+
+SHAPES = (
+    Shape("S1", 100, 64, 256, 256),
+    Shape("S2", 50, 16, 128, 512, layers=2),
+    Shape("S3", 200, 1, 64, 128),
+    Shape("S4", 100, 64, 256, 256, layers=2, bidirectional=True),
+    Shape("S5", 100, 64, 256, 256, variable_lengths=True),
+)
+QUICK_SHAPES = (
+    Shape("Q1", 8, 4, 8, 16),
+    Shape("Q2", 6, 5, 4, 8, layers=2, bidirectional=True, variable_lengths=True),
+)
+MODES = ("lstm", "gru")
+PHASES = ("forward", "train")
+
+# issue 5's targets, ratio ours/PyTorch (None: no target)
+TARGETS = {
+    ("lstm", "train"): {"S1": 1.0, "S2": 1.5, "S3": 1.0, "S4": 1.0, "S5": 1.0},
+    ("lstm", "forward"): {"S1": 1.5, "S2": 1.5, "S3": 1.0, "S4": 1.5},
+    ("gru", "train"): dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 0.8),
+    ("gru", "forward"): dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 1.0),
+}
+
+
+# -- the two sides ---------------------------------------------------------------------------------
+class Case:
+    """One shape and mode: the torch module, our params with the same weights, inputs and cotangents."""
+
+    def __init__(self, shape: Shape, mode: str, seed: int = 0):
+        import torch
+
+        self.shape, self.mode = shape, mode
+        torch.manual_seed(seed)
+        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[mode]
+        self.module = cls(shape.I, shape.H, shape.layers, bidirectional=shape.bidirectional)
+        self.params = ar.from_torch(self.module)
+        rng = np.random.default_rng(seed)
+        self.x = rng.standard_normal((shape.T, shape.B, shape.I)).astype(np.float32)
+        self.lengths = rng.integers(1, shape.T + 1, shape.B) if shape.variable_lengths else None
+        D = 2 if shape.bidirectional else 1
+        self.dy = np.ones((shape.T, shape.B, D * shape.H), np.float32)
+        if self.lengths is not None:
+            self.dy *= (np.arange(shape.T)[:, None] < self.lengths[None, :])[..., None]
+        self.x_torch = torch.from_numpy(self.x)
+        self.lengths_torch = torch.from_numpy(self.lengths) if self.lengths is not None else None
+
+    def active_pairs(self) -> int:
+        return int(self.lengths.sum()) if self.lengths is not None else self.shape.T * self.shape.B
+
+    def flops(self, phase: str) -> float:
+        s, G = self.shape, {"lstm": 4, "gru": 3}[self.mode]
+        D = 2 if s.bidirectional else 1
+        total = sum(2 * G * s.H * ((s.I if layer == 0 else D * s.H) + s.H) * D for layer in range(s.layers))
+        return total * self.active_pairs() * (3 if phase == "train" else 1)
+
+    # ours
+    def ours(self, engine: str, phase: str):
+        p, x, lengths, dy = self.params, self.x, self.lengths, self.dy
+        if phase == "forward":
+            return lambda: ar.rnn_forward(p, x, lengths=lengths, engine=engine)
+
+        def step():
+            res = ar.rnn_forward(p, x, lengths=lengths, training=True, engine=engine)
+            return ar.rnn_backward(res, dy)
+        return step
+
+    # PyTorch
+    def torch_call(self, phase: str):
+        import torch
+
+        m, lengths = self.module, self.lengths_torch
+
+        def run(x):
+            if lengths is None:
+                return m(x)[0]
+            packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+            return torch.nn.utils.rnn.pad_packed_sequence(m(packed)[0], total_length=x.shape[0])[0]
+
+        if phase == "forward":
+            def forward():
+                with torch.inference_mode():
+                    return run(self.x_torch)
+            return forward
+        dy = torch.from_numpy(self.dy)
+
+        def step():
+            m.zero_grad(set_to_none=True)
+            x = self.x_torch.detach().requires_grad_()
+            run(x).backward(dy)
+            return x.grad
+        return step
+
+    def max_abs_diff(self, engine: str) -> float:
+        ours = ar.rnn_forward(self.params, self.x, lengths=self.lengths, engine=engine).y
+        theirs = self.torch_call("forward")().numpy()
+        return float(np.abs(ours - theirs).max())
+
+
+def paired_times(ours, theirs, pairs: int, gap: float, warmup: int = 2) -> tuple[list[float], list[float]]:
+    for _ in range(warmup):
+        ours()
+        theirs()
+    a, b = [], []
+    for i in range(pairs):
+        order = ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a))
+        for fn, out in order:
+            time.sleep(gap)
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return a, b
+
+
+def gemm_roofline(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """Best measured float32 GEMM rate (FLOP/s) on an n^3 product with NumPy's BLAS."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    out = np.empty((n, n), np.float32)
+    np.matmul(a, b, out=out)
+    best = min(_timed(lambda: np.matmul(a, b, out=out)) for _ in range(repeats))
+    return 2.0 * n ** 3 / best
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# -- memory: one training step per fresh subprocess ------------------------------------------------
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def memory_child(side: str, shape_name: str, mode: str, engine: str, threads: int) -> dict:
+    """In a subprocess: a warm-up step, then one step's peak-RSS growth (and our tracemalloc peak)."""
+    import torch
+
+    shape = {s.name: s for s in SHAPES + QUICK_SHAPES}[shape_name]
+    threadpoolctl.threadpool_limits(threads)
+    torch.set_num_threads(threads)
+    case = Case(shape, mode)
+    step = case.ours(engine, "train") if side == "ours" else case.torch_call("train")
+    step()
+    _reset_peak_rss()
+    before = _status_kib("VmRSS")
+    step()
+    out = {"rss_peak_over_start": (_status_kib("VmHWM") - before) * 1024}
+    if side == "ours":
+        tracemalloc.start()
+        step()
+        out["tracemalloc_peak"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return out
+
+
+def measure_memory(side: str, shape: Shape, mode: str, engine: str, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--memory-child", json.dumps([side, shape.name, mode, engine, threads])]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ.copy())
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- compile cost ----------------------------------------------------------------------------------
+def compile_cost(threads: int) -> dict:
+    """First-call time of a small float32 LSTM forward+backward with a cold, then a warm numba cache."""
+    import tempfile
+
+    code = ("import time; t=time.perf_counter(); import numpy as np, arrayrnn as ar; "
+            "s=ar.RNNSpec(mode='lstm', input_size=3, hidden_size=4); p=ar.PackedParams.init(s); "
+            "t1=time.perf_counter(); r=ar.rnn_forward(p, np.zeros((5,2,3),np.float32), training=True, "
+            "engine='numba'); ar.rnn_backward(r); print(t1-t, time.perf_counter()-t1)")
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+        for label in ("cold", "warm"):
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                  env=env)
+            imp, first = (float(v) for v in done.stdout.split())
+            out[label] = first
+            out["import"] = imp
+    return out
+
+
+# -- report ----------------------------------------------------------------------------------------
+def environment(threads: int, roofline: float) -> list[str]:
+    import numba
+    import torch
+
+    blas = [f"{d.get('internal_api')} {d.get('version')} ({d.get('architecture', '?')}, "
+            f"{d.get('num_threads')} threads, {os.path.basename(d['filepath'])})"
+            for d in threadpoolctl.threadpool_info() if d.get("user_api") == "blas"]
+    env = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS", "OMP_", "MKL_", "NUMBA_"))}
+    return [
+        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {_cpu_model()}",
+        f"- threads: {threads} (our BLAS via threadpoolctl; `torch.set_num_threads({threads})`)",
+        f"- versions: python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
+        f"torch {torch.__version__}, arrayrnn {ar.__version__}",
+        f"- BLAS loaded (threadpoolctl): {'; '.join(blas)}",
+        f"- environment: {env or 'no OPENBLAS_/OMP_/MKL_/NUMBA_ variables'}",
+        f"- GEMM roofline: {roofline / 1e9:.0f} GFLOP/s (best float32 2048^3 sgemm, NumPy's BLAS)",
+    ]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.platform()
+
+
+def write_results(section: str) -> None:
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    block = f"{START}\n{section.rstrip()}\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, 3 pairs, no file")
+    parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    parser.add_argument("--pairs", type=int, default=None, help="alternated pairs per configuration (>= 7)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gap", type=float, default=None, help="seconds of sleep before every timed call")
+    parser.add_argument("--shapes", default=None, help="comma-separated subset, e.g. S1,S3")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--engines", default=None, help="comma-separated subset of the available engines")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        print(json.dumps(memory_child(*json.loads(args.memory_child))))
+        return
+
+    import torch
+
+    threads = args.threads
+    threadpoolctl.threadpool_limits(threads)
+    torch.set_num_threads(threads)
+    pairs = args.pairs or (3 if args.quick else 7)
+    gap = args.gap if args.gap is not None else (0.0 if args.quick else 0.2)
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = tuple(s for s in SHAPES + QUICK_SHAPES if s.name in args.shapes.split(","))
+    probe = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2)
+    engines = [e for e in CPU_ENGINES if engine_unavailable_reason(e, probe, np) is None]
+    engines = sorted(engines, key=lambda e: e != "numba")
+    if args.engines:
+        engines = [e for e in engines if e in args.engines.split(",")]
+    roofline = gemm_roofline(threads)
+    command = "python " + " ".join(shlex.quote(a) for a in ["bench/bench_rnn.py", *(argv or sys.argv[1:])])
+
+    rows, mem_rows = [], []
+    for mode in args.modes.split(","):
+        for shape in shapes:
+            case = Case(shape, mode)
+            for engine in engines:
+                diff = case.max_abs_diff(engine)
+                for phase in PHASES:
+                    a, b = paired_times(case.ours(engine, phase), case.torch_call(phase), pairs, gap)
+                    ratio = float(np.median(np.array(a) / np.array(b)))
+                    ta, tb = float(np.median(a)), float(np.median(b))
+                    target = TARGETS.get((mode, phase), {}).get(shape.name) if engine == "numba" else None
+                    flops = case.flops(phase)
+                    rows.append((shape.name, mode, phase, engine, ta * 1e3, tb * 1e3, ratio, target,
+                                 flops / ta / roofline, flops / tb / roofline, diff))
+                    note = f" (target <= {target})" if target else ""
+                    print(f"{shape.name} {mode:4s} {phase:7s} {engine:9s} ours {ta * 1e3:8.2f} ms  torch "
+                          f"{tb * 1e3:8.2f} ms  ratio {ratio:5.2f}{note}", flush=True)
+            if not args.no_memory:
+                torch_mem = measure_memory("torch", shape, mode, "numba", threads)
+                for engine in engines:
+                    ours_mem = measure_memory("ours", shape, mode, engine, threads)
+                    mem_rows.append((shape.name, mode, engine, ours_mem["tracemalloc_peak"],
+                                     ours_mem["rss_peak_over_start"], torch_mem["rss_peak_over_start"]))
+                    print(f"{shape.name} {mode} memory {engine}: tracemalloc "
+                          f"{ours_mem['tracemalloc_peak'] / 2**20:.1f} MiB, RSS growth "
+                          f"{ours_mem['rss_peak_over_start'] / 2**20:.1f} MiB; torch RSS growth "
+                          f"{torch_mem['rss_peak_over_start'] / 2**20:.1f} MiB", flush=True)
+    compile_info = compile_cost(threads) if "numba" in engines else None
+    section = render(rows, mem_rows, compile_info, environment(threads, roofline), command, pairs, gap)
+    print(section)
+    if args.write and not args.quick:
+        write_results(section)
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+def render(rows, mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
+    out = ["## RNN engines vs PyTorch CPU (BENCH_SHAPES.md)", ""]
+    out.append(f"Command: `{command}` (environment variables below)")
+    out.append("")
+    out.append(f"float32, time-major; {pairs} alternated pairs per row, {gap} s pause before each timed "
+               "call; ms = medians, ratio = median of per-pair ratios ours/PyTorch (< 1: we are faster); "
+               "roofline = FLOPs / best 2048^3 sgemm rate; `max|dy|` = largest difference of the forward "
+               "outputs (same weights). train = forward + backward incl. dx.")
+    out.append("")
+    out += env_lines
+    out.append("")
+    out.append("| shape | mode | phase | engine | ours ms | PyTorch ms | ratio | target | met "
+               "| ours roofline | PyTorch roofline | max\\|dy\\| |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s, mode, phase, engine, ta, tb, ratio, target, ra, rb, diff in rows:
+        met = "" if target is None else ("yes" if ratio <= target else "**no**")
+        out.append(f"| {s} | {mode} | {phase} | {engine} | {ta:.2f} | {tb:.2f} | {ratio:.2f} | "
+                   f"{'<= ' + str(target) if target else ''} | {met} | {ra:.0%} | {rb:.0%} | {diff:.1e} |")
+    if mem_rows:
+        out += ["", "Peak memory of one training step, MiB (fresh subprocess per side; RSS = growth of the "
+                "peak RSS over the RSS before the step):", "",
+                "| shape | mode | engine | ours tracemalloc | ours RSS | PyTorch RSS |",
+                "|---|---|---|---|---|---|"]
+        mib = 2.0 ** 20
+        for s, mode, engine, tm, ro, rt in mem_rows:
+            out.append(f"| {s} | {mode} | {engine} | {tm / mib:.1f} | {ro / mib:.1f} | {rt / mib:.1f} |")
+    if compile_info:
+        out += ["", "numba compile cost (float32 LSTM forward + backward, first call in a fresh process): "
+                f"{compile_info['cold']:.1f} s with an empty cache, {compile_info['warm']:.2f} s with the "
+                f"on-disk cache; `import arrayrnn` {compile_info['import']:.2f} s."]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()

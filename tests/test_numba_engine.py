@@ -1,0 +1,123 @@
+"""The numba engine as a whole: selection by ``engine="auto"``, and equality with the reference engine on
+batches larger than the shared test bodies use (many rows, unsorted lengths including 0 and T, both
+directions, every mode and option). The shared bodies (tests/test_rnn_*.py) run on it through the
+``engine`` fixture of conftest.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from conftest import ENGINES
+
+import arrayrnn as ar
+from arrayrnn import EngineUnavailableError
+from arrayrnn.engines import numba_engine, select_engine
+from arrayrnn.engines.numba_blas import BlasNotFoundError
+
+SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
+
+
+def test_shared_test_bodies_run_on_numba():
+    assert "numba" in ENGINES
+
+
+def test_auto_picks_numba_on_cpu():
+    assert select_engine("auto", SPEC, np).name == "numba"
+    x = np.zeros((2, 1, 3), np.float32)
+    assert ar.rnn_forward(ar.PackedParams.init(SPEC), x).engine == "numba"
+
+
+def test_auto_picks_reference_when_numba_is_not_installed(monkeypatch):
+    # an entry of None in sys.modules makes "import numba" raise ImportError, as if it were absent; the
+    # engine's modules are dropped from the import cache so that selecting it imports them afresh
+    monkeypatch.setitem(sys.modules, "numba", None)
+    for name in ("numba_engine", "numba_kernels", "numba_blas"):
+        monkeypatch.delitem(sys.modules, f"arrayrnn.engines.{name}")
+    assert select_engine("auto", SPEC, np).name == "reference"
+    with pytest.raises(EngineUnavailableError, match="engine = 'numba' cannot be imported"):
+        select_engine("numba", SPEC, np)
+
+
+def test_auto_picks_reference_when_numpy_has_no_cblas(monkeypatch):
+    def no_blas():
+        raise BlasNotFoundError("no BLAS library loaded by NumPy exports cblas_sgemm/cblas_dgemm")
+
+    monkeypatch.setattr(numba_engine, "blas_binding", no_blas)
+    assert select_engine("auto", SPEC, np).name == "reference"
+    with pytest.raises(EngineUnavailableError, match="NumPy's BLAS .* cblas_sgemm"):
+        select_engine("numba", SPEC, np)
+
+
+def test_numba_refuses_non_numpy_arrays():
+    class FakeXp:  # any array module other than NumPy
+        pass
+
+    assert "CPU" in numba_engine.ENGINE.unavailable_reason(SPEC, FakeXp)
+
+
+# -- equality with the reference engine -----------------------------------------------------------
+CONFIGS = {
+    "lstm": dict(mode="lstm"),
+    "lstm-proj-clip-bi": dict(mode="lstm", proj_size=3, cell_clip=(-0.3, 0.6), bidirectional=True),
+    "lstm-single-inp": dict(mode="lstm", bias="single_inp", num_layers=2),
+    "gru-bi": dict(mode="gru", bidirectional=True, num_layers=2),
+    "gru-reset-before-bi": dict(mode="gru", reset_after=False, bidirectional=True),
+    "gru-no-bias": dict(mode="gru", bias="none"),
+    "rnn_tanh-bi": dict(mode="rnn_tanh", bidirectional=True, bias="single_rec"),
+    "rnn_relu": dict(mode="rnn_relu", num_layers=2),
+}
+
+
+def _run(engine: str, spec: ar.RNNSpec, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    T, B = 9, 37
+    dt = spec.dtype
+    L, D = spec.num_layers * spec.num_directions, spec.num_directions
+    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
+    lengths = rng.integers(0, T + 1, B)
+    lengths[:3] = (0, T, 1)
+    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
+    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
+    dy = rng.standard_normal((T, B, D * spec.output_size)).astype(dt)
+    dh_n = rng.standard_normal(h0.shape).astype(dt)
+    dc_n = rng.standard_normal(c0.shape).astype(dt) if c0 is not None else None
+    params = ar.PackedParams.init(spec, seed=seed)
+    res = ar.rnn_forward(params, x, lengths=lengths, h0=h0, c0=c0, training=True, engine=engine)
+    g = ar.rnn_backward(res, dy, dh_n, dc_n)
+    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
+            "dparams": g.dparams.data}
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [("float64", 1e-12, 1e-13), ("float32", 2e-5, 2e-6)])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_numba_equals_reference(config, dtype, rtol, atol):
+    spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype=dtype, **CONFIGS[config])
+    ours, oracle = _run("numba", spec), _run("reference", spec)
+    for name, expected in oracle.items():
+        if expected is None:
+            assert ours[name] is None
+            continue
+        np.testing.assert_allclose(ours[name], expected, rtol=rtol, atol=atol, err_msg=name)
+
+
+def test_inference_forward_equals_training_forward():
+    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=6, proj_size=2, bidirectional=True)
+    x = np.random.default_rng(3).standard_normal((7, 20, 5)).astype(np.float32)
+    params = ar.PackedParams.init(spec)
+    a = ar.rnn_forward(params, x, engine="numba")
+    b = ar.rnn_forward(params, x, training=True, engine="numba")
+    np.testing.assert_array_equal(a.y, b.y)
+    np.testing.assert_array_equal(a.h_n, b.h_n)
+    np.testing.assert_array_equal(a.c_n, b.c_n)
+
+
+def test_backward_twice_from_one_forward_gives_the_same_gradients():
+    spec = ar.RNNSpec(mode="gru", input_size=5, hidden_size=6, bidirectional=True)
+    x = np.random.default_rng(4).standard_normal((7, 20, 5)).astype(np.float32)
+    res = ar.rnn_forward(ar.PackedParams.init(spec), x, training=True, engine="numba")
+    first, second = ar.rnn_backward(res), ar.rnn_backward(res)
+    np.testing.assert_array_equal(first.dparams.data, second.dparams.data)
+    np.testing.assert_array_equal(first.dx, second.dx)
