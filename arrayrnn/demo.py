@@ -29,12 +29,12 @@ LN2 = math.log(2.0)
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 300
+    steps: int = 800
     hidden: int = 256
     layers: int = 1
     embed: int = 48
     batch: int = 32
-    seq_len: int = 96
+    seq_len: int = 64
     lr: float = 4e-3
     clip: float = 1.0
     engine: str = "auto"

@@ -130,6 +130,9 @@ class Traced:
     def __float__(self) -> float:
         return float(self.value)
 
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a traced value cannot become a NumPy array inside a differentiated function (that "
                         "would cut the gradient); use arrayrnn.ops functions, or x.value for a constant copy")
