@@ -270,7 +270,7 @@ def environment(threads: int, roofline: float) -> list[str]:
         f"torch {torch.__version__}, arrayrnn {ar.__version__}",
         f"- BLAS loaded (threadpoolctl): {'; '.join(blas)}",
         f"- environment: {env or 'no OPENBLAS_/OMP_/MKL_/NUMBA_ variables'}",
-        f"- GEMM roofline: {roofline / 1e9:.0f} GFLOP/s (best float32 2048^3 sgemm, NumPy's BLAS)",
+        f"- GEMM roofline: {roofline / 1e9:.0f} GFLOP/s (best float32 square sgemm, NumPy's BLAS)",
     ]
 
 
@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated subset, e.g. S1,S3")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--engines", default=None, help="comma-separated subset of the available engines")
-    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-side memory subprocesses")
+    parser.add_argument("--no-compile", action="store_true", help="skip the cold/warm numba compile timing")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     engines = sorted(engines, key=lambda e: e != "numba")
     if args.engines:
         engines = [e for e in engines if e in args.engines.split(",")]
-    roofline = gemm_roofline(threads)
+    roofline = gemm_roofline(threads, n=512 if args.quick else 2048)
     command = "python " + " ".join(shlex.quote(a) for a in ["bench/bench_rnn.py", *(argv or sys.argv[1:])])
 
     rows, mem_rows = [], []
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
                           f"{ours_mem['tracemalloc_peak'] / 2**20:.1f} MiB, RSS growth "
                           f"{ours_mem['rss_peak_over_start'] / 2**20:.1f} MiB; torch RSS growth "
                           f"{torch_mem['rss_peak_over_start'] / 2**20:.1f} MiB", flush=True)
-    compile_info = compile_cost(threads) if "numba" in engines else None
+    compile_info = compile_cost(threads) if "numba" in engines and not args.no_compile else None
     section = render(rows, mem_rows, compile_info, environment(threads, roofline), command, pairs, gap)
     print(section)
     if args.write and not args.quick:
