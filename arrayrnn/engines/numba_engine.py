@@ -46,8 +46,8 @@ class NumbaKernel:
     """:class:`~arrayrnn.engines.base.DirectionKernel` running the time loop in compiled code."""
 
     @staticmethod
-    def _run(loop: Any, *args: Any) -> None:
-        loop(blas_binding().ilp64, *args)
+    def _run(loop: Any, batch: int, *args: Any) -> None:
+        loop(blas_binding().ilp64, 0, batch, *args)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, spec: RNNSpec, w: DirectionWeights, xw: Array, batch_sizes: np.ndarray, h0: Array,
@@ -67,7 +67,7 @@ class NumbaKernel:
             c_all = np.empty((T, B, H), dtype) if keep_cache else _absent(dtype, 3)
             tanh_c_all = np.empty((T if keep_cache else 1, B, H), dtype) if project else _absent(dtype, 3)
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
-            self._run(nk.lstm_forward_loop, xw, bs, reverse, W_hhT, W_hrT, project,
+            self._run(nk.lstm_forward_loop, B, xw, bs, reverse, W_hhT, W_hrT, project,
                       h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
                       dtype.type(hi))
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
@@ -76,11 +76,11 @@ class NumbaKernel:
             keep_hn = keep_cache and spec.reset_after
             hn_all = np.empty((T if keep_hn else 1, B, H), dtype)
             b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(H, dtype)
-            self._run(nk.gru_forward_loop, xw, bs, reverse, W_hhT, spec.reset_after,
+            self._run(nk.gru_forward_loop, B, xw, bs, reverse, W_hhT, spec.reset_after,
                       b_hn, h, y, np.empty((B, 3 * H), dtype), keep_hn, hn_all)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
-        self._run(nk.rnn_forward_loop, xw, bs, reverse, W_hhT, spec.mode == "rnn_relu",
+        self._run(nk.rnn_forward_loop, B, xw, bs, reverse, W_hhT, spec.mode == "rnn_relu",
                   h, y)
         return DirectionForward(y, h, None, DirectionCache() if keep_cache else None)
 
@@ -103,7 +103,7 @@ class NumbaKernel:
             d_h = np.empty((T, B, spec.output_size), dtype) if project else _absent(dtype, 3)
             use_clip = spec.cell_clip is not None
             lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
-            self._run(nk.lstm_backward_loop, _c(cache.gates), _c(cache.c),
+            self._run(nk.lstm_backward_loop, B, _c(cache.gates), _c(cache.c),
                       _c(c_prev), _c(cache.tanh_c) if project else _absent(dtype, 3), bs, reverse, W_hh,
                       _c(w.W_hr) if project else _absent(dtype, 2), project, dy, dh, dc, d_ih, d_h,
                       np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi))
@@ -112,11 +112,11 @@ class NumbaKernel:
             d_ih = np.empty((T, B, spec.gate_size), dtype)
             d_hh = np.empty_like(d_ih) if spec.reset_after else _absent(dtype, 3)
             hn_all = _c(cache.hn) if spec.reset_after else _absent(dtype, 3)
-            self._run(nk.gru_backward_loop, _c(cache.gates), hn_all, _c(h_prev), bs,
+            self._run(nk.gru_backward_loop, B, _c(cache.gates), hn_all, _c(h_prev), bs,
                       reverse, W_hh, spec.reset_after, dy, dh, d_ih, d_hh, np.empty((B, H), dtype))
             return DirectionGrads(d_ih, d_hh if spec.reset_after else d_ih, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
-        self._run(nk.rnn_backward_loop, _c(fwd.y), bs, reverse, W_hh,
+        self._run(nk.rnn_backward_loop, B, _c(fwd.y), bs, reverse, W_hh,
                   spec.mode == "rnn_relu", dy, dh, d_pre)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 
