@@ -6,11 +6,13 @@
 Method (BENCH_SHAPES.md): float32, time-major, same process, ``torch.set_num_threads`` equal to our
 BLAS thread count (``--threads``, set through threadpoolctl); for each configuration the two sides run
 in alternated pairs (who goes first alternates too) and the reported ratio is the median of the
-per-pair ratios ours/PyTorch. Before every timed call the process sleeps ``--gap`` seconds: OpenBLAS's
-idle workers spin for about 0.1 s after a call and OpenMP's for a while too, and without the pause
-each side's spinning threads slow the other side's next call (measured: PyTorch's S1 LSTM forward
-16 ms alone, 32 ms right after one of ours). Both sides use the same weights (``ar.from_torch``) and
-the outputs are compared once per configuration (``max|dy|``).
+per-pair ratios ours/PyTorch. Before every timed call the process sleeps ``--gap`` seconds and then
+makes one untimed call of the same side: OpenBLAS's idle workers spin for about 0.1 s after a call
+and OpenMP's for a while too, and without the pause each side's spinning threads slow the other
+side's next call (measured: PyTorch's S1 LSTM forward 16 ms alone, 32 ms right after one of ours);
+the untimed call then wakes the side's own threads, so the timed call is a warm, steady-state call.
+Both sides use the same weights (``ar.from_torch``) and the outputs are compared once per configuration
+(``max|dy|``).
 
 A training step is forward + backward with ``dy = 1`` (the gradient of ``y.sum()``), input gradient
 included on both sides. S5's lengths are uniform in 1..T, unsorted; PyTorch runs them through
@@ -160,6 +162,11 @@ class Case:
 
 
 def paired_times(ours, theirs, pairs: int, gap: float, warmup: int = 2) -> tuple[list[float], list[float]]:
+    """Alternated pairs (who goes first alternates); each timed call follows a pause and one untimed call.
+
+    The pause lets the other side's idle threads fall asleep; the untimed call wakes this side's own
+    threads and caches, so the timed call is a warm steady-state call, as in a training loop.
+    """
     for _ in range(warmup):
         ours()
         theirs()
@@ -168,6 +175,7 @@ def paired_times(ours, theirs, pairs: int, gap: float, warmup: int = 2) -> tuple
         order = ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a))
         for fn, out in order:
             time.sleep(gap)
+            fn()
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
@@ -370,10 +378,11 @@ def render(rows, mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
     out = ["## RNN engines vs PyTorch CPU (BENCH_SHAPES.md)", ""]
     out.append(f"Command: `{command}` (environment variables below)")
     out.append("")
-    out.append(f"float32, time-major; {pairs} alternated pairs per row, {gap} s pause before each timed "
-               "call; ms = medians, ratio = median of per-pair ratios ours/PyTorch (< 1: we are faster); "
-               "roofline = FLOPs / best 2048^3 sgemm rate; `max|dy|` = largest difference of the forward "
-               "outputs (same weights). train = forward + backward incl. dx.")
+    out.append(f"float32, time-major; {pairs} alternated pairs per row; before each timed call a {gap} s "
+               "pause and one untimed call of the same side; ms = medians, ratio = median of per-pair "
+               "ratios ours/PyTorch (< 1: we are faster); roofline = FLOPs / best 2048^3 sgemm rate; "
+               "`max|dy|` = largest difference of the forward outputs (same weights). "
+               "train = forward + backward incl. dx.")
     out.append("")
     out += env_lines
     out.append("")
