@@ -7,11 +7,14 @@ test_numba_engine.py; the shared test bodies (tests/test_rnn_*.py) run on both e
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from numba.core.runtime import _nrt_python, rtsys
 
 import arrayrnn as ar
+from arrayrnn.engines import numba_blas
 from arrayrnn.engines import numba_kernels as nk
 from arrayrnn.engines.numba_blas import SMALL_M, blas_binding, gemm
 
@@ -152,3 +155,16 @@ def test_one_compiled_signature_per_dtype_and_on_disk_cache():
     for loop in loops:
         assert len(loop.signatures) <= 2, (loop.__name__, loop.signatures)
         assert type(loop._cache).__name__ == "FunctionCache"  # cache=True: compiled code kept on disk
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (64, 33)])
+def test_transposed_copies_a_contiguous_transpose(dtype, shape, monkeypatch):
+    W = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    for binding in (blas_binding(), dataclasses.replace(blas_binding(), omatcopy={})):  # BLAS, NumPy fallback
+        monkeypatch.setattr(numba_blas, "blas_binding", lambda b=binding: b)
+        out = numba_blas.transposed(W)
+        assert out.flags.c_contiguous and out.dtype == dtype
+        np.testing.assert_array_equal(out, W.T)
+    if "openblas" in blas_binding().filepath.lower():  # OpenBLAS (NumPy's wheels) has cblas_?omatcopy
+        assert str(np.dtype(dtype)) in blas_binding().omatcopy

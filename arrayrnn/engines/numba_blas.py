@@ -7,6 +7,10 @@ names (``arrayrnn_cblas_{s,d}gemm_{ilp64,lp64}``), and declare those names as nu
 functions. Compiled code refers to the fixed names only, so ``cache=True`` stays valid across processes:
 each process binds the names to its own library at import.
 
+:func:`transposed` copies ``W.T`` contiguous with the same library's ``cblas_?omatcopy`` (an OpenBLAS
+and MKL extension; 6-12x faster than NumPy's strided copy here, e.g. 0.26 vs 3.1 ms for 2048 x 512),
+falling back to NumPy where the library lacks it.
+
 Semantics of :func:`gemm` (row-major, ``@`` = matrix product, ``lda`` etc. are row strides in elements)::
 
     C[:m, :n] = alpha * A[:m, :k] @ (B[:k, :n] if not trans_b else B[:n, :k].T) + beta * C[:m, :n]
@@ -21,6 +25,7 @@ import ctypes
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -29,7 +34,7 @@ from llvmlite import binding as llvm
 from numba import types
 from numba.extending import overload
 
-CBLAS_ROW_MAJOR, CBLAS_NO_TRANS = 101, 111
+CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
 
 # symbol name in the library -> integer width of its interface (64: ILP64, 32: LP64), in preference order
 _SYMBOLS = {
@@ -43,11 +48,11 @@ SMALL_M = 4  # below this many rows, small_gemm beats a BLAS call (measured: 1 x
 
 @dataclass(frozen=True)
 class BlasBinding:
-    """Where the GEMMs go: NumPy's BLAS library, its interface width and its thread control."""
+    """Where the GEMMs go: NumPy's BLAS library, its interface width, and its out-of-place transposes."""
 
     filepath: str
     ilp64: bool
-    controller: threadpoolctl.LibController | None   # for the library's thread count
+    omatcopy: dict[str, Any]   # {"float32": ctypes function, "float64": ...}; empty where absent
 
     def describe(self) -> str:
         return f"{os.path.basename(self.filepath)} ({'ILP64' if self.ilp64 else 'LP64'} CBLAS)"
@@ -64,6 +69,21 @@ def _numpy_blas_candidates() -> list[threadpoolctl.LibController]:
     own = [c for c in controllers if os.path.abspath(c.filepath).startswith(numpy_root)
            and "numpy" in os.path.abspath(c.filepath)]
     return own + [c for c in controllers if c not in own]
+
+
+def _omatcopy(lib: ctypes.CDLL, kind: str, width: int) -> Any:
+    """``cblas_{kind}omatcopy`` of the library (same integer width as its GEMM), or ``None``."""
+    names = ((f"scipy_cblas_{kind}omatcopy64_", f"cblas_{kind}omatcopy64_") if width == 64
+             else (f"scipy_cblas_{kind}omatcopy", f"cblas_{kind}omatcopy"))
+    for name in names:
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            i = ctypes.c_int64 if width == 64 else ctypes.c_int32
+            real = ctypes.c_float if kind == "s" else ctypes.c_double
+            fn.argtypes = [i, i, i, i, real, ctypes.c_void_p, i, ctypes.c_void_p, i]
+            fn.restype = None
+            return fn
+    return None
 
 
 def _lookup(lib: ctypes.CDLL, kind: str) -> tuple[int, int] | None:
@@ -95,7 +115,9 @@ def blas_binding() -> BlasBinding:
             # only the one matching the library's width is ever called (the ilp64 flag)
             for suffix in ("ilp64", "lp64"):
                 llvm.add_symbol(f"arrayrnn_cblas_{kind}gemm_{suffix}", address)
-        return BlasBinding(controller.filepath, width == 64, controller)
+        omatcopy = {dtype: fn for dtype, kind in (("float32", "s"), ("float64", "d"))
+                    if (fn := _omatcopy(lib, kind, width)) is not None}
+        return BlasBinding(controller.filepath, width == 64, omatcopy)
     raise BlasNotFoundError("no BLAS library loaded by NumPy exports cblas_sgemm/cblas_dgemm "
                             f"(searched: {searched or 'none found by threadpoolctl'})")
 
@@ -169,3 +191,15 @@ def gemm(ilp64, a, b, c, beta):
         small_gemm(a, b, c, beta)
         return
     _blas_gemm(ilp64, a, b, c, beta)
+
+
+def transposed(W: np.ndarray) -> np.ndarray:
+    """``W.T`` as a new C-contiguous array (``W``: 2-D, float32 or float64)."""
+    rows, cols = W.shape
+    fn = blas_binding().omatcopy.get(str(W.dtype))
+    if fn is None or W.size == 0:
+        return np.ascontiguousarray(W.T)
+    W = np.ascontiguousarray(W)
+    out = np.empty((cols, rows), dtype=W.dtype)
+    fn(CBLAS_ROW_MAJOR, CBLAS_TRANS, rows, cols, 1.0, W.ctypes.data, cols, out.ctypes.data, rows)
+    return out

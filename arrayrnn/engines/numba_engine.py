@@ -4,7 +4,7 @@ The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and every GE
 out of the time loop (input projections, weight gradients, ``dx``). :class:`NumbaKernel` replaces the
 per-direction time loop: the loop itself, the per-step recurrent GEMM (through NumPy's own BLAS, see
 :mod:`.numba_blas`) and the fused gate math run in compiled code (:mod:`.numba_kernels`), with every
-buffer allocated once per call and ``W_hh.T`` made contiguous once per call.
+buffer allocated once per call and ``W_hh.T`` made contiguous once per call (by BLAS's ``omatcopy``).
 
 Threads: the engine starts none of its own. The per-step GEMMs and the hoisted ones use NumPy's BLAS
 with its thread count (set it with threadpoolctl); the gate math runs on the calling thread between
@@ -27,7 +27,7 @@ import numpy as np
 from ..spec import RNNSpec
 from . import numba_kernels as nk
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
-from .numba_blas import BlasNotFoundError, blas_binding
+from .numba_blas import BlasNotFoundError, blas_binding, transposed
 from .stack import StackEngine
 
 Array = Any
@@ -58,12 +58,12 @@ class NumbaKernel:
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         y = np.empty((T, B, spec.output_size), dtype=dtype)
         h = np.array(h0, dtype=dtype, order="C", copy=True)
-        W_hhT = _c(w.W_hh.T)
+        W_hhT = transposed(w.W_hh)
         H = spec.hidden_size
         if spec.mode == "lstm":
             c = np.array(c0, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
-            W_hrT = _c(w.W_hr.T) if project else _absent(dtype, 2)
+            W_hrT = transposed(w.W_hr) if project else _absent(dtype, 2)
             c_all = np.empty((T, B, H), dtype) if keep_cache else _absent(dtype, 3)
             tanh_c_all = np.empty((T if keep_cache else 1, B, H), dtype) if project else _absent(dtype, 3)
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
