@@ -18,9 +18,10 @@ A training step is forward + backward with ``dy = 1`` (the gradient of ``y.sum()
 included on both sides. S5's lengths are uniform in 1..T, unsorted; PyTorch runs them through
 ``pack_padded_sequence(enforce_sorted=False)`` inside the timed call (our sort is inside too).
 
-Memory: each training step also runs once in a fresh subprocess per side: our tracemalloc peak (NumPy
-allocations during the step) and, for both sides, the growth of the process's peak RSS over its RSS
-right before the step. Roofline: FLOPs / the best sgemm rate measured on a 2048^3 GEMM here (forward
+Memory: each training step also runs in a fresh subprocess per side, warmed up on a tiny case of the
+same kind: for both sides the growth of the process's peak RSS (VmHWM, reset first) over its RSS right
+before the first step at the real shape, and our tracemalloc peak (NumPy allocations) of a second step.
+Roofline: FLOPs / the best sgemm rate measured on a 2048^3 GEMM here (forward
 FLOPs per layer-direction ``2 G H (I_l + H_out) N`` with ``N`` the active (t, b) pairs; a training
 step counted as 3x that). This script never asserts timings.
 """
@@ -28,6 +29,7 @@ step counted as 3x that). This script never asserts timings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -220,9 +222,14 @@ def memory_child(side: str, shape_name: str, mode: str, engine: str, threads: in
     shape = {s.name: s for s in SHAPES + QUICK_SHAPES}[shape_name]
     threadpoolctl.threadpool_limits(threads)
     torch.set_num_threads(threads)
-    case = Case(shape, mode)
-    step = case.ours(engine, "train") if side == "ours" else case.torch_call("train")
-    step()
+
+    def training_step(case: Case):
+        return case.ours(engine, "train") if side == "ours" else case.torch_call("train")
+
+    # warm up on a tiny case of the same kind (compiles kernels, loads libraries): a warm-up at the real
+    # shape would leave freed-but-resident heap pages behind and hide the real step's growth
+    training_step(Case(dataclasses.replace(shape, T=2, B=2), mode))()
+    step = training_step(Case(shape, mode))
     _reset_peak_rss()
     before = _status_kib("VmRSS")
     step()
@@ -394,8 +401,8 @@ def render(rows, mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
         out.append(f"| {s} | {mode} | {phase} | {engine} | {ta:.2f} | {tb:.2f} | {ratio:.2f} | "
                    f"{'<= ' + str(target) if target else ''} | {met} | {ra:.0%} | {rb:.0%} | {diff:.1e} |")
     if mem_rows:
-        out += ["", "Peak memory of one training step, MiB (fresh subprocess per side; RSS = growth of the "
-                "peak RSS over the RSS before the step):", "",
+        out += ["", "Peak memory of one training step, MiB (fresh subprocess per side, warmed up on a tiny "
+                "case; RSS = growth of the peak RSS over the RSS before the step):", "",
                 "| shape | mode | engine | ours tracemalloc | ours RSS | PyTorch RSS |",
                 "|---|---|---|---|---|---|"]
         mib = 2.0 ** 20
