@@ -96,7 +96,8 @@ def _rnn_fwd(spec, params, x, lengths, h0, c0):
 
 def _rnn_bwd(spec, residuals, cotangents):
     params, x, lengths, h0, c0 = residuals
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (params, x, h0) + ((c0,) if c0 is not None else ())]
+    inputs = (params, x, h0) + ((c0,) if c0 is not None else ())
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inputs]
     grads = jax.pure_callback(partial(_host_backward, spec), shapes, params, x, lengths, h0, c0,
                               *cotangents)
     dlengths = np.zeros(lengths.shape, dtype=jax.dtypes.float0)

@@ -186,17 +186,29 @@ class _RNNFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh_n, dc_n):
-        if torch.is_grad_enabled():
-            raise RuntimeError("ArrayRNN does not support double backward (create_graph=True): its "
-                               "backward is arrayrnn's hand-written BPTT, which is not itself differentiable")
-        flat, _ = ctx.saved_tensors
+        flat, x = ctx.saved_tensors
         with _engine_stream(flat):
             g = ar.rnn_backward(ctx.res, _view(dy, "dy"), _view(dh_n, "dh_n"), _view(dc_n, "dc_n"))
-        ctx.res = None
         needs = ctx.needs_input_grad
-        return (_tensor(g.dparams.data) if needs[0] else None, _tensor(g.dx) if needs[1] else None,
-                _tensor(g.dh0) if needs[2] else None,
-                _tensor(g.dc0) if needs[3] and g.dc0 is not None else None, None)
+        grads = (_tensor(g.dparams.data) if needs[0] else None, _tensor(g.dx) if needs[1] else None,
+                 _tensor(g.dh0) if needs[2] else None,
+                 _tensor(g.dc0) if needs[3] and g.dc0 is not None else None)
+        if torch.is_grad_enabled():  # create_graph=True: first-order grads, but no path to a second order
+            grads = _FirstOrderOnly.apply(flat, x, *grads)
+        return (*grads, None)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """Identity on the gradients; differentiating it again (double backward) is a clear error."""
+
+    @staticmethod
+    def forward(ctx, flat, x, *grads):
+        return tuple(g.clone() if g is not None else None for g in grads)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        raise RuntimeError("ArrayRNN does not support double backward (a gradient of its gradient): its "
+                           "backward is arrayrnn's hand-written BPTT, which is not itself differentiable")
 
 
 def _spec_from_args(mode: Any, input_size, hidden_size, num_layers, bias, dropout, bidirectional, proj_size,
@@ -254,7 +266,8 @@ def _engine_stream(flat: torch.Tensor):
     return cupy.cuda.ExternalStream(stream.cuda_stream, flat.device.index)
 
 
-def _repack(y: torch.Tensor, source: PackedSequence, lengths: torch.Tensor, batch_first: bool) -> PackedSequence:
+def _repack(y: torch.Tensor, source: PackedSequence, lengths: torch.Tensor,
+            batch_first: bool) -> PackedSequence:
     """``y`` (padded) as a PackedSequence with ``source``'s batch_sizes and indices (like nn.LSTM)."""
     order = source.sorted_indices
     if order is not None:
