@@ -345,3 +345,16 @@ def test_cuda_runs_on_torchs_current_stream_without_copies(monkeypatch):
     assert seen["stream"] == stream.cuda_stream
     assert seen["params"] == module.flat.data_ptr() and seen["x"] == x.data_ptr()
     assert module.flat.grad.isfinite().all()
+
+
+def test_bench_adapter_quick_runs(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "bench_adapter.py"
+    spec = importlib.util.spec_from_file_location("bench_adapter", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--quick", "--no-jax"])
+    out = capsys.readouterr().out
+    assert "| direct |" in out and "| torch |" in out
