@@ -60,12 +60,17 @@ class ArrayRNN(torch.nn.Module):
 
     def __init__(self, mode: str | ar.RNNSpec, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int = 1, bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
-                 bidirectional: bool = False, proj_size: int = 0, *, dtype: torch.dtype | None = None,
-                 device: Any = None, seed: int | None = None):
+                 bidirectional: bool = False, proj_size: int = 0, *, nonlinearity: str = "tanh",
+                 dtype: torch.dtype | None = None, device: Any = None, seed: int | None = None):
         super().__init__()
-        spec = mode if isinstance(mode, ar.RNNSpec) else _spec_from_args(
-            mode, input_size, hidden_size, num_layers, bias, dropout, bidirectional, proj_size,
-            dtype or torch.get_default_dtype())
+        if isinstance(mode, ar.RNNSpec):
+            if input_size is not None or hidden_size is not None or dtype is not None:
+                raise ValueError("input_size, hidden_size or dtype was given with an RNNSpec; the spec "
+                                 "already fixes them (use dataclasses.replace on the spec instead)")
+            spec = mode
+        else:
+            spec = _spec_from_args(mode, nonlinearity, input_size, hidden_size, num_layers, bias, dropout,
+                                   bidirectional, proj_size, dtype or torch.get_default_dtype())
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         host = ar.PackedParams.init(spec, seed=seed).data
@@ -172,13 +177,13 @@ class _RNNFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, flat, x, h0, c0, call: _Call):
         _check_tensors(flat, x, h0, c0)
-        with _engine_stream(flat):
+        with _engine_stream(flat):  # the results are wrapped on the same stream they were computed on
             params = ar.PackedParams(call.spec, ar.as_array(flat.detach(), "flat"))
             res = ar.rnn_forward(params, _view(x, "x"), call.lengths, _view(h0, "h0"), _view(c0, "c0"),
                                  batch_first=call.batch_first, training=call.training, seed=call.seed,
                                  engine=call.engine)
-        y, h_n = _tensor(res.y), _tensor(res.h_n)
-        c_n = _tensor(res.c_n) if res.c_n is not None else None
+            y, h_n = _tensor(res.y), _tensor(res.h_n)
+            c_n = _tensor(res.c_n) if res.c_n is not None else None
         ctx.res, ctx.has_c0 = res, c0 is not None
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(flat, x)  # torch's version counters then catch in-place updates before backward
@@ -187,12 +192,12 @@ class _RNNFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dh_n, dc_n):
         flat, x = ctx.saved_tensors
+        needs = ctx.needs_input_grad
         with _engine_stream(flat):
             g = ar.rnn_backward(ctx.res, _view(dy, "dy"), _view(dh_n, "dh_n"), _view(dc_n, "dc_n"))
-        needs = ctx.needs_input_grad
-        grads = (_tensor(g.dparams.data) if needs[0] else None, _tensor(g.dx) if needs[1] else None,
-                 _tensor(g.dh0) if needs[2] else None,
-                 _tensor(g.dc0) if needs[3] and g.dc0 is not None else None)
+            grads = (_tensor(g.dparams.data) if needs[0] else None, _tensor(g.dx) if needs[1] else None,
+                     _tensor(g.dh0) if needs[2] else None,
+                     _tensor(g.dc0) if needs[3] and g.dc0 is not None else None)
         if torch.is_grad_enabled():  # create_graph=True: first-order grads, but no path to a second order
             grads = _FirstOrderOnly.apply(flat, x, *grads)
         return (*grads, None)
@@ -211,11 +216,15 @@ class _FirstOrderOnly(torch.autograd.Function):
                            "backward is arrayrnn's hand-written BPTT, which is not itself differentiable")
 
 
-def _spec_from_args(mode: Any, input_size, hidden_size, num_layers, bias, dropout, bidirectional, proj_size,
-                    dtype: torch.dtype) -> ar.RNNSpec:
+def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_layers, bias, dropout,
+                    bidirectional, proj_size, dtype: torch.dtype) -> ar.RNNSpec:
     if not isinstance(mode, str) or mode.lower() not in _MODE_ALIASES:
         raise ValueError(f"mode = {mode!r}; expected an RNNSpec or one of 'lstm', 'gru', 'rnn_tanh', "
                          "'rnn_relu', 'rnn'")
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"nonlinearity = {nonlinearity!r}; expected 'tanh' or 'relu' (like nn.RNN)")
+    if mode.lower() == "rnn":
+        mode = f"rnn_{nonlinearity}"
     if input_size is None or hidden_size is None:
         raise ValueError(f"input_size = {input_size}, hidden_size = {hidden_size}; both are required "
                          "unless an RNNSpec is given")
@@ -256,14 +265,19 @@ def _lengths_array(lengths: Any) -> Any:
     return lengths
 
 
-def _engine_stream(flat: torch.Tensor):
-    """CuPy's current stream = torch's current stream for CUDA tensors; nothing for CPU tensors."""
+def _engine_stream(flat: torch.Tensor) -> contextlib.AbstractContextManager:
+    """For CUDA tensors: CuPy's current device and stream = the tensor's device and torch's current stream
+    there, so the engines' kernels are ordered with torch's work and DLPack exchanges need no sync."""
     if not flat.is_cuda:
         return contextlib.nullcontext()
     import cupy
 
-    stream = torch.cuda.current_stream(flat.device)
-    return cupy.cuda.ExternalStream(stream.cuda_stream, flat.device.index)
+    device = flat.device.index if flat.device.index is not None else torch.cuda.current_device()
+    stack = contextlib.ExitStack()
+    stack.enter_context(cupy.cuda.Device(device))
+    stream = torch.cuda.current_stream(device)
+    stack.enter_context(cupy.cuda.ExternalStream(stream.cuda_stream, device))
+    return stack
 
 
 def _repack(y: torch.Tensor, source: PackedSequence, lengths: torch.Tensor,

@@ -107,6 +107,18 @@ def test_parameters_is_one_flat_buffer_like_torchs():
     assert module.float().spec.dtype == "float32"
 
 
+def test_nn_rnn_style_construction_matches_nn_rnn():
+    ours = ArrayRNN("rnn", 3, 4, num_layers=2, nonlinearity="relu", dtype=torch.float64, seed=5)
+    assert ours.spec.mode == "rnn_relu"
+    ref = torch_rnn("rnn_relu", 3, 4, 2)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    y, h = ours(x)
+    y_ref, h_ref = ref(x)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(h, h_ref)
+
+
 def test_constructor_draws_from_torchs_generator():
     torch.manual_seed(7)
     a = ArrayRNN("gru", 3, 4)
@@ -288,6 +300,10 @@ def test_bad_construction_is_a_clear_error():
         ArrayRNN("lstm")
     with pytest.raises(ValueError, match="hidden_size"):
         ArrayRNN("lstm", 3, 0)
+    with pytest.raises(ValueError, match="nonlinearity = 'sigmoid'"):
+        ArrayRNN("rnn", 3, 4, nonlinearity="sigmoid")
+    with pytest.raises(ValueError, match="given with an RNNSpec"):
+        ArrayRNN(ar.RNNSpec(mode="gru", input_size=3, hidden_size=4), 3, 4)
     with pytest.raises(TypeError, match="expected torch.nn.RNN, LSTM or GRU"):
         ArrayRNN.from_torch(torch.nn.Linear(2, 3))
 
