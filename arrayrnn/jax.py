@@ -34,7 +34,10 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     ``params``: the 1-D canonical buffer (``PackedParams.data``), ``x``: ``(T, B, I)``, ``lengths``: optional
     integers ``(B,)`` in ``0..T``, ``h0`` / ``c0``: optional initial states (zeros when ``None``).
     ``c_n`` is ``None`` unless ``spec.mode == "lstm"`` (like ``rnn_forward``). Differentiable in
-    ``params``, ``x``, ``h0`` and ``c0``; works under ``jax.jit``, ``jax.grad`` and ``jax.vjp``.
+    ``params``, ``x``, ``h0`` and ``c0``; works under ``jax.jit``, ``jax.grad`` and ``jax.vjp``, and under
+    ``jax.vmap`` as a loop of calls (``vmap_method="sequential"``). Shapes and dtypes are checked here
+    (``ValueError`` / ``TypeError``); values (``lengths`` in ``0..T``) are checked by ``rnn_forward`` in
+    the callback, whose error JAX re-raises wrapped in its runtime error.
     """
     if not isinstance(spec, ar.RNNSpec):
         raise TypeError(f"spec has type {type(spec).__name__}; expected an arrayrnn.RNNSpec")
@@ -99,7 +102,7 @@ def _rnn_bwd(spec, residuals, cotangents):
     inputs = (params, x, h0) + ((c0,) if c0 is not None else ())
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inputs]
     grads = jax.pure_callback(partial(_host_backward, spec), shapes, params, x, lengths, h0, c0,
-                              *cotangents)
+                              *cotangents, vmap_method="sequential")
     dlengths = np.zeros(lengths.shape, dtype=jax.dtypes.float0)
     dparams, dx, dh0 = grads[:3]
     return dparams, dx, dlengths, dh0, (grads[3] if c0 is not None else None)
@@ -114,7 +117,8 @@ def _forward_callback(spec, params, x, lengths, h0, c0):
            jax.ShapeDtypeStruct(h0.shape, x.dtype)]
     if c0 is not None:
         out.append(jax.ShapeDtypeStruct(c0.shape, x.dtype))
-    return tuple(jax.pure_callback(partial(_host_forward, spec), out, params, x, lengths, h0, c0))
+    return tuple(jax.pure_callback(partial(_host_forward, spec), out, params, x, lengths, h0, c0,
+                                   vmap_method="sequential"))
 
 
 def _run(spec: ar.RNNSpec, params, x, lengths, h0, c0, training: bool) -> ar.RNNResult:

@@ -147,3 +147,19 @@ def test_bad_input_is_a_clear_error(kwargs, error, match):
     call.update(kwargs)
     with pytest.raises(error, match=match):
         rnn(**call)
+
+
+def test_vmap_is_a_loop_of_calls():
+    spec = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3, dtype="float64")
+    params = ar.PackedParams.init(spec, seed=0)
+    xs = np.random.default_rng(2).standard_normal((2, 4, 1, 2))   # two independent (T, B, I) inputs
+    ys = jax.jit(jax.vmap(lambda x: rnn(spec, params.data, x)[0]))(xs)
+    for x, y in zip(xs, ys, strict=True):
+        np.testing.assert_array_equal(np.asarray(y), ar.rnn_forward(params, x).y)
+
+
+def test_length_out_of_range_surfaces_the_librarys_message():
+    spec = ar.RNNSpec(mode="gru", input_size=2, hidden_size=3, dtype="float64")
+    with pytest.raises(Exception, match=r"lengths\[1\] = 9"):
+        jax.block_until_ready(rnn(spec, ar.PackedParams.init(spec).data, np.ones((4, 2, 2)),
+                                  lengths=np.array([4, 9])))
