@@ -1,7 +1,8 @@
 """``rnn``: arrayrnn's fused engines as a differentiable JAX function (the ``jax`` extra; CPU).
 
 A ``jax.custom_vjp`` whose forward and backward are host callbacks (``jax.pure_callback``) into
-:func:`arrayrnn.rnn_forward` / :func:`arrayrnn.rnn_backward`, so it composes with ``jax.jit`` and
+:func:`arrayrnn.rnn_forward` / :func:`arrayrnn.rnn_backward` (JAX's read-only buffers are copied once
+per callback, see ``_writable``), so it composes with ``jax.jit`` and
 ``jax.grad``. Semantics roughly equal to::
 
     def rnn(spec, params, x, lengths=None, h0=None, c0=None):
@@ -123,8 +124,19 @@ def _forward_callback(spec, params, x, lengths, h0, c0):
 
 def _run(spec: ar.RNNSpec, params, x, lengths, h0, c0, training: bool) -> ar.RNNResult:
     spec = spec if str(np.dtype(params.dtype)) == spec.dtype else _with_dtype(spec, params.dtype)
-    return ar.rnn_forward(ar.PackedParams(spec, np.asarray(params)), np.asarray(x), np.asarray(lengths),
-                          np.asarray(h0), None if c0 is None else np.asarray(c0), training=training)
+    return ar.rnn_forward(ar.PackedParams(spec, _writable(params)), _writable(x), np.asarray(lengths),
+                          _writable(h0), None if c0 is None else _writable(c0), training=training)
+
+
+def _writable(a: Any) -> np.ndarray:
+    """``a`` as a NumPy array the engines may take as is.
+
+    JAX hands callbacks read-only views of its buffers; the numba engine would compile (and cache) a
+    second signature of every kernel for read-only arrays, so read-only inputs are copied here. The
+    copies are O(size of the inputs), small next to the O(T * B * H^2) work of the call.
+    """
+    a = np.asarray(a)
+    return a if a.flags.writeable else a.copy()
 
 
 def _with_dtype(spec: ar.RNNSpec, dtype: Any) -> ar.RNNSpec:
@@ -138,5 +150,5 @@ def _host_forward(spec, params, x, lengths, h0, c0):
 
 def _host_backward(spec, params, x, lengths, h0, c0, dy, dh_n, dc_n=None):
     res = _run(spec, params, x, lengths, h0, c0, training=True)
-    g = ar.rnn_backward(res, np.asarray(dy), np.asarray(dh_n), None if dc_n is None else np.asarray(dc_n))
+    g = ar.rnn_backward(res, _writable(dy), _writable(dh_n), None if dc_n is None else _writable(dc_n))
     return (g.dparams.data, g.dx, g.dh0) + ((g.dc0,) if c0 is not None else ())
