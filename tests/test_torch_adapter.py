@@ -285,6 +285,9 @@ def test_eval_mode_gradients_equal_training_mode():
     (lambda m: m(pack_padded_sequence(torch.randn(5, 2, 3, dtype=torch.float64), torch.tensor([5, 2])),
                  lengths=torch.tensor([5, 2])), ValueError, "PackedSequence"),
     (lambda m: m(np.zeros((5, 2, 3))), TypeError, "x has type ndarray"),
+    (lambda m: m(torch.randn(5, 2, 3, dtype=torch.float64), (torch.zeros(2, 2, 4, dtype=torch.float64),
+                                                              torch.zeros(1, 2, 4, dtype=torch.float64))),
+     ValueError, "h0 has shape"),
     (lambda m: m(torch.randn(5, 2, 3, dtype=torch.float64), engine="fast"), ValueError, "fast"),
 ])
 def test_bad_input_is_a_clear_error(call, error, match):
@@ -300,6 +303,9 @@ def test_bad_construction_is_a_clear_error():
         ArrayRNN("lstm")
     with pytest.raises(ValueError, match="hidden_size"):
         ArrayRNN("lstm", 3, 0)
+    gru = ArrayRNN("gru", 3, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match="expected a tensor h0 for gru"):
+        gru(torch.randn(5, 2, 3, dtype=torch.float64), (torch.zeros(1, 2, 4, dtype=torch.float64),))
     with pytest.raises(ValueError, match="nonlinearity = 'sigmoid'"):
         ArrayRNN("rnn", 3, 4, nonlinearity="sigmoid")
     with pytest.raises(ValueError, match="given with an RNNSpec"):
@@ -374,3 +380,14 @@ def test_bench_adapter_quick_runs(capsys):
     bench.main(["--quick", "--no-jax"])
     out = capsys.readouterr().out
     assert "| direct |" in out and "| torch |" in out
+
+
+def test_sorted_packed_sequence_batch_first():
+    ref = torch_rnn("gru", 3, 4, 1, True, batch_first=True)
+    ours = ArrayRNN.from_torch(ref)
+    packed = pack_padded_sequence(torch.randn(3, 5, 3, dtype=torch.float64), torch.tensor([5, 4, 2]),
+                                  batch_first=True, enforce_sorted=True)
+    (y_ref, h_ref), (y, h) = ref(packed), ours(packed)
+    assert y.sorted_indices is None and torch.equal(y.batch_sizes, y_ref.batch_sizes)
+    torch.testing.assert_close(y.data, y_ref.data)
+    torch.testing.assert_close(h, h_ref)
