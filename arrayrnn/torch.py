@@ -184,14 +184,16 @@ class _RNNFunction(torch.autograd.Function):
                                  engine=call.engine)
             y, h_n = _tensor(res.y), _tensor(res.h_n)
             c_n = _tensor(res.c_n) if res.c_n is not None else None
-        ctx.res, ctx.has_c0 = res, c0 is not None
+        ctx.res = res
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(flat, x)  # torch's version counters then catch in-place updates before backward
+        # saved so that torch's version counters catch an in-place change before the backward (an optimizer
+        # step on flat, a write into y, which the engine may keep as its residual)
+        ctx.save_for_backward(flat, x, y)
         return y, h_n, c_n
 
     @staticmethod
     def backward(ctx, dy, dh_n, dc_n):
-        flat, x = ctx.saved_tensors
+        flat, x, _ = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with _engine_stream(flat):
             g = ar.rnn_backward(ctx.res, _view(dy, "dy"), _view(dh_n, "dh_n"), _view(dc_n, "dc_n"))

@@ -391,3 +391,13 @@ def test_sorted_packed_sequence_batch_first():
     assert y.sorted_indices is None and torch.equal(y.batch_sizes, y_ref.batch_sizes)
     torch.testing.assert_close(y.data, y_ref.data)
     torch.testing.assert_close(h, h_ref)
+
+
+def test_in_place_change_before_backward_is_torchs_error():
+    module = ArrayRNN("lstm", 2, 3, dtype=torch.float64)
+    x = torch.randn(3, 2, 2, dtype=torch.float64)
+    y, _ = module(x)
+    with torch.no_grad():
+        module.flat.add_(1.0)  # e.g. an optimizer step between forward and backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
