@@ -34,17 +34,12 @@ import numba
 import numpy as np
 from numba import cuda
 
-from ..backend import get_xp
+from ..backend import cupy_module, get_xp
 from ..cells import gate_slice
 from ..spec import RNNSpec
 from . import cuda_kernels as ck
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .stack import StackEngine
-
-try:
-    import cupy
-except ImportError:  # the engine then says it is unavailable; the simulator path needs no CuPy
-    cupy = None
 
 Array = Any
 
@@ -60,7 +55,7 @@ class Device:
                 raise TypeError("the GPU kernels got NumPy arrays; they run on CuPy arrays (NumPy only under "
                                 "numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1)")
             return
-        ptr = cupy.cuda.get_current_stream().ptr
+        ptr = xp.cuda.get_current_stream().ptr
         self.stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
 
     def wrap(self, a: Array) -> Any:
@@ -284,6 +279,7 @@ class CupyEngine(StackEngine):
         super().__init__("cupy", GpuKernel())
 
     def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
+        cupy = cupy_module()
         if cupy is None:
             return "CuPy is not installed (pip install 'arrayrnn[gpu]')"
         if xp is not cupy:
