@@ -14,7 +14,8 @@ sliced or allocated per step. Roughly, for an LSTM step::
 
 The same code runs on the GPU and, with ``NUMBA_ENABLE_CUDASIM=1`` set before numba's CUDA module is
 imported, under numba's CUDA simulator on NumPy arrays (that is how CI executes it).
-``one`` is 1 in the compute dtype (float32 math never promotes to float64).
+``one`` is 1 in the compute dtype (float32 math never promotes to float64). Kernels are compiled per dtype
+on first use and cached on disk (``cache=True``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _element(rows, width):
 
 
 # -- plain RNN ------------------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_forward_step(t, n, one, relu, xw, hh, h, y):
     """``y[t,b] = h[b] = act(xw[t,b] + hh[b])`` for the active rows ``b < n``."""
     b, j = _element(n, h.shape[1])
@@ -72,7 +73,7 @@ def rnn_forward_step(t, n, one, relu, xw, hh, h, y):
     h[b, j] = out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_backward_step(t, n, one, relu, y, dy, dh, d_pre):
     """``d_pre[t,b] = (dy[t,b] + dh[b]) * act'(y[t,b])``; the GEMM ``dh = d_pre[t] @ W_hh`` follows."""
     b, j = _element(n, dh.shape[1])
@@ -82,7 +83,7 @@ def rnn_backward_step(t, n, one, relu, y, dy, dh, d_pre):
 
 
 # -- LSTM -----------------------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def lstm_forward_step(t, n, one, xw, hh, c, h, y, m, project, keep, c_all, tanh_c_all, lo, hi):
     """Gates over ``xw[t]`` (the cache), ``c`` in place; ``y[t]``/``h`` or, with projection, ``m``."""
     H = c.shape[1]
@@ -118,7 +119,7 @@ def lstm_forward_step(t, n, one, xw, hh, c, h, y, m, project, keep, c_all, tanh_
         h[b, j] = o * tc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def add_carry_step(t, n, dy, dh, d_h):
     """Projection: ``d_h[t,b] = dy[t,b] + dh[b]`` (the GEMM ``dm = d_h[t] @ W_hr`` follows)."""
     b, k = _element(n, dh.shape[1])
@@ -127,7 +128,7 @@ def add_carry_step(t, n, dy, dh, d_h):
     d_h[t, b, k] = dy[t, b, k] + dh[b, k]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, project, dc, d_ih,
                        use_clip, lo, hi):
     """``d_ih[t]`` and the cell carry ``dc``; the GEMM ``dh = d_ih[t] @ W_hh`` follows."""
@@ -148,7 +149,7 @@ def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, 
 
 
 # -- GRU ------------------------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_forward_step(t, n, one, xw, hh, b_hn, h, y, keep, hn_all):
     """Reset-after: ``hh = h @ W_hh.T`` of this step; gates over ``xw[t]``, ``y[t]``, ``h`` in place."""
     H = h.shape[1]
@@ -176,7 +177,7 @@ def gru_forward_step(t, n, one, xw, hh, b_hn, h, y, keep, hn_all):
     h[b, j] = out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_rz_step(t, n, one, xw, hrz, h, rh):
     """Reset-before, first half: ``r, z`` over ``xw[t]`` and ``rh = r * h`` (``hrz = h @ W_rz.T``)."""
     H = h.shape[1]
@@ -197,7 +198,7 @@ def gru_rz_step(t, n, one, xw, hrz, h, rh):
     rh[b, j] = r * h[b, j]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_n_step(t, n, xw, hn, h, y):
     """Reset-before, second half: ``n = tanh(xw_n + hn)`` (``hn = (r*h) @ W_hn.T``), ``y[t]``, ``h``."""
     H = h.shape[1]
@@ -212,7 +213,7 @@ def gru_n_step(t, n, xw, hn, h, y):
     h[b, j] = out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm, dh_carry, d_ih, d_hh,
                       dn_buf, drz):
     """The total ``dh = dy[t] + dh_gemm + dh_carry``; writes ``d_ih[t]`` (z, n; r too when reset-after),
@@ -239,7 +240,7 @@ def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm
         drz[b, Z - GRU_RZ_FIRST * H] = dz
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_r_backward_step(t, n, one, gates, h_prev, drh, d_ih, dh_carry, drz):
     """Reset-before: ``drh = dn @ W_hn`` (gradient of ``r*h``) gives ``dr``; adds ``drh*r`` to the carry."""
     H = dh_carry.shape[1]
