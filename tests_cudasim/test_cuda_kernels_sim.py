@@ -9,6 +9,8 @@ thread as a Python thread.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,9 @@ from arrayrnn.engines.stack import StackEngine
 
 SIM = StackEngine("cupy-sim", GpuKernel())
 TOL = dict(rtol=1e-12, atol=1e-12)
+# the engine seam (issue 9) moves sorting into StackEngine: forward(params, x, lengths, ..., batch_first=,
+# keep_cache=) and backward(cache, ...); before it, forward takes batch_sizes and backward the params
+SORTS_ITSELF = "batch_sizes" not in inspect.signature(StackEngine.forward).parameters
 
 
 def _sorted_batch(lengths: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,15 +45,21 @@ def _inputs(spec: RNNSpec, T: int, lengths: list[int], seed: int):
     masks = dropout_masks(spec, T, B, seed) if spec.dropout else None
     cot = (rng.standard_normal((T, B, D * P)), rng.standard_normal((L * D, B, P)),
            rng.standard_normal((L * D, B, H)) if spec.mode == "lstm" else None)
-    return x, batch_sizes, h0, c0, masks, cot
+    return x, (batch_sizes, lens), h0, c0, masks, cot
 
 
 def _run(engine: StackEngine, params: PackedParams, inputs):
-    x, batch_sizes, h0, c0, masks, (dy, dh_n, dc_n) = inputs
-    out = engine.forward(params, x.copy(), batch_sizes, h0.copy(), None if c0 is None else c0.copy(), masks,
-                         True)
-    g = engine.backward(params, out.cache, dy, dh_n, dc_n)
-    return out, g
+    """Forward and backward on rows already sorted by length (a valid caller order for either seam)."""
+    x, (batch_sizes, lens), h0, c0, masks, (dy, dh_n, dc_n) = inputs
+    h0, c0, x = h0.copy(), None if c0 is None else c0.copy(), x.copy()
+    if SORTS_ITSELF:
+        if c0 is None and params.spec.mode == "lstm":
+            c0 = np.zeros_like(h0)
+        out = engine.forward(params, x, lens.astype(np.int64), h0, c0, masks, batch_first=False,
+                             keep_cache=True)
+        return out, engine.backward(out.cache, dy, dh_n, dc_n)
+    out = engine.forward(params, x, batch_sizes, h0, c0, masks, True)
+    return out, engine.backward(params, out.cache, dy, dh_n, dc_n)
 
 
 def check_against_reference(spec: RNNSpec, T: int, lengths: list[int], seed: int = 0) -> None:
@@ -153,13 +164,13 @@ def test_float16_storage_float32_math_within_the_gpu_tests_tolerance(config: dic
     spec16 = RNNSpec(input_size=5, hidden_size=6, dtype="float16", **config)
     params32 = PackedParams.init(spec32, seed=4, xp=np)
     params16 = PackedParams(spec16, params32.data.astype(np.float16))
-    x, bs, h0, c0, masks, cot = _inputs(spec32, 7, [7, 0, 3, 5, 1], 4)
+    x, order, h0, c0, masks, cot = _inputs(spec32, 7, [7, 0, 3, 5, 1], 4)
 
     def cast(a, dtype):
         return None if a is None else a.astype(dtype)
 
     def run(engine, params, dtype):
-        return _run(engine, params, (cast(x, dtype), bs, cast(h0, dtype), cast(c0, dtype), None,
+        return _run(engine, params, (cast(x, dtype), order, cast(h0, dtype), cast(c0, dtype), None,
                                      tuple(cast(a, dtype) for a in cot)))
 
     (sim, sim_g), (ref, ref_g) = run(SIM, params16, np.float16), run(REFERENCE, params32, np.float32)

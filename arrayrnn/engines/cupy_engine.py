@@ -35,11 +35,15 @@ import numpy as np
 from numba import cuda
 
 from ..backend import cupy_module, get_xp
-from ..cells import gate_slice
 from ..spec import RNNSpec
 from . import cuda_kernels as ck
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .stack import StackEngine
+
+try:  # cells.py moves into arrayrnn/engines/ with the engine seam (issue 9)
+    from .cells import gate_slice
+except ImportError:
+    from ..cells import gate_slice
 
 Array = Any
 
@@ -277,6 +281,11 @@ class CupyEngine(StackEngine):
 
     def __init__(self) -> None:
         super().__init__("cupy", GpuKernel())
+
+    def check(self, call: Any) -> str | None:
+        """The engine seam's question (``call``: an ``arrayrnn.engines.base.Call``): ``None`` for any call on
+        CuPy arrays; this engine runs every configuration, so "auto" reaches it wherever cuDNN declines."""
+        return self.unavailable_reason(call.spec, call.xp)
 
     def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
         cupy = cupy_module()
