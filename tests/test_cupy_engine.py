@@ -15,7 +15,7 @@ from rnn_helpers import assert_close, forward_backward, make_case, tolerances
 from arrayrnn import EngineUnavailableError, RNNSpec
 from arrayrnn.backend import cupy_module
 from arrayrnn.engines import cuda_kernels as ck
-from arrayrnn.engines import select_engine
+from arrayrnn.engines import probe_call, select_engine
 from arrayrnn.engines.cupy_engine import ENGINE, Device
 
 SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
@@ -38,10 +38,10 @@ needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a GPU: {GP
 
 # -- CPU -------------------------------------------------------------------------------------------
 def test_engine_refuses_numpy_arrays_with_the_reason():
-    reason = ENGINE.unavailable_reason(SPEC, np)
+    reason = ENGINE.check(probe_call(SPEC, np))
     assert reason is not None and "CuPy" in reason
-    with pytest.raises(EngineUnavailableError, match=r"engine = 'cupy' cannot run here: .*CuPy"):
-        select_engine("cupy", SPEC, np)
+    with pytest.raises(EngineUnavailableError, match=r"engine = 'cupy' cannot run this call: .*CuPy"):
+        select_engine("cupy", probe_call(SPEC, np))
 
 
 def test_kernels_refuse_numpy_arrays_outside_the_simulator():

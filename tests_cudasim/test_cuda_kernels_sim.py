@@ -9,8 +9,6 @@ thread as a Python thread.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 
@@ -22,44 +20,29 @@ from arrayrnn.engines.stack import StackEngine
 
 SIM = StackEngine("cupy-sim", GpuKernel())
 TOL = dict(rtol=1e-12, atol=1e-12)
-# the engine seam (issue 9) moves sorting into StackEngine: forward(params, x, lengths, ..., batch_first=,
-# keep_cache=) and backward(cache, ...); before it, forward takes batch_sizes and backward the params
-SORTS_ITSELF = "batch_sizes" not in inspect.signature(StackEngine.forward).parameters
-
-
-def _sorted_batch(lengths: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
-    """Lengths sorted descending and the matching ``batch_sizes (T,)``."""
-    lens = np.sort(np.asarray(lengths))[::-1].copy()
-    return lens, np.array([(lens > t).sum() for t in range(T)], dtype=np.int64)
 
 
 def _inputs(spec: RNNSpec, T: int, lengths: list[int], seed: int):
+    """Inputs as the frontend hands them to an engine: caller's row order (unsorted), zero at padding."""
     rng = np.random.default_rng(seed)
-    lens, batch_sizes = _sorted_batch(np.array(lengths), T)
+    lens = np.asarray(lengths, dtype=np.int64)
     B = len(lens)
     L, D, H, P = spec.num_layers, spec.num_directions, spec.hidden_size, spec.output_size
     x = rng.standard_normal((T, B, spec.input_size))
-    x[np.arange(T)[:, None] >= lens[None, :]] = 0.0  # zero at padding, as the frontend hands it
+    x[np.arange(T)[:, None] >= lens[None, :]] = 0.0
     h0 = rng.standard_normal((L * D, B, P))
     c0 = rng.standard_normal((L * D, B, H)) if spec.mode == "lstm" else None
     masks = dropout_masks(spec, T, B, seed) if spec.dropout else None
     cot = (rng.standard_normal((T, B, D * P)), rng.standard_normal((L * D, B, P)),
            rng.standard_normal((L * D, B, H)) if spec.mode == "lstm" else None)
-    return x, (batch_sizes, lens), h0, c0, masks, cot
+    return x, lens, h0, c0, masks, cot
 
 
 def _run(engine: StackEngine, params: PackedParams, inputs):
-    """Forward and backward on rows already sorted by length (a valid caller order for either seam)."""
-    x, (batch_sizes, lens), h0, c0, masks, (dy, dh_n, dc_n) = inputs
-    h0, c0, x = h0.copy(), None if c0 is None else c0.copy(), x.copy()
-    if SORTS_ITSELF:
-        if c0 is None and params.spec.mode == "lstm":
-            c0 = np.zeros_like(h0)
-        out = engine.forward(params, x, lens.astype(np.int64), h0, c0, masks, batch_first=False,
-                             keep_cache=True)
-        return out, engine.backward(out.cache, dy, dh_n, dc_n)
-    out = engine.forward(params, x, batch_sizes, h0, c0, masks, True)
-    return out, engine.backward(params, out.cache, dy, dh_n, dc_n)
+    x, lens, h0, c0, masks, (dy, dh_n, dc_n) = inputs
+    out = engine.forward(params, x.copy(), lens, h0.copy(), None if c0 is None else c0.copy(), masks,
+                         batch_first=False, keep_cache=True)
+    return out, engine.backward(out.cache, dy, dh_n, dc_n)
 
 
 def check_against_reference(spec: RNNSpec, T: int, lengths: list[int], seed: int = 0) -> None:
@@ -164,13 +147,13 @@ def test_float16_storage_float32_math_within_the_gpu_tests_tolerance(config: dic
     spec16 = RNNSpec(input_size=5, hidden_size=6, dtype="float16", **config)
     params32 = PackedParams.init(spec32, seed=4, xp=np)
     params16 = PackedParams(spec16, params32.data.astype(np.float16))
-    x, order, h0, c0, masks, cot = _inputs(spec32, 7, [7, 0, 3, 5, 1], 4)
+    x, lens, h0, c0, masks, cot = _inputs(spec32, 7, [7, 0, 3, 5, 1], 4)
 
     def cast(a, dtype):
         return None if a is None else a.astype(dtype)
 
     def run(engine, params, dtype):
-        return _run(engine, params, (cast(x, dtype), order, cast(h0, dtype), cast(c0, dtype), None,
+        return _run(engine, params, (cast(x, dtype), lens, cast(h0, dtype), cast(c0, dtype), None,
                                      tuple(cast(a, dtype) for a in cot)))
 
     (sim, sim_g), (ref, ref_g) = run(SIM, params16, np.float16), run(REFERENCE, params32, np.float32)
@@ -178,3 +161,25 @@ def test_float16_storage_float32_math_within_the_gpu_tests_tolerance(config: dic
     for what, a, b in (("y", sim.y, ref.y), ("h_n", sim.h_n, ref.h_n), ("dx", sim_g.dx, ref_g.dx),
                        ("dh0", sim_g.dh0, ref_g.dh0), ("dparams", sim_g.dparams.data, ref_g.dparams.data)):
         np.testing.assert_allclose(a.astype(np.float32), b, rtol=2e-2, atol=2e-2, err_msg=what)
+
+
+def test_through_rnn_forward_batch_first_registered_engine() -> None:
+    """The kernels behind the public frontend (registered like a built-in engine): batch-first, unsorted."""
+    import arrayrnn as ar
+    from arrayrnn.engines import register_engine, unregister_engine
+
+    spec = spec_of("lstm", bidirectional=True, num_layers=2, dropout=0.3)
+    params = PackedParams.init(spec, seed=2, xp=np)
+    rng = np.random.default_rng(2)
+    x, lengths = rng.standard_normal((4, 5, 3)), np.array([2, 5, 0, 4])
+    dy = rng.standard_normal((4, 5, 8))
+    register_engine("cupy_sim", SIM)
+    try:
+        results = [ar.rnn_forward(params, x, lengths, batch_first=True, training=True, seed=7, engine=name)
+                   for name in ("cupy_sim", "reference")]
+    finally:
+        unregister_engine("cupy_sim")
+    (sim, ref), grads = results, [ar.rnn_backward(r, dy=dy) for r in results]
+    for a, b in ((sim.y, ref.y), (sim.h_n, ref.h_n), (sim.c_n, ref.c_n), (grads[0].dx, grads[1].dx),
+                 (grads[0].dparams.data, grads[1].dparams.data)):
+        np.testing.assert_allclose(a, b, **TOL)

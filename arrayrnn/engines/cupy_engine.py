@@ -37,13 +37,9 @@ from numba import cuda
 from ..backend import cupy_module, get_xp
 from ..spec import RNNSpec
 from . import cuda_kernels as ck
-from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .cells import gate_slice
 from .stack import StackEngine
-
-try:  # cells.py moves into arrayrnn/engines/ with the engine seam (issue 9)
-    from .cells import gate_slice
-except ImportError:
-    from ..cells import gate_slice
 
 Array = Any
 
@@ -282,16 +278,13 @@ class CupyEngine(StackEngine):
     def __init__(self) -> None:
         super().__init__("cupy", GpuKernel())
 
-    def check(self, call: Any) -> str | None:
-        """The engine seam's question (``call``: an ``arrayrnn.engines.base.Call``): ``None`` for any call on
-        CuPy arrays; this engine runs every configuration, so "auto" reaches it wherever cuDNN declines."""
-        return self.unavailable_reason(call.spec, call.xp)
-
-    def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
+    def check(self, call: Call) -> str | None:
+        """``None`` for every call on CuPy arrays: this engine runs every configuration (so ``"auto"``, which
+        asks cuDNN first, reaches it wherever cuDNN declines); otherwise what is missing."""
         cupy = cupy_module()
         if cupy is None:
             return "CuPy is not installed (pip install 'arrayrnn[gpu]')"
-        if xp is not cupy:
+        if call.xp is not cupy:
             return "the cupy engine runs on CuPy arrays (GPU); use engine='numba' or 'reference' on CPU"
         return None
 
