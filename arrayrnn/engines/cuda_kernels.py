@@ -1,0 +1,255 @@
+"""Fused per-step gate kernels of the cupy engine, written with numba's CUDA target.
+
+One kernel launch per step (two for the reset-before GRU and the projected LSTM backward) does all the
+elementwise work of a step: activations, the gate formulas of :mod:`.gate_math` (shared with the numba
+CPU engine), the new state, the output and the residuals. The per-step GEMMs run outside, on cuBLAS
+(:mod:`.cupy_engine`). One thread per ``(row b, unit j)`` of the ``B x H`` step; a kernel gets the whole
+``(T, B, .)`` stacks and the step ``t`` plus the number of active rows ``n`` as arguments, so nothing is
+sliced or allocated per step. Roughly, for an LSTM step::
+
+    for b < n, j < H:   # in parallel
+        i, f, g, o = sig(xw[t,b,i_j] + hh[b,i_j]), ..., tanh(...), sig(...)
+        c[b,j] = clip(f*c[b,j] + i*g);  out[b,j] = o*tanh(c[b,j])   # out: y[t] and h, or m (projection)
+    for b >= n:          # inactive rows: the gate residuals at t are zeroed (x side was the bias)
+
+The same code runs on the GPU and, with ``NUMBA_ENABLE_CUDASIM=1`` set before numba's CUDA module is
+imported, under numba's CUDA simulator on NumPy arrays (that is how CI executes it).
+``one`` is 1 in the compute dtype (float32 math never promotes to float64). Kernels are compiled per dtype
+on first use and cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda
+
+from ..spec import GATE_NAMES
+from . import gate_math as gm
+
+_LSTM = {name: k for k, name in enumerate(GATE_NAMES["lstm"])}
+_GRU = {name: k for k, name in enumerate(GATE_NAMES["gru"])}
+LSTM_I, LSTM_F, LSTM_G, LSTM_O = (_LSTM[n] for n in ("i", "f", "g", "o"))
+GRU_R, GRU_Z, GRU_N = (_GRU[n] for n in ("r", "z", "n"))
+GRU_RZ_FIRST = min(GRU_R, GRU_Z)  # r and z are adjacent: one GEMM serves both (reset-before GRU)
+assert abs(GRU_R - GRU_Z) == 1
+
+THREADS = 128  # threads per block of every kernel
+
+
+def launch_shape(elements: int) -> tuple[int, int]:
+    """``(blocks, threads)`` covering ``elements`` threads (at least one block)."""
+    threads = max(1, min(THREADS, elements))
+    return max(1, -(-elements // threads)), threads
+
+
+# -- activations (per target; the CPU engine has its own vectorisable ones) -----------------------
+@cuda.jit(device=True, inline=True)
+def sigmoid(one, x):
+    return one / (one + math.exp(-x))
+
+
+@cuda.jit(device=True, inline=True)
+def _element(rows, width):
+    """``(b, j)`` of this thread in a ``rows x width`` grid, or ``(-1, -1)`` past its end."""
+    k = cuda.grid(1)
+    if k >= rows * width:
+        return -1, -1
+    b = k // width
+    return b, k - b * width
+
+
+# -- plain RNN ------------------------------------------------------------------------------------
+@cuda.jit(cache=True)
+def rnn_forward_step(t, n, one, relu, xw, hh, h, y):
+    """``y[t,b] = h[b] = act(xw[t,b] + hh[b])`` for the active rows ``b < n``."""
+    b, j = _element(n, h.shape[1])
+    if b < 0:
+        return
+    pre = xw[t, b, j] + hh[b, j]
+    zero = one - one
+    out = (pre if pre > zero else zero) if relu else math.tanh(pre)
+    y[t, b, j] = out
+    h[b, j] = out
+
+
+@cuda.jit(cache=True)
+def rnn_backward_step(t, n, one, relu, y, dy, dh, d_pre):
+    """``d_pre[t,b] = (dy[t,b] + dh[b]) * act'(y[t,b])``; the GEMM ``dh = d_pre[t] @ W_hh`` follows."""
+    b, j = _element(n, dh.shape[1])
+    if b < 0:
+        return
+    d_pre[t, b, j] = gm.rnn_grad(one, relu, y[t, b, j], dy[t, b, j] + dh[b, j])
+
+
+# -- LSTM -----------------------------------------------------------------------------------------
+@cuda.jit(cache=True)
+def lstm_forward_step(t, n, one, xw, hh, c, h, y, m, project, keep, c_all, tanh_c_all, lo, hi):
+    """Gates over ``xw[t]`` (the cache), ``c`` in place; ``y[t]``/``h`` or, with projection, ``m``."""
+    H = c.shape[1]
+    b, j = _element(xw.shape[1], H)
+    if b < 0:
+        return
+    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+    if b >= n:
+        zero = one - one
+        xw[t, b, I] = zero
+        xw[t, b, F] = zero
+        xw[t, b, G] = zero
+        xw[t, b, O] = zero
+        return
+    i = sigmoid(one, xw[t, b, I] + hh[b, I])
+    f = sigmoid(one, xw[t, b, F] + hh[b, F])
+    g = math.tanh(xw[t, b, G] + hh[b, G])
+    o = sigmoid(one, xw[t, b, O] + hh[b, O])
+    cn = gm.lstm_cell(i, f, g, c[b, j], lo, hi)
+    tc = math.tanh(cn)
+    xw[t, b, I] = i
+    xw[t, b, F] = f
+    xw[t, b, G] = g
+    xw[t, b, O] = o
+    c[b, j] = cn
+    if keep:
+        c_all[t, b, j] = cn
+        tanh_c_all[t, b, j] = tc
+    if project:
+        m[b, j] = o * tc
+    else:
+        y[t, b, j] = o * tc
+        h[b, j] = o * tc
+
+
+@cuda.jit(cache=True)
+def add_carry_step(t, n, dy, dh, d_h):
+    """Projection: ``d_h[t,b] = dy[t,b] + dh[b]`` (the GEMM ``dm = d_h[t] @ W_hr`` follows)."""
+    b, k = _element(n, dh.shape[1])
+    if b < 0:
+        return
+    d_h[t, b, k] = dy[t, b, k] + dh[b, k]
+
+
+@cuda.jit(cache=True)
+def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, project, dc, d_ih,
+                       use_clip, lo, hi):
+    """``d_ih[t]`` and the cell carry ``dc``; the GEMM ``dh = d_ih[t] @ W_hh`` follows."""
+    H = dc.shape[1]
+    b, j = _element(n, H)
+    if b < 0:
+        return
+    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+    dmj = dm[b, j] if project else dy[t, b, j] + dh[b, j]
+    di, df, dg, do, dcp = gm.lstm_cell_grads(one, gates[t, b, I], gates[t, b, F], gates[t, b, G],
+                                             gates[t, b, O], c_all[t, b, j], tanh_c_all[t, b, j],
+                                             c_prev[t, b, j], dmj, dc[b, j], use_clip, lo, hi)
+    d_ih[t, b, I] = di
+    d_ih[t, b, F] = df
+    d_ih[t, b, G] = dg
+    d_ih[t, b, O] = do
+    dc[b, j] = dcp
+
+
+# -- GRU ------------------------------------------------------------------------------------------
+@cuda.jit(cache=True)
+def gru_forward_step(t, n, one, xw, hh, b_hn, h, y, keep, hn_all):
+    """Reset-after: ``hh = h @ W_hh.T`` of this step; gates over ``xw[t]``, ``y[t]``, ``h`` in place."""
+    H = h.shape[1]
+    b, j = _element(xw.shape[1], H)
+    if b < 0:
+        return
+    R, Z, N = GRU_R * H + j, GRU_Z * H + j, GRU_N * H + j
+    if b >= n:
+        zero = one - one
+        xw[t, b, R] = zero
+        xw[t, b, Z] = zero
+        xw[t, b, N] = zero
+        return
+    r = sigmoid(one, xw[t, b, R] + hh[b, R])
+    z = sigmoid(one, xw[t, b, Z] + hh[b, Z])
+    hn = hh[b, N] + b_hn[j]
+    nn = math.tanh(gm.gru_candidate_input(xw[t, b, N], r, hn))
+    out = gm.gru_output(z, nn, h[b, j])
+    xw[t, b, R] = r
+    xw[t, b, Z] = z
+    xw[t, b, N] = nn
+    if keep:
+        hn_all[t, b, j] = hn
+    y[t, b, j] = out
+    h[b, j] = out
+
+
+@cuda.jit(cache=True)
+def gru_rz_step(t, n, one, xw, hrz, h, rh):
+    """Reset-before, first half: ``r, z`` over ``xw[t]`` and ``rh = r * h`` (``hrz = h @ W_rz.T``)."""
+    H = h.shape[1]
+    b, j = _element(xw.shape[1], H)
+    if b < 0:
+        return
+    R, Z, N = GRU_R * H + j, GRU_Z * H + j, GRU_N * H + j
+    if b >= n:
+        zero = one - one
+        xw[t, b, R] = zero
+        xw[t, b, Z] = zero
+        xw[t, b, N] = zero
+        return
+    RZ = GRU_RZ_FIRST * H
+    r = sigmoid(one, xw[t, b, R] + hrz[b, R - RZ])
+    xw[t, b, R] = r
+    xw[t, b, Z] = sigmoid(one, xw[t, b, Z] + hrz[b, Z - RZ])
+    rh[b, j] = r * h[b, j]
+
+
+@cuda.jit(cache=True)
+def gru_n_step(t, n, xw, hn, h, y):
+    """Reset-before, second half: ``n = tanh(xw_n + hn)`` (``hn = (r*h) @ W_hn.T``), ``y[t]``, ``h``."""
+    H = h.shape[1]
+    b, j = _element(n, H)
+    if b < 0:
+        return
+    N = GRU_N * H + j
+    nn = math.tanh(xw[t, b, N] + hn[b, j])
+    out = gm.gru_output(xw[t, b, GRU_Z * H + j], nn, h[b, j])
+    xw[t, b, N] = nn
+    y[t, b, j] = out
+    h[b, j] = out
+
+
+@cuda.jit(cache=True)
+def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm, dh_carry, d_ih, d_hh,
+                      dn_buf, drz):
+    """The total ``dh = dy[t] + dh_gemm + dh_carry``; writes ``d_ih[t]`` (z, n; r too when reset-after),
+    ``dh_carry = dh * z``; reset-after: ``d_hh[t]`` for the GEMM ``dh_gemm = d_hh[t] @ W_hh``;
+    reset-before: ``dn_buf`` and the z part of ``drz`` for the two GEMMs that follow."""
+    H = dh_carry.shape[1]
+    b, j = _element(n, H)
+    if b < 0:
+        return
+    R, Z, N = GRU_R * H + j, GRU_Z * H + j, GRU_N * H + j
+    r, z, nn = gates[t, b, R], gates[t, b, Z], gates[t, b, N]
+    dz, dn, carry = gm.gru_zn_grads(one, z, nn, h_prev[t, b, j], dy[t, b, j] + dh_gemm[b, j] + dh_carry[b, j])
+    d_ih[t, b, Z] = dz
+    d_ih[t, b, N] = dn
+    dh_carry[b, j] = carry
+    if reset_after:
+        dr = gm.sigmoid_grad(one, r, dn * hn_all[t, b, j])
+        d_ih[t, b, R] = dr
+        d_hh[t, b, R] = dr
+        d_hh[t, b, Z] = dz
+        d_hh[t, b, N] = dn * r
+    else:
+        dn_buf[b, j] = dn
+        drz[b, Z - GRU_RZ_FIRST * H] = dz
+
+
+@cuda.jit(cache=True)
+def gru_r_backward_step(t, n, one, gates, h_prev, drh, d_ih, dh_carry, drz):
+    """Reset-before: ``drh = dn @ W_hn`` (gradient of ``r*h``) gives ``dr``; adds ``drh*r`` to the carry."""
+    H = dh_carry.shape[1]
+    b, j = _element(n, H)
+    if b < 0:
+        return
+    R = GRU_R * H + j
+    r = gates[t, b, R]
+    dr = gm.sigmoid_grad(one, r, drh[b, j] * h_prev[t, b, j])
+    d_ih[t, b, R] = dr
+    drz[b, R - GRU_RZ_FIRST * H] = dr
+    dh_carry[b, j] += drh[b, j] * r

@@ -1,0 +1,83 @@
+"""The scalar gate formulas, written once, shared by the numba CPU kernels and the CUDA kernels.
+
+Every function here is a plain ``@numba.njit`` scalar function on already-activated gate values: the
+numba CPU loops (:mod:`.numba_kernels`) call them per element, and the ``@cuda.jit`` kernels
+(:mod:`.cuda_kernels`) call them as device functions (numba compiles an ``@njit`` function for the
+CUDA target when a kernel calls it; the CUDA simulator calls it as is). The activations themselves
+(sigmoid, tanh) stay per target: vectorisable polynomials on the CPU, the CUDA math library on the GPU.
+
+``one`` is 1 in the compute dtype, passed in so float32 math never promotes to float64. Semantics
+equal :mod:`arrayrnn.cells` (the oracle), per element::
+
+    lstm:  c = clip(f*c_prev + i*g);  h = o * tanh(c)
+    gru:   n = tanh(x_n + r * hn) (reset-after) ;  h = (1-z)*n + z*h_prev
+    rnn:   d_pre = dh * (1 - y*y) (tanh) or dh * (y > 0) (relu)
+"""
+
+from __future__ import annotations
+
+import numba
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy", inline="always")
+
+
+# -- LSTM -----------------------------------------------------------------------------------------
+@numba.njit(**_JIT)
+def lstm_cell(i, f, g, c_prev, lo, hi):
+    """The new cell state ``clip(f*c_prev + i*g, lo, hi)`` (``lo, hi = -inf, inf`` without clipping)."""
+    c = f * c_prev + i * g
+    c = lo if c < lo else c
+    return hi if c > hi else c
+
+
+@numba.njit(**_JIT)
+def lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi):
+    """Gradients of one LSTM element: ``(di, df, dg, do, dc_prev)`` (pre-activation gradients).
+
+    ``dm``: d loss / d (o * tanh(c)); ``dc``: the carry from the next step. A clipped cell passes no
+    gradient (``use_clip`` and ``c`` outside the open interval ``(lo, hi)``).
+    """
+    d = dc + dm * o * (one - tanh_c * tanh_c)
+    inside = (c > lo) & (c < hi)
+    d = d if (inside or not use_clip) else d * (one - one)
+    di = d * g * i * (one - i)
+    df = d * c_prev * f * (one - f)
+    dg = d * i * (one - g * g)
+    do = dm * tanh_c * o * (one - o)
+    return di, df, dg, do, d * f
+
+
+# -- GRU ------------------------------------------------------------------------------------------
+@numba.njit(**_JIT)
+def gru_candidate_input(x_n, r, hn):
+    """Reset-after GRU: the argument of the candidate's tanh, ``x_n + r * (W_hn h + b_hn)``."""
+    return x_n + r * hn
+
+
+@numba.njit(**_JIT)
+def gru_output(z, n, h_prev):
+    """``(1 - z) * n + z * h_prev``."""
+    return n + z * (h_prev - n)
+
+
+@numba.njit(**_JIT)
+def gru_zn_grads(one, z, n, h_prev, dh):
+    """``(dz, dn, dh_prev part)``: pre-activation gradients of z and n and the direct carry ``dh*z``."""
+    dn = dh * (one - z) * (one - n * n)
+    dz = dh * (h_prev - n) * z * (one - z)
+    return dz, dn, dh * z
+
+
+@numba.njit(**_JIT)
+def sigmoid_grad(one, s, upstream):
+    """Gradient through ``s = sigmoid(x)``: ``upstream * s * (1 - s)`` (the GRU's r gate)."""
+    return upstream * s * (one - s)
+
+
+# -- plain RNN ------------------------------------------------------------------------------------
+@numba.njit(**_JIT)
+def rnn_grad(one, relu, y, dh):
+    """Gradient through ``y = act(pre)`` taken from the output."""
+    zero = one - one
+    slope = (one if y > zero else zero) if relu else one - y * y
+    return dh * slope

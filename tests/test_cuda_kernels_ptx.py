@@ -1,0 +1,63 @@
+"""The cupy engine's CUDA kernels compile to PTX for sm_90 (Hopper) without a GPU, in float32 and float64.
+
+``numba.cuda.compile_ptx`` needs numba-cuda with its NVVM (the ``numba-cuda[cu13]`` test extra), not a
+device. Their numerics are executed under the CUDA simulator in ``tests_cudasim/``; this checks that the
+very same code also passes numba's CUDA type inference and NVVM for a real GPU, and that float32 kernels
+do float32 math (no float64 instruction sneaks in through a Python float literal).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numba
+import numpy as np
+import pytest
+from numba import cuda
+
+from arrayrnn.engines import cuda_kernels as ck
+
+if numba.config.ENABLE_CUDASIM:  # pragma: no cover - this module belongs to the main (non-simulator) run
+    pytest.skip("compile_ptx is not available under the CUDA simulator", allow_module_level=True)
+
+
+def _example_args(name: str, dtype: type) -> tuple:
+    """Arguments shaped like the engine's (their numba types are what matters)."""
+    a1, a2, a3 = (np.zeros((1,) * k, dtype) for k in (1, 2, 3))
+    one, t, n, flag = dtype(1), np.int64(0), np.int64(1), True
+    return {
+        "rnn_forward_step": (t, n, one, flag, a3, a2, a2, a3),
+        "rnn_backward_step": (t, n, one, flag, a3, a3, a2, a3),
+        "lstm_forward_step": (t, n, one, a3, a2, a2, a2, a3, a2, flag, flag, a3, a3, one, one),
+        "add_carry_step": (t, n, a3, a2, a3),
+        "lstm_backward_step": (t, n, one, a3, a3, a3, a3, a3, a2, a2, flag, a2, a3, flag, one, one),
+        "gru_forward_step": (t, n, one, a3, a2, a1, a2, a3, flag, a3),
+        "gru_rz_step": (t, n, one, a3, a2, a2, a2),
+        "gru_n_step": (t, n, a3, a2, a2, a3),
+        "gru_backward_step": (t, n, one, flag, a3, a3, a3, a3, a2, a2, a3, a3, a2, a2),
+        "gru_r_backward_step": (t, n, one, a3, a3, a2, a3, a2, a2),
+    }[name]
+
+
+KERNELS = ("rnn_forward_step", "rnn_backward_step", "lstm_forward_step", "add_carry_step",
+           "lstm_backward_step", "gru_forward_step", "gru_rz_step", "gru_n_step", "gru_backward_step",
+           "gru_r_backward_step")
+
+
+def test_every_kernel_is_listed() -> None:
+    kernels = {name for name, obj in vars(ck).items() if hasattr(obj, "py_func") and name.endswith("_step")}
+    assert kernels == set(KERNELS)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_kernel_compiles_to_ptx_for_sm90(name: str, dtype: type) -> None:
+    kernel = getattr(ck, name)
+    signature = tuple(numba.typeof(a) for a in _example_args(name, dtype))
+    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
+    assert ".target sm_90" in ptx
+    assert re.search(r"\.entry\s", ptx)
+    if dtype is np.float32:
+        assert not re.search(r"\.f64\b", ptx), "float32 kernel does float64 math"
+    else:
+        assert re.search(r"\.f64\b", ptx)

@@ -1,0 +1,134 @@
+"""The cupy engine: what runs on CPU here (availability, refusal of NumPy arrays, launch shapes) and the
+GPU tests (marker ``gpu``): the shared cases of ``rnn_helpers`` on CuPy arrays with this engine and with
+the reference engine (the GPU oracle), both against the reference engine on NumPy; float16; dropout masks.
+
+The kernels' numerics are also executed on CPU under numba's CUDA simulator (``tests_cudasim/``) and
+compiled for sm_90 (``test_cuda_kernels_ptx.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rnn_helpers import assert_close, forward_backward, make_case, tolerances
+
+from arrayrnn import EngineUnavailableError, RNNSpec
+from arrayrnn.backend import cupy_module
+from arrayrnn.engines import cuda_kernels as ck
+from arrayrnn.engines import probe_call, select_engine
+from arrayrnn.engines.cupy_engine import ENGINE, Device
+
+SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
+
+
+def _gpu_reason() -> str | None:
+    cp = cupy_module()
+    if cp is None:
+        return "CuPy is not installed"
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as err:  # no driver, no device: CuPy raises its own runtime errors
+        return f"no CUDA device ({err})"
+    return None if count > 0 else "no CUDA device"
+
+
+GPU_REASON = _gpu_reason()
+needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a GPU: {GPU_REASON}")
+
+
+# -- CPU -------------------------------------------------------------------------------------------
+def test_engine_refuses_numpy_arrays_with_the_reason():
+    reason = ENGINE.check(probe_call(SPEC, np))
+    assert reason is not None and "CuPy" in reason
+    with pytest.raises(EngineUnavailableError, match=r"engine = 'cupy' cannot run this call: .*CuPy"):
+        select_engine("cupy", probe_call(SPEC, np))
+
+
+def test_kernels_refuse_numpy_arrays_outside_the_simulator():
+    with pytest.raises(TypeError, match=r"NumPy arrays; they run on CuPy arrays .*NUMBA_ENABLE_CUDASIM=1"):
+        Device(np)
+
+
+@pytest.mark.parametrize("elements, expected", [(0, (1, 1)), (1, (1, 1)), (12, (1, 12)), (128, (1, 128)),
+                                                (129, (2, 128)), (1000, (8, 128))])
+def test_launch_shape_covers_every_element(elements, expected):
+    blocks, threads = ck.launch_shape(elements)
+    assert (blocks, threads) == expected
+    assert blocks * threads >= elements
+
+
+# -- GPU -------------------------------------------------------------------------------------------
+def _on_gpu(case):
+    cp = cupy_module()
+
+    def move(a):
+        return None if a is None else cp.asarray(a)
+
+    return case.with_(params=case.params.to(cp), x=move(case.x), h0=move(case.h0), c0=move(case.c0),
+                      dy=move(case.dy), dh_n=move(case.dh_n), dc_n=move(case.dc_n))
+
+
+def _compare(gpu_pair, cpu_pair, tol):
+    (res, g), (ref, ref_g) = gpu_pair, cpu_pair
+    cp = cupy_module()
+    for what, a, b in (("y", res.y, ref.y), ("h_n", res.h_n, ref.h_n), ("c_n", res.c_n, ref.c_n),
+                       ("dx", g.dx, ref_g.dx), ("dh0", g.dh0, ref_g.dh0), ("dc0", g.dc0, ref_g.dc0),
+                       ("dparams", g.dparams.data, ref_g.dparams.data)):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            assert isinstance(a, cp.ndarray), what
+            assert_close(cp.asnumpy(a).astype(np.float64), b, what, **tol)
+
+
+CONFIGS = [
+    dict(mode="rnn_tanh", bidirectional=True),
+    dict(mode="rnn_relu", bias="single_inp"),
+    dict(mode="lstm", num_layers=2, bidirectional=True, cell_clip=0.5),
+    dict(mode="lstm", proj_size=3, bias="single_rec"),
+    dict(mode="gru", bidirectional=True),
+    dict(mode="gru", reset_after=False, bidirectional=True, bias="none"),
+    dict(mode="gru", num_layers=2, bias="single_rec"),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("engine", ["cupy", "reference"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("lengths", ["full", "zeros"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_gpu_engines_match_the_cpu_reference(engine, dtype, config, lengths, batch_first):
+    spec = RNNSpec(input_size=5, hidden_size=6, dtype=dtype, **config)
+    case = make_case(spec, T=7, B=5, seed=3, lengths=lengths, batch_first=batch_first)
+    _compare(forward_backward(_on_gpu(case), engine), forward_backward(case, "reference"), tolerances(dtype))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("config", CONFIGS[2:5], ids=["lstm", "lstm-proj", "gru"])
+def test_float16_storage_with_float32_math(config):
+    """float16 in and out, float32 inside: within 2e-2 (a few float16 ulps on O(1) values) of float32."""
+    spec32 = RNNSpec(input_size=5, hidden_size=6, dtype="float32", **config)
+    case32 = make_case(spec32, T=7, B=5, seed=4, lengths="zeros")
+    case16 = _on_gpu(case32.with_(params=case32.params.astype("float16"), x=case32.x.astype(np.float16),
+                                  h0=case32.h0.astype(np.float16),
+                                  c0=None if case32.c0 is None else case32.c0.astype(np.float16),
+                                  dy=case32.dy.astype(np.float16), dh_n=case32.dh_n.astype(np.float16),
+                                  dc_n=None if case32.dc_n is None else case32.dc_n.astype(np.float16)))
+    res, g = forward_backward(case16, "cupy")
+    assert res.y.dtype == np.float16 and g.dparams.data.dtype == np.float16
+    _compare((res, g), forward_backward(case32, "reference"), dict(rtol=2e-2, atol=2e-2))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_same_dropout_masks_as_the_cpu_engines(mode):
+    spec = RNNSpec(mode=mode, input_size=5, hidden_size=6, num_layers=3, bidirectional=True, dropout=0.5,
+                   dtype="float64")
+    case = make_case(spec, T=6, B=4, seed=5, lengths="zeros")
+    gpu_pair = forward_backward(_on_gpu(case), "cupy", seed=11)
+    _compare(gpu_pair, forward_backward(case, "reference", seed=11), tolerances("float64"))
+    other_seed = forward_backward(case, "reference", seed=12)[0]
+    assert not np.allclose(cupy_module().asnumpy(gpu_pair[0].y), other_seed.y)  # the masks matter
