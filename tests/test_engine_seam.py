@@ -206,7 +206,8 @@ def test_optimizers_and_clipping_are_format_agnostic(permuted, make):
 def test_layer_to_format_converts_once(permuted):
     layer = ar.nn.LSTM(3, 4, 2, bidirectional=True, engine="permuted", dtype="float64", seed=1)
     x = np.random.default_rng(0).standard_normal((5, 2, 3))
-    expected = layer(x)
+    with pytest.warns(FormatConversionWarning, match=r"layer.to_format\('permuted'\)"):
+        expected = layer(x)
     assert layer.to_format("permuted") is layer and layer.params.format == "permuted"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -326,3 +327,26 @@ def test_dropout_masks_are_drawn_with_the_arrays_module():
     masks = dropout_masks(spec, 4, 2, 3, xp)
     assert xp.asked > 0
     np.testing.assert_array_equal(masks[0], dropout_masks(spec, 4, 2, 3)[0])
+
+
+# -- 7. the engine fixture's array-module dimension -----------------------------------------------
+def test_every_cpu_engine_runs_the_shared_bodies_on_numpy(engine):
+    from conftest import ENGINE_CASES, ENGINES
+
+    assert {(str(c), c.xp) for c in ENGINE_CASES} >= {(name, np) for name in ENGINES}
+    assert engine.xp.__name__ in ("numpy", "cupy") and str(engine) in engines.ENGINE_MODULES
+
+
+@pytest.mark.gpu
+def test_dropout_masks_are_identical_on_numpy_and_cupy():
+    cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except Exception as err:  # CuPy without a driver or device
+        pytest.skip(f"no CUDA device: {err}")
+    spec = RNNSpec(mode="lstm", input_size=2, hidden_size=5, num_layers=3, bidirectional=True, dropout=0.3)
+    host = dropout_masks(spec, 7, 4, 123)
+    device = dropout_masks(spec, 7, 4, 123, cp)
+    for h, d in zip(host, device, strict=True):
+        assert isinstance(d, cp.ndarray)
+        np.testing.assert_array_equal(cp.asnumpy(d), h)
