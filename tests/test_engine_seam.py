@@ -272,6 +272,13 @@ def test_engine_interface_has_check_and_no_unused_backward_arguments():
     assert not hasattr(Engine, "unavailable_reason") and not hasattr(Engine, "auto_ok")
 
 
+def test_select_engine_and_to_format_reject_bad_types():
+    with pytest.raises(TypeError, match=r"call has type RNNSpec; expected an arrayrnn.engines.base.Call"):
+        select_engine("auto", SPEC)
+    with pytest.raises(TypeError, match=r"format has type int; expected a str"):
+        PackedParams.zeros(SPEC).to_format(3)
+
+
 def test_register_engine_rejects_bad_names():
     with pytest.raises(ValueError, match=r"name = 'auto'"):
         register_engine("auto", "x")
