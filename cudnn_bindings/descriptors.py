@@ -101,7 +101,8 @@ class _Owned:
 
     def _refuse(self, what: str) -> None:
         raise TypeError(f"{type(self).__name__} owns a cuDNN object and cannot be {what}: two Python "
-                        "objects would free the same pointer (and a pickled address means nothing in another process); "
+                        "objects would free the same pointer (and a pickled address means nothing in another "
+                        "process); "
                         "create a new one from the same configuration instead")
 
     def __copy__(self):
