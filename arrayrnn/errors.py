@@ -3,3 +3,7 @@
 
 class EngineUnavailableError(RuntimeError):
     """A known engine cannot run here (numba or cupy not installed, no GPU, cuDNN missing)."""
+
+
+class FormatConversionWarning(UserWarning):
+    """Params were converted to an engine's own weight format for one call (once per format pair)."""

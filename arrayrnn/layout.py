@@ -56,18 +56,15 @@ def block_shapes(spec: RNNSpec, layer: int) -> dict[str, tuple[int, ...]]:
 class Layout:
     """All offsets of one spec's canonical buffer. Use :func:`layout_of` to get the cached instance."""
 
-    def __init__(self, spec: RNNSpec):
+    def __init__(self, spec: RNNSpec, blocks: tuple[Block, ...] | None = None):
+        """The canonical layout of ``spec``; an engine's native layout passes its own ``blocks``
+        (same names and shapes, other offsets; listed in buffer order)."""
         self.spec = spec
-        blocks: list[Block] = []
-        offset = 0
-        for layer in range(spec.num_layers):
-            for direction in range(spec.num_directions):
-                for name, shape in block_shapes(spec, layer).items():
-                    blocks.append(Block(layer, direction, name, offset, shape))
-                    offset += math.prod(shape)
+        if blocks is None:
+            blocks = tuple(_canonical_blocks(spec))
         self.blocks: tuple[Block, ...] = tuple(blocks)
-        self.size = offset
-        self._by_position = {(b.layer, b.direction, b.name): b for b in blocks}
+        self.size = max((b.stop for b in self.blocks), default=0)
+        self._by_position = {(b.layer, b.direction, b.name): b for b in self.blocks}
 
     def block(self, layer: int, direction: int, name: str) -> Block:
         try:
@@ -95,6 +92,15 @@ class Layout:
         """[start, stop) of one layer-direction's blocks in the buffer."""
         names = tuple(block_shapes(self.spec, layer))
         return self.block(layer, direction, names[0]).offset, self.block(layer, direction, names[-1]).stop
+
+
+def _canonical_blocks(spec: RNNSpec):
+    offset = 0
+    for layer in range(spec.num_layers):
+        for direction in range(spec.num_directions):
+            for name, shape in block_shapes(spec, layer).items():
+                yield Block(layer, direction, name, offset, shape)
+                offset += math.prod(shape)
 
 
 @functools.lru_cache(maxsize=256)

@@ -14,8 +14,6 @@ from .backend import as_array, device_of, get_xp, module_for, to_host
 from .layout import Block, Layout, layout_of
 from .spec import RNNSpec
 
-FORMATS = ("canonical", "cudnn")
-
 
 class PackedParams:
     """One flat buffer (``data``) plus the spec that says what every slice of it means.
@@ -94,19 +92,41 @@ class PackedParams:
             return PackedParams(self.spec, xp.array(canonical.data, copy=True))
 
     def to_format(self, format: str) -> PackedParams:
-        """The same weights in another format (``"canonical"`` or a backend's, such as ``"cudnn"``)."""
-        if format not in FORMATS:
-            raise ValueError(f"format = {format!r}; expected one of {FORMATS}")
+        """The same weights in another format: ``"canonical"`` or an engine's own (such as ``"cudnn"``).
+
+        A format other than canonical is named after the engine that owns it; that engine is found (and
+        imported) now, and converts: ``engine.to_native(canonical)`` / ``engine.to_canonical(native)``.
+        Returns ``self`` when already in ``format``, else a new buffer.
+        """
+        if not isinstance(format, str):
+            raise TypeError(f"format has type {type(format).__name__}; expected a str such as 'canonical'")
         if format == self.format:
             return self
-        from . import formats  # a backend format needs its engine; resolved lazily
+        from .engines import engine_for_format  # engines import this module; resolved at call time
 
-        return formats.convert(self, format)
+        target = engine_for_format(format) if format != "canonical" else None
+        canonical = self if self.format == "canonical" else engine_for_format(self.format).to_canonical(self)
+        return canonical if target is None else target.to_native(canonical)
+
+    def to_canonical_copy(self) -> PackedParams:
+        """A canonical copy that never aliases ``self.data`` (what ``save`` writes)."""
+        canonical = self.to_format("canonical")
+        return canonical.copy() if canonical is self else canonical
 
     # -- views ----------------------------------------------------------------------------------
     @property
     def layout(self) -> Layout:
-        return layout_of(self.spec)
+        """Offsets and shapes of every block of ``data``: the canonical layout, or the native layout of the
+        engine owning ``format`` (``ValueError`` saying to convert when that format has none)."""
+        if self.format == "canonical":
+            return layout_of(self.spec)
+        from .engines import engine_for_format  # engines import this module; resolved at call time
+
+        native = engine_for_format(self.format).native_layout(self.spec, self.data.dtype)
+        if native is None:
+            raise ValueError(f"params.format = {self.format!r} has no per-block layout (its blocks are not "
+                             "contiguous row-major regions); convert first: params.to_format('canonical')")
+        return native
 
     @property
     def device(self) -> str:
@@ -120,23 +140,27 @@ class PackedParams:
     def size(self) -> int:
         return int(self.data.size)
 
-    def _require_canonical(self, what: str) -> None:
-        if self.format != "canonical":
-            raise ValueError(f"{what} needs the canonical layout but params.format = {self.format!r}; "
-                             "call params.to_format('canonical') first")
-
     def block_view(self, block: Block) -> Any:
+        """The region of ``data`` that ``block`` (a block of ``self.layout``) describes, aliasing ``data``.
+
+        A block of another layout (e.g. a canonical block on a non-canonical buffer) is a ``ValueError``.
+        """
+        layout = self.layout
+        if not layout.has(block.layer, block.direction, block.name) or \
+                layout.block(block.layer, block.direction, block.name) != block:
+            raise ValueError(f"block = {block!r} is not a block of this buffer's layout (params.format = "
+                             f"{self.format!r}); take blocks from params.layout")
         return self.data[block.offset:block.stop].reshape(block.shape)
 
     def view(self, layer: int, direction: int, name: str) -> Any:
         """The block ``name`` of one layer-direction (0 = forward, 1 = reverse), aliasing ``data``."""
-        self._require_canonical("view()")
-        return self.block_view(self.layout.block(layer, direction, name))
+        layout = self.layout
+        block = layout.block(layer, direction, name)
+        return self.data[block.offset:block.stop].reshape(block.shape)
 
     def named_views(self) -> dict[str, Any]:
         """``{"l0.fwd.W_ih": view, ...}`` in buffer order; absent biases are absent."""
-        self._require_canonical("named_views()")
-        return {b.key: self.block_view(b) for b in self.layout.blocks}
+        return {b.key: self.data[b.offset:b.stop].reshape(b.shape) for b in self.layout.blocks}
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         return iter(self.named_views().items())

@@ -1,10 +1,12 @@
 """``rnn_forward`` / ``rnn_backward``: a whole sequence through every layer and direction in one call.
 
-This is the frontend every engine shares. It validates the inputs (before an engine is chosen), moves
-``batch_first`` input to time-major, sorts rows by length (descending, stable) so that step ``t``
-works on the contiguous prefix ``[:batch_sizes[t]]``, draws the dropout masks once on the host, calls
-the engine chosen by :func:`~arrayrnn.engines.select_engine`, and puts the rows back in the caller's
-order. Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
+This is the frontend every engine shares. It validates the inputs (before an engine is chosen),
+describes the call (:class:`~arrayrnn.engines.base.Call`) to :func:`~arrayrnn.engines.select_engine`,
+converts the params to the chosen engine's weight format if they are in another one (once per call, with
+a one-time :class:`~arrayrnn.errors.FormatConversionWarning`; the gradient is converted back), zeroes the
+padding, draws the dropout masks on the arrays' device (:mod:`arrayrnn.dropout`) and calls the engine with
+the caller's rows and layout (an engine that needs rows sorted by length sorts them itself).
+Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
 ``pack_padded_sequence(x, lengths, enforce_sorted=False)``; roughly::
 
     for l in layers:                       # input of l > 0: output of l-1 (times the dropout mask)
@@ -26,16 +28,18 @@ do not write into ``res.y`` before the backward (the engine may keep it as its r
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .backend import as_array, get_xp, to_host
-from .batch_order import BatchOrder
 from .dropout import check_seed, dropout_masks
 from .engines import select_engine
-from .engines.base import Engine
+from .engines.base import Call, Engine
+from .errors import FormatConversionWarning
 from .params import PackedParams
 from .spec import RNNSpec
 
@@ -44,12 +48,13 @@ Array = Any
 
 @dataclass(frozen=True, eq=False)
 class _Saved:
-    """What ``rnn_backward`` needs from the forward call, in the engine's (sorted, time-major) order."""
+    """What ``rnn_backward`` needs from the forward call (the caller's row order and layout)."""
 
     engine: Engine
-    order: BatchOrder
+    run_params: PackedParams  # the params in the engine's native format (a converted copy, or the params)
     batch_first: bool
     x: Array
+    lengths: np.ndarray
     h0: Array
     c0: Array | None
     masks: tuple[Array, ...] | None
@@ -105,23 +110,23 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     T, B = _check_x(spec, params, x, batch_first, xp)
     _check_state("h0", h0, (spec.num_layers * spec.num_directions, B, spec.output_size), params)
     _check_c0(spec, c0, B, params)
-    order = _batch_order(lengths, T, B)
-    chosen = select_engine(engine, spec, xp, seq_len=T, params_format=params.format)
+    host_lengths = _lengths(lengths, T, B)
+    dropout = training and spec.dropout > 0 and spec.num_layers > 1
+    call = Call(spec=spec, xp=xp, device=_device_id(params.data), seq_len=T, batch=B, training=training,
+                dropout=dropout, params_format=params.format,
+                has_zero_length=bool((host_lengths == 0).any()), explicit=engine != "auto")
+    chosen = select_engine(engine, call)
+    run_params = _in_format(params, chosen)
 
-    x_sorted = order.sort(xp.swapaxes(x, 0, 1) if batch_first else x)
-    if order.has_padding:
-        x_sorted = xp.where(order.active(xp), x_sorted, 0)  # padding never reaches a GEMM (NaN-safe)
-    x_sorted = xp.ascontiguousarray(x_sorted)
-    h0_sorted = order.sort(h0) if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
-    c0_sorted = order.sort(c0) if c0 is not None else (
-        _zero_state(xp, spec, B, spec.hidden_size) if spec.has_cell else None)
-    masks = _device_masks(xp, order, dropout_masks(spec, T, B, seed)) if training else None
-
-    out = chosen.forward(params, x_sorted, order.batch_sizes, h0_sorted, c0_sorted, masks,
+    with _on_device(xp, call.device):
+        x = _frontend_copy(xp, x, host_lengths, batch_first)
+        h0 = h0 if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
+        c0 = c0 if c0 is not None or not spec.has_cell else _zero_state(xp, spec, B, spec.hidden_size)
+        masks = dropout_masks(spec, T, B, seed, xp) if training else None
+    out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
                          keep_cache=training)
-    saved = _Saved(chosen, order, batch_first, x_sorted, h0_sorted, c0_sorted, masks, out.cache)
-    return RNNResult(y=_to_caller(xp, order.unsort(out.y), batch_first), h_n=order.unsort(out.h_n),
-                     c_n=order.unsort(out.c_n), params=params, training=training, engine=chosen.name,
+    saved = _Saved(chosen, run_params, batch_first, x, host_lengths, h0, c0, masks, out.cache)
+    return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved)
 
 
@@ -146,15 +151,13 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
 
-    order = saved.order
     cache = saved.cache
     if cache is None:  # inference forward: recompute it with the cache
-        cache = saved.engine.forward(res.params, saved.x, order.batch_sizes, saved.h0, saved.c0, saved.masks,
-                                     keep_cache=True).cache
-    dy_sorted = xp.ascontiguousarray(order.sort(xp.swapaxes(dy, 0, 1) if saved.batch_first else dy))
-    g = saved.engine.backward(res.params, cache, dy_sorted, order.sort(dh_n), order.sort(dc_n))
-    return RNNGrads(dx=_to_caller(xp, order.unsort(g.dx), saved.batch_first), dh0=order.unsort(g.dh0),
-                    dc0=order.unsort(g.dc0), dparams=g.dparams)
+        cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
+                                     saved.masks, batch_first=saved.batch_first, keep_cache=True).cache
+    g = saved.engine.backward(cache, xp.ascontiguousarray(dy), dh_n, dc_n)
+    dparams = g.dparams if saved.run_params is res.params else g.dparams.to_format(res.params.format)
+    return RNNGrads(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=dparams)
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -209,9 +212,10 @@ def _check_c0(spec: RNNSpec, c0: Array | None, B: int, params: PackedParams) -> 
     _check_state("c0", c0, (spec.num_layers * spec.num_directions, B, spec.hidden_size), params)
 
 
-def _batch_order(lengths: Any, T: int, B: int) -> BatchOrder:
+def _lengths(lengths: Any, T: int, B: int) -> np.ndarray:
+    """Host int64 ``(B,)`` lengths in the caller's order (all ``T`` when ``lengths`` is None)."""
     if lengths is None:
-        return BatchOrder.full(T, B)
+        return np.full(B, T, dtype=np.int64)
     if isinstance(lengths, (list, tuple)):
         host = np.asarray(lengths)
     else:
@@ -224,7 +228,7 @@ def _batch_order(lengths: Any, T: int, B: int) -> BatchOrder:
     if bad.size:
         b = int(bad[0])
         raise ValueError(f"lengths[{b}] = {int(host[b])}; every length must be in 0..T = {T}")
-    return BatchOrder.from_lengths(host.astype(np.int64), T)
+    return host.astype(np.int64)
 
 
 def _check_same_params(res: RNNResult, params: Any) -> None:
@@ -265,11 +269,37 @@ def _zero_state(xp: Any, spec: RNNSpec, B: int, width: int) -> Array:
     return xp.zeros((spec.num_layers * spec.num_directions, B, width), dtype=spec.dtype)
 
 
-def _device_masks(xp: Any, order: BatchOrder, masks: tuple[np.ndarray, ...] | None):
-    if masks is None:
-        return None
-    return tuple(order.sort(xp.asarray(m), axis=1) for m in masks)
+def _device_id(a: Array) -> int | None:
+    device = getattr(a, "device", None)
+    return int(device.id) if hasattr(device, "id") else None
 
 
-def _to_caller(xp: Any, a: Array, batch_first: bool) -> Array:
-    return xp.ascontiguousarray(xp.swapaxes(a, 0, 1)) if batch_first else a
+def _on_device(xp: Any, device: int | None):
+    return xp.cuda.Device(device) if device is not None else contextlib.nullcontext()
+
+
+def _frontend_copy(xp: Any, x: Array, lengths: np.ndarray, batch_first: bool) -> Array:
+    """A contiguous copy of ``x`` (the engine may keep it), zero at padding (padding never reaches a GEMM)."""
+    T = x.shape[1] if batch_first else x.shape[0]
+    if int(lengths.min()) == T:
+        return xp.array(x, order="C", copy=True)
+    active = lengths[None, :] > np.arange(T)[:, None]            # (T, B)
+    active = active.T if batch_first else active
+    return xp.ascontiguousarray(xp.where(xp.asarray(active[:, :, None]), x, 0).astype(x.dtype, copy=False))
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _in_format(params: PackedParams, engine: Engine) -> PackedParams:
+    """``params`` in ``engine``'s native format: themselves, or a converted copy (warned once per pair)."""
+    target = engine.native_format
+    if params.format == target:
+        return params
+    if (params.format, target) not in _WARNED:
+        _WARNED.add((params.format, target))
+        warnings.warn(f"engine {engine.name!r} reads the {target!r} weight format but params.format = "
+                      f"{params.format!r}: the params are converted on every call (and their gradient "
+                      f"converted back). Convert once with params = params.to_format({target!r}) (or, for a "
+                      f"layer, layer.to_format({target!r}))", FormatConversionWarning, stacklevel=3)
+    return params.to_format(target)

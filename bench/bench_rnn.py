@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason  # noqa: E402
+from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason, probe_call  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 START, END = "<!-- rnn-bench:start -->", "<!-- rnn-bench:end -->"
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.shapes:
         shapes = tuple(s for s in SHAPES + QUICK_SHAPES if s.name in args.shapes.split(","))
     probe = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2)
-    engines = [e for e in CPU_ENGINES if engine_unavailable_reason(e, probe, np) is None]
+    engines = [e for e in CPU_ENGINES if engine_unavailable_reason(e, probe_call(probe)) is None]
     engines = sorted(engines, key=lambda e: e != "numba")
     if args.engines:
         engines = [e for e in engines if e in args.engines.split(",")]

@@ -1,25 +1,68 @@
-"""Shared fixtures: the ``engine`` fixture runs a numeric test body on every CPU engine that can run here.
+"""Shared fixtures: the ``engine`` fixture runs a numeric test body on every engine and array module.
 
 ``ENGINES`` lists the registered CPU engines (``arrayrnn.engines.CPU_ENGINES``) whose module imports and
-that accept a float64 LSTM on NumPy: today ``"reference"``, and ``"numba"`` once its module exists and
-numba is installed.
+that accept a float64 LSTM on NumPy: ``"reference"`` and ``"numba"`` (when numba is installed).
+``ENGINE_CASES`` adds the array-module dimension: every CPU engine on NumPy always, and, when CuPy sees a
+GPU, every GPU engine (``arrayrnn.engines.GPU_ENGINES``) that accepts the probe on CuPy. The fixture's
+value is an :class:`EngineOnDevice`: a ``str`` equal to the engine's name (so a body passes it as
+``engine=``) that carries ``xp``; ``tests/rnn_helpers.py`` moves a case's arrays to ``engine.xp``.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import numpy as np
 import pytest
 
 from arrayrnn import RNNSpec
-from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason
+from arrayrnn.engines import CPU_ENGINES, GPU_ENGINES, engine_unavailable_reason, probe_call
 
 _PROBE = RNNSpec(mode="lstm", input_size=2, hidden_size=3, dtype="float64")
-ENGINES = tuple(name for name in CPU_ENGINES if engine_unavailable_reason(name, _PROBE, np) is None)
+ENGINES = tuple(name for name in CPU_ENGINES if engine_unavailable_reason(name, probe_call(_PROBE)) is None)
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    """Name of a CPU engine; every numeric test takes it so it runs on each engine."""
+class EngineOnDevice(str):
+    """An engine name (the ``str`` value) plus the array module its test runs on (``.xp``)."""
+
+    xp: ModuleType
+
+    def __new__(cls, name: str, xp: ModuleType) -> EngineOnDevice:
+        self = super().__new__(cls, name)
+        self.xp = xp
+        return self
+
+    @property
+    def label(self) -> str:
+        return f"{str(self)}-{self.xp.__name__}"
+
+
+def _gpu_module() -> ModuleType | None:
+    try:
+        import cupy
+    except ImportError:
+        return None
+    try:
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:  # no driver / no device: CuPy imports but cannot run
+        return None
+
+
+def _engine_cases() -> tuple[EngineOnDevice, ...]:
+    cases = [EngineOnDevice(name, np) for name in ENGINES]
+    cp = _gpu_module()
+    if cp is not None:
+        cases += [EngineOnDevice(name, cp) for name in GPU_ENGINES
+                  if engine_unavailable_reason(name, probe_call(_PROBE, cp)) is None]
+    return tuple(cases)
+
+
+ENGINE_CASES = _engine_cases()
+
+
+@pytest.fixture(params=ENGINE_CASES, ids=lambda case: case.label)
+def engine(request: pytest.FixtureRequest) -> EngineOnDevice:
+    """An engine name on an array module; every numeric test takes it so it runs on each engine."""
     return request.param
 
 

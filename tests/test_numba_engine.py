@@ -14,7 +14,7 @@ from conftest import ENGINES
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
-from arrayrnn.engines import numba_engine, select_engine
+from arrayrnn.engines import numba_engine, probe_call, select_engine
 from arrayrnn.engines.numba_blas import BlasNotFoundError
 
 SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
@@ -25,7 +25,7 @@ def test_shared_test_bodies_run_on_numba():
 
 
 def test_auto_picks_numba_on_cpu():
-    assert select_engine("auto", SPEC, np).name == "numba"
+    assert select_engine("auto", probe_call(SPEC)).name == "numba"
     x = np.zeros((2, 1, 3), np.float32)
     assert ar.rnn_forward(ar.PackedParams.init(SPEC), x).engine == "numba"
 
@@ -36,9 +36,9 @@ def test_auto_picks_reference_when_numba_is_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)
     for name in ("numba_engine", "numba_kernels", "numba_blas"):
         monkeypatch.delitem(sys.modules, f"arrayrnn.engines.{name}")
-    assert select_engine("auto", SPEC, np).name == "reference"
+    assert select_engine("auto", probe_call(SPEC)).name == "reference"
     with pytest.raises(EngineUnavailableError, match="engine = 'numba' cannot be imported"):
-        select_engine("numba", SPEC, np)
+        select_engine("numba", probe_call(SPEC))
 
 
 def test_auto_picks_reference_when_numpy_has_no_cblas(monkeypatch):
@@ -46,16 +46,16 @@ def test_auto_picks_reference_when_numpy_has_no_cblas(monkeypatch):
         raise BlasNotFoundError("no BLAS library loaded by NumPy exports cblas_sgemm/cblas_dgemm")
 
     monkeypatch.setattr(numba_engine, "blas_binding", no_blas)
-    assert select_engine("auto", SPEC, np).name == "reference"
+    assert select_engine("auto", probe_call(SPEC)).name == "reference"
     with pytest.raises(EngineUnavailableError, match="NumPy's BLAS .* cblas_sgemm"):
-        select_engine("numba", SPEC, np)
+        select_engine("numba", probe_call(SPEC))
 
 
 def test_numba_refuses_non_numpy_arrays():
     class FakeXp:  # any array module other than NumPy
         pass
 
-    assert "CPU" in numba_engine.ENGINE.unavailable_reason(SPEC, FakeXp)
+    assert "CPU" in numba_engine.ENGINE.check(probe_call(SPEC, FakeXp))
 
 
 # -- equality with the reference engine -----------------------------------------------------------

@@ -10,30 +10,30 @@ from rnn_helpers import make_case
 
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_forward
 from arrayrnn.batch_order import BatchOrder
-from arrayrnn.engines import engine_unavailable_reason, load_engine, select_engine
+from arrayrnn.engines import engine_unavailable_reason, load_engine, probe_call, select_engine
 
 SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
 
 
 def test_reference_is_always_available():
     assert "reference" in ENGINES
-    assert select_engine("reference", SPEC, np).name == "reference"
+    assert select_engine("reference", probe_call(SPEC)).name == "reference"
 
 
 def test_unknown_engine_lists_the_names():
     with pytest.raises(ValueError, match=r"engine = 'mkl'; expected one of \('auto', 'reference', 'numba'"):
-        select_engine("mkl", SPEC, np)
+        select_engine("mkl", probe_call(SPEC))
 
 
 @pytest.mark.parametrize("name", ["cupy", "cudnn"])
 def test_gpu_engines_cannot_run_numpy_arrays(name):
     with pytest.raises(EngineUnavailableError, match=rf"engine = '{name}'"):
-        select_engine(name, SPEC, np)
+        select_engine(name, probe_call(SPEC))
 
 
 def test_auto_on_cpu_picks_numba_when_available_else_reference():
-    expected = "numba" if engine_unavailable_reason("numba", SPEC, np) is None else "reference"
-    assert select_engine("auto", SPEC, np).name == expected
+    expected = "numba" if engine_unavailable_reason("numba", probe_call(SPEC)) is None else "reference"
+    assert select_engine("auto", probe_call(SPEC)).name == expected
 
 
 def test_missing_engine_module_is_unavailable_and_auto_falls_back(monkeypatch):
@@ -41,7 +41,7 @@ def test_missing_engine_module_is_unavailable_and_auto_falls_back(monkeypatch):
     message = r"engine = 'numba' is not part of this installation \(module arrayrnn.engines._not_installed"
     with pytest.raises(EngineUnavailableError, match=message):
         load_engine("numba")
-    assert select_engine("auto", SPEC, np).name == "reference"
+    assert select_engine("auto", probe_call(SPEC)).name == "reference"
     assert "numba" not in engines.available_engines(SPEC)
 
 
@@ -54,7 +54,7 @@ def test_engine_whose_dependency_is_missing_names_it(monkeypatch, tmp_path):
     monkeypatch.setitem(engines.ENGINE_MODULES, "numba", "fake_engines.broken")
     message = r"engine = 'numba' cannot be imported .*numba_that_is_not.*it needs the numba package"
     with pytest.raises(EngineUnavailableError, match=message):
-        select_engine("numba", SPEC, np)
+        select_engine("numba", probe_call(SPEC))
 
 
 def test_float16_runs_with_float32_math_in_the_driver():
@@ -68,15 +68,15 @@ def test_float16_runs_with_float32_math_in_the_driver():
     x16 = np.where(order.active(np), x16, 0).astype(np.float16)
     p16 = PackedParams(spec16, case.params.data.astype(np.float16))
     engine = load_engine("reference")
-    out16 = engine.forward(p16, x16, order.batch_sizes, h16, None, None, keep_cache=True)
-    out32 = engine.forward(p16.astype("float32"), x16.astype(np.float32), order.batch_sizes,
-                           h16.astype(np.float32), None, None, keep_cache=True)
+    out16 = engine.forward_sorted(p16, x16, order.batch_sizes, h16, None, None, keep_cache=True)
+    out32 = engine.forward_sorted(p16.astype("float32"), x16.astype(np.float32), order.batch_sizes,
+                                  h16.astype(np.float32), None, None, keep_cache=True)
     assert out16.y.dtype == np.float16 and out16.h_n.dtype == np.float16
     np.testing.assert_array_equal(out16.y, out32.y.astype(np.float16))
     dy = order.sort(case.dy).astype(np.float16)
-    g16 = engine.backward(p16, out16.cache, dy, np.zeros_like(h16), None)
-    g32 = engine.backward(p16.astype("float32"), out32.cache, dy.astype(np.float32),
-                          np.zeros_like(h16, dtype=np.float32), None)
+    g16 = engine.backward_sorted(out16.cache, dy, np.zeros_like(h16), None)
+    g32 = engine.backward_sorted(out32.cache, dy.astype(np.float32), np.zeros_like(h16, dtype=np.float32),
+                                 None)
     assert g16.dparams.spec == spec16 and g16.dparams.data.dtype == np.float16 and g16.dx.dtype == np.float16
     np.testing.assert_array_equal(g16.dparams.data, g32.dparams.data.astype(np.float16))
 

@@ -31,12 +31,10 @@ class TracedParams:
     layout = property(lambda self: self.packed.layout)
 
     def view(self, layer: int, direction: int, name: str) -> Traced:
-        self.packed._require_canonical("view()")
         block = self.layout.block(layer, direction, name)
         return self.data[block.offset:block.stop].reshape(block.shape)
 
     def named_views(self) -> dict[str, Traced]:
-        self.packed._require_canonical("named_views()")
         return {b.key: self.data[b.offset:b.stop].reshape(b.shape) for b in self.layout.blocks}
 
     def __repr__(self) -> str:

@@ -1,37 +1,44 @@
-"""Engines and :func:`select_engine`, the one place that chooses which engine runs a call.
+"""Engines, their weight formats, and :func:`select_engine`, the one place that chooses which engine runs.
 
-Every engine is a module of this package exposing ``ENGINE``, an :class:`~arrayrnn.engines.base.Engine`
-(see :mod:`arrayrnn.engines.base` for the interface). The known engines and their modules are listed in
-:data:`ENGINE_MODULES`; an engine is *registered* when its module is part of the installation, and
-*available* when it imports (its optional dependency is installed) and its ``unavailable_reason`` for
-the spec and array module is ``None``. Modules are imported lazily, on first selection.
+Every engine is a module exposing ``ENGINE``, an :class:`~arrayrnn.engines.base.Engine` (see
+:mod:`arrayrnn.engines.base` for the interface). :data:`ENGINE_MODULES` maps engine names to modules;
+:func:`load_engine` imports them lazily, on first use. :func:`register_engine` adds one (tests use it to
+register a test-only engine exactly like a built-in one).
 
-``"auto"``: on CPU the numba engine when it is available, else the reference engine; on GPU cuDNN where
-it can run the spec and wants the call (``Engine.auto_ok``: supported configuration, sequence long
-enough), else cupy, else the reference engine (which runs on CuPy too).
+**Formats.** A weight format other than ``"canonical"`` belongs to the engine whose ``native_format`` it
+is; the format's name is that engine's name (``"cudnn"`` -> the cudnn engine). :func:`engine_for_format`
+finds it at call time, so ``params.to_format("cudnn")`` needs no earlier import or registration.
+
+**Selection.** The frontend builds one :class:`~arrayrnn.engines.base.Call` and asks
+``Engine.check(call)``. A named engine that cannot run the call raises ``EngineUnavailableError`` with the
+engine's reason. ``"auto"`` tries :data:`AUTO_ORDER` (CPU: numba, reference; GPU: cudnn, cupy,
+reference) and takes the first that accepts; if none does, the error lists every candidate with its
+reason.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import replace
 from types import ModuleType
 
 import numpy as np
 
 from ..errors import EngineUnavailableError
 from ..spec import RNNSpec
-from .base import Engine
+from .base import Call, Engine
 
-ENGINE_MODULES = {
+ENGINE_MODULES: dict[str, str | Engine] = {
     "reference": "arrayrnn.engines.reference",
     "numba": "arrayrnn.engines.numba_engine",
     "cupy": "arrayrnn.engines.cupy_engine",
     "cudnn": "arrayrnn.engines.cudnn_engine",
 }
-ENGINE_NAMES = ("auto", *ENGINE_MODULES)
+ENGINE_NAMES = ("auto", *ENGINE_MODULES)  # the built-in names (registered test engines come on top)
 AUTO_ORDER = {"cpu": ("numba", "reference"), "gpu": ("cudnn", "cupy", "reference")}
 CPU_ENGINES = ("reference", "numba")
+GPU_ENGINES = ("cupy", "cudnn", "reference")
 
 _WHAT_IT_NEEDS = {
     "reference": "nothing beyond NumPy",
@@ -41,16 +48,44 @@ _WHAT_IT_NEEDS = {
 }
 
 
+def engine_names() -> tuple[str, ...]:
+    """Every name ``engine=`` accepts: ``"auto"`` and each registered engine."""
+    return ("auto", *ENGINE_MODULES)
+
+
+def register_engine(name: str, engine: str | Engine) -> None:
+    """Register engine ``name``: a module name exposing ``ENGINE`` (imported lazily) or an Engine itself.
+
+    The same mechanism as the built-in engines; its native format (if not canonical) must be ``name``.
+    """
+    if not isinstance(name, str) or not name or name in ("auto", "canonical"):
+        raise ValueError(f"name = {name!r}; expected a non-empty engine name other than 'auto'/'canonical'")
+    if not isinstance(engine, (str, Engine)):
+        raise TypeError(f"engine has type {type(engine).__name__}; expected a module name or an Engine")
+    ENGINE_MODULES[name] = engine
+
+
+def unregister_engine(name: str) -> None:
+    """Remove an engine added by :func:`register_engine` (built-in names cannot be removed)."""
+    if name in ENGINE_NAMES:
+        raise ValueError(f"name = {name!r} is a built-in engine; only registered engines can be removed")
+    ENGINE_MODULES.pop(name, None)
+
+
 def is_registered(name: str) -> bool:
     """Whether engine ``name``'s module is part of this installation (does not import it)."""
     module = ENGINE_MODULES.get(name)
+    if isinstance(module, Engine):
+        return True
     return module is not None and importlib.util.find_spec(module) is not None
 
 
 def load_engine(name: str) -> Engine:
     """Import engine ``name`` and return its ``ENGINE``; ``EngineUnavailableError`` if it cannot."""
-    _check_name(name)
+    _check_name(name, allow_auto=False)
     module_name = ENGINE_MODULES[name]
+    if isinstance(module_name, Engine):
+        return module_name
     if not is_registered(name):
         raise EngineUnavailableError(f"engine = {name!r} is not part of this installation "
                                      f"(module {module_name} is missing); use engine='auto' or "
@@ -58,63 +93,81 @@ def load_engine(name: str) -> Engine:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
+        needs = _WHAT_IT_NEEDS.get(name, f"what module {module_name} imports")
         raise EngineUnavailableError(f"engine = {name!r} cannot be imported ({err}); it needs "
-                                     f"{_WHAT_IT_NEEDS[name]}, or use engine='auto'") from err
+                                     f"{needs}, or use engine='auto'") from err
     return module.ENGINE
 
 
-def engine_unavailable_reason(name: str, spec: RNNSpec, xp: ModuleType) -> str | None:
-    """``None`` if engine ``name`` can run ``spec`` on arrays of ``xp``, else why not."""
+def engine_for_format(format: str) -> Engine:
+    """The engine whose native format is ``format`` (a format is named after its engine)."""
+    if not isinstance(format, str) or format == "canonical" or format not in ENGINE_MODULES:
+        raise ValueError(f"format = {format!r}; expected 'canonical' or the name of an engine with its "
+                         f"own format (one of {tuple(ENGINE_MODULES)})")
+    engine = load_engine(format)
+    if engine.native_format != format:
+        raise ValueError(f"format = {format!r}; engine {format!r} reads the "
+                         f"{engine.native_format!r} format, so {format!r} is not a weight format")
+    return engine
+
+
+def probe_call(spec: RNNSpec, xp: ModuleType = np, **fields) -> Call:
+    """A :class:`Call` for ``spec`` on ``xp`` with small defaults (T = B = 1, inference), for probing."""
+    base = Call(spec=spec, xp=xp, device=None, seq_len=1, batch=1, training=False, dropout=False,
+                params_format="canonical", has_zero_length=False, explicit=True)
+    return replace(base, **fields)
+
+
+def engine_unavailable_reason(name: str, call: Call) -> str | None:
+    """``None`` if engine ``name`` can run ``call`` here, else why not."""
     try:
         engine = load_engine(name)
     except EngineUnavailableError as err:
         return str(err)
-    return engine.unavailable_reason(spec, xp)
+    return engine.check(call)
 
 
 def available_engines(spec: RNNSpec, xp: ModuleType = np) -> tuple[str, ...]:
-    """Names of the engines that can run ``spec`` on arrays of ``xp`` here."""
-    return tuple(name for name in ENGINE_MODULES if engine_unavailable_reason(name, spec, xp) is None)
+    """Names of the engines that can run ``spec`` on arrays of ``xp`` here (a small inference call)."""
+    call = probe_call(spec, xp)
+    return tuple(name for name in ENGINE_MODULES if engine_unavailable_reason(name, call) is None)
 
 
-def select_engine(name: str, spec: RNNSpec, xp: ModuleType, *, seq_len: int | None = None,
-                  params_format: str = "canonical") -> Engine:
-    """The engine that runs a call: ``name`` itself, or the best available one for ``"auto"``.
+def select_engine(name: str, call: Call) -> Engine:
+    """The engine that runs ``call``: ``name`` itself, or the first candidate of ``"auto"`` that accepts.
 
-    Unknown names are a ``ValueError``; a known engine that cannot run here is an
-    ``EngineUnavailableError`` naming what is missing; an engine that cannot read the params' format is a
-    ``ValueError`` saying how to convert them.
+    Unknown names are a ``ValueError``; a named engine that cannot run the call is an
+    ``EngineUnavailableError`` with its reason; ``"auto"`` with no fitting engine is an
+    ``EngineUnavailableError`` listing every candidate with its reason.
     """
-    _check_name(name)
+    _check_name(name, allow_auto=True)
     if name == "auto":
-        return _select_auto(spec, xp, seq_len, params_format)
+        return _select_auto(replace(call, explicit=False))
+    call = replace(call, explicit=True)
     engine = load_engine(name)
-    reason = engine.unavailable_reason(spec, xp)
+    reason = engine.check(call)
     if reason is not None:
-        raise EngineUnavailableError(f"engine = {name!r} cannot run here: {reason}")
-    if not engine.supports_format(params_format):
-        raise ValueError(f"params.format = {params_format!r} but engine = {name!r} reads the canonical "
-                         "layout; pass params.to_format('canonical') or choose the engine of that format")
+        raise EngineUnavailableError(f"engine = {name!r} cannot run this call: {reason}")
     return engine
 
 
-def _select_auto(spec: RNNSpec, xp: ModuleType, seq_len: int | None, params_format: str) -> Engine:
+def _select_auto(call: Call) -> Engine:
     reasons = []
-    for candidate in AUTO_ORDER["cpu" if xp is np else "gpu"]:
-        reason = engine_unavailable_reason(candidate, spec, xp)
-        if reason is not None:
-            reasons.append(f"{candidate}: {reason}")
-            continue
-        engine = load_engine(candidate)
-        if engine.supports_format(params_format) and engine.auto_ok(spec, xp, seq_len):
-            return engine
-    raise EngineUnavailableError("engine = 'auto' found no engine for this call: " + "; ".join(reasons))
+    for candidate in AUTO_ORDER["cpu" if call.xp is np else "gpu"]:
+        reason = engine_unavailable_reason(candidate, call)
+        if reason is None:
+            return load_engine(candidate)
+        reasons.append(f"{candidate}: {reason}")
+    raise EngineUnavailableError("engine = 'auto' found no engine for this call; " + "; ".join(reasons))
 
 
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or name not in ENGINE_NAMES:
-        raise ValueError(f"engine = {name!r}; expected one of {ENGINE_NAMES}")
+def _check_name(name: object, allow_auto: bool) -> None:
+    names = engine_names() if allow_auto else tuple(ENGINE_MODULES)
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"engine = {name!r}; expected one of {names}")
 
 
-__all__ = ["CPU_ENGINES", "ENGINE_MODULES", "ENGINE_NAMES", "Engine", "available_engines",
-           "engine_unavailable_reason", "is_registered", "load_engine", "select_engine"]
+__all__ = ["AUTO_ORDER", "CPU_ENGINES", "Call", "ENGINE_MODULES", "ENGINE_NAMES", "Engine", "GPU_ENGINES",
+           "available_engines", "engine_for_format", "engine_names", "engine_unavailable_reason",
+           "is_registered", "load_engine", "probe_call", "register_engine", "select_engine",
+           "unregister_engine"]

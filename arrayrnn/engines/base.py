@@ -2,23 +2,40 @@
 
 Two levels, so that an engine replaces exactly as much as it needs to:
 
-**Stack level** (:class:`Engine`): one call runs every layer and direction. cuDNN implements this
-directly. The frontend (``arrayrnn.rnn``) has already validated the inputs and hands the engine
+**Selection** (:class:`Call`, :meth:`Engine.check`): the frontend describes the whole call once (spec,
+array module and device, ``T``, batch, training, dropout, the params' format, zero-length rows, whether
+the user named the engine) and asks each candidate ``check(call)``: ``None`` means "I run this call",
+anything else is the reason it does not, a phrase ready to print.
 
-- ``x`` ``(T, B, I)``: time-major, rows sorted by length (descending, stable), zero at padding;
-- ``batch_sizes``: host ``numpy.int64`` array ``(T,)``, non-increasing; step ``t`` works on the
-  contiguous prefix of rows ``[:batch_sizes[t]]`` (cuDNN's packed layout). Rows of length 0 are never
-  active: their outputs are zero and their final state is their initial state;
-- ``h0`` ``(L*D, B, H_out)`` and, for LSTM, ``c0`` ``(L*D, B, H)``: never ``None`` (zeros by default);
-- ``masks``: ``None`` or ``L-1`` inter-layer dropout masks ``(T, B, D*H_out)`` (values 0 or
-  ``1/(1-p)``, already in sorted row order), ``masks[l-1]`` multiplies the input of layer ``l``;
+**Stack level** (:class:`Engine`): one call runs every layer and direction. A whole-stack engine (cuDNN)
+implements this directly. The frontend (``arrayrnn.rnn``) has already validated the inputs and hands the
+engine
+
+- ``params`` in the engine's ``native_format`` (the frontend converts canonical params for the call);
+- ``x`` in the caller's layout, ``(T, B, I)`` or ``(B, T, I)`` when ``batch_first``; contiguous, zero at
+  padding (``t >= lengths[b]``), owned by the frontend (the engine may keep it);
+- ``lengths``: host ``numpy.int64`` ``(B,)`` in the caller's row order, each in ``0..T``. Rows of length 0
+  are never active: their outputs are zero and their final state is their initial state;
+- ``h0`` ``(L*D, B, H_out)`` and, for LSTM, ``c0`` ``(L*D, B, H)``: never ``None`` (zeros by default),
+  caller's row order;
+- ``masks``: ``None`` or ``L-1`` inter-layer dropout masks ``(T, B, D*H_out)`` (time-major, caller's row
+  order, values 0 or ``1/(1-p)``, drawn by :func:`arrayrnn.dropout.dropout_masks`), ``masks[l-1]``
+  multiplies the input of layer ``l``;
 - ``keep_cache``: whether the backward pass will be asked for.
 
-``forward`` returns :class:`StackForward` (``y (T, B, D*H_out)`` zero past each row's end, ``h_n``,
-``c_n``, and an engine-private ``cache`` or ``None``). ``backward(params, cache, dy, dh_n, dc_n)``
-takes cotangents of the same shapes (never ``None``; zeros by default) and returns :class:`StackGrads`
-(``dx``, ``dh0``, ``dc0`` and ``dparams``, a :class:`~arrayrnn.params.PackedParams` of the params'
-spec, format and layout).
+``forward`` returns :class:`StackForward` (``y`` in the caller's layout, zero past each row's end,
+``h_n``, ``c_n``, and an engine-private ``cache`` or ``None``). ``backward(cache, dy, dh_n, dc_n)`` takes
+cotangents of the same shapes and layout (never ``None``; zeros by default) and returns
+:class:`StackGrads` (``dx`` in the caller's layout, ``dh0``, ``dc0`` and ``dparams``, a
+:class:`~arrayrnn.params.PackedParams` of the params' spec and (native) format).
+
+**Weight formats**: an engine whose ``native_format`` is not ``"canonical"`` owns that format: it
+converts with ``to_native`` / ``to_canonical`` and may describe the buffer with ``native_layout``.
+``PackedParams.to_format(name)`` finds the engine of format ``name`` at call time
+(:func:`arrayrnn.engines.engine_for_format`).
+
+The shared driver (:class:`arrayrnn.engines.stack.StackEngine`) sorts rows by length itself and hands
+its direction kernels the sorted, time-major, packed layout described next.
 
 **Direction level** (:class:`DirectionKernel`): engines built on the shared driver
 (``arrayrnn.engines.stack.StackEngine``) supply only the per-direction time loop and gate math. The
@@ -73,10 +90,27 @@ from ..spec import RNNSpec
 Array = Any  # a NumPy or CuPy ndarray
 
 
+# -- selection ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """Everything engine selection may look at; built once per ``rnn_forward``."""
+
+    spec: RNNSpec
+    xp: ModuleType            # numpy or cupy
+    device: int | None        # CUDA device id of the arrays (cupy), None for NumPy
+    seq_len: int              # T
+    batch: int                # B
+    training: bool            # keep_cache: a backward will follow
+    dropout: bool             # inter-layer dropout active (training, spec.dropout > 0, num_layers > 1)
+    params_format: str        # params.format
+    has_zero_length: bool     # some row has length 0
+    explicit: bool            # True: the user named this engine; False: "auto" is asking
+
+
 # -- stack level --------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class StackForward:
-    y: Array                 # (T, B, D*H_out), sorted rows, zero past each row's end
+    y: Array                 # caller's layout (T, B, D*H_out) or (B, T, D*H_out), zero past each row's end
     h_n: Array               # (L*D, B, H_out)
     c_n: Array | None        # (L*D, B, H), LSTM only
     cache: Any               # engine-private; None when keep_cache was False
@@ -84,35 +118,51 @@ class StackForward:
 
 @dataclass(frozen=True, eq=False)
 class StackGrads:
-    dx: Array                # (T, B, I)
+    dx: Array                # caller's layout, like x
     dh0: Array               # (L*D, B, H_out)
     dc0: Array | None        # (L*D, B, H), LSTM only
-    dparams: PackedParams    # same spec, format and layout as the params
+    dparams: PackedParams    # same spec and format as the params the engine ran with
 
 
 class Engine(ABC):
-    """A way to run a whole stack. Subclasses set ``name`` and implement the three methods."""
+    """A way to run a whole stack. Subclasses set ``name`` and implement ``check``, ``forward``, ``backward``.
+
+    An engine of a non-canonical ``native_format`` also implements ``to_native`` and ``to_canonical``
+    (and, optionally, ``native_layout``).
+    """
 
     name: str = ""
+    native_format: str = "canonical"
 
     @abstractmethod
-    def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
-        """``None`` if this engine can run ``spec`` on arrays of ``xp``, else what is missing."""
+    def check(self, call: Call) -> str | None:
+        """``None`` if this engine runs ``call``, else the reason (a phrase ready to print).
 
-    def auto_ok(self, spec: RNNSpec, xp: ModuleType, seq_len: int | None) -> bool:
-        """Whether ``engine="auto"`` should pick this engine (given that it can run). Default: yes."""
-        return True
+        With ``call.explicit`` False (``"auto"`` asking) an engine may also decline by preference.
+        """
 
-    def supports_format(self, format: str) -> bool:
-        return format == "canonical"
+    def to_native(self, params: PackedParams) -> PackedParams:
+        """Canonical params -> this engine's native format (a new buffer)."""
+        raise NotImplementedError(f"engine {self.name!r} reads the canonical format; it has no other")
+
+    def to_canonical(self, params: PackedParams) -> PackedParams:
+        """Params in this engine's native format -> canonical (a new buffer)."""
+        raise NotImplementedError(f"engine {self.name!r} reads the canonical format; it has no other")
+
+    def native_layout(self, spec: RNNSpec, dtype: Any) -> Any:
+        """Offsets and shapes of each named block of the native buffer (a ``Layout``), or ``None``.
+
+        ``None`` (the default) means the native buffer has no per-block views: ``params.view(...)`` on it
+        raises an error saying to convert to canonical first.
+        """
+        return None
 
     @abstractmethod
-    def forward(self, params: PackedParams, x: Array, batch_sizes: np.ndarray, h0: Array, c0: Array | None,
-                masks: tuple[Array, ...] | None, keep_cache: bool) -> StackForward: ...
+    def forward(self, params: PackedParams, x: Array, lengths: np.ndarray, h0: Array, c0: Array | None,
+                masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward: ...
 
     @abstractmethod
-    def backward(self, params: PackedParams, cache: Any, dy: Array, dh_n: Array,
-                 dc_n: Array | None) -> StackGrads: ...
+    def backward(self, cache: Any, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads: ...
 
     def __repr__(self) -> str:
         return f"<arrayrnn engine {self.name!r}>"

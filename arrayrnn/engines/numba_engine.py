@@ -19,14 +19,13 @@ kernels for the dtype in use.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..spec import RNNSpec
 from . import numba_kernels as nk
-from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .numba_blas import BlasNotFoundError, blas_binding, transposed
 from .stack import StackEngine
 
@@ -127,8 +126,8 @@ class NumbaEngine(StackEngine):
     def __init__(self) -> None:
         super().__init__("numba", NumbaKernel())
 
-    def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
-        if xp is not np:
+    def check(self, call: Call) -> str | None:
+        if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
         try:
             blas_binding()

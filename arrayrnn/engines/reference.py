@@ -1,7 +1,7 @@
 """The reference engine: the shared stack driver plus a plain ``xp`` time loop over the cell steps.
 
 Array-generic (NumPy and CuPy), readable, and the oracle every other engine is tested against. Per
-step it runs the cell's gate math (:mod:`arrayrnn.cells`) on the active prefix of rows
+step it runs the cell's gate math (:mod:`arrayrnn.engines.cells`) on the active prefix of rows
 ``[:batch_sizes[t]]``; everything that can be hoisted out of the loop is done by the driver
 (:mod:`arrayrnn.engines.stack`).
 """
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ..backend import get_xp
-from ..cells import BACKWARD_STEPS, FORWARD_STEPS
 from ..spec import RNNSpec
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .cells import BACKWARD_STEPS, FORWARD_STEPS
 from .stack import StackEngine
 
 Array = Any

@@ -15,6 +15,10 @@ and backward, from the last layer down::
     dW_hh    = d_hh.T @ h_prev                          # reset-before GRU: n rows use r * h_prev
     dW_hr    = d_h.T @ (o * tanh(c));  db_ih = d_ih.sum();  db_hh = d_hh.sum()
 
+The driver owns the row order: it sorts the caller's rows by length (descending, stable) with
+:class:`~arrayrnn.batch_order.BatchOrder`, moves ``batch_first`` input to time-major, hands the kernels
+the packed prefix layout (``batch_sizes``) and puts the results back in the caller's order and layout.
+
 The engine cache keeps the layer-0 input, initial states, masks, batch sizes and each direction's
 ``DirectionForward`` (its ``y`` and residuals); the input of layer ``l > 0`` is rebuilt from the
 outputs of layer ``l-1`` in the backward. float16 runs with float32 math (inputs upcast once, results
@@ -24,16 +28,18 @@ cast back).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import replace as _replace
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..backend import get_xp
-from ..cells import gate, gate_slice, split_biases
+from ..batch_order import BatchOrder
 from ..params import PackedParams
 from ..spec import RNNSpec
 from .base import (
+    Call,
     DirectionForward,
     DirectionGrads,
     DirectionKernel,
@@ -42,6 +48,7 @@ from .base import (
     StackForward,
     StackGrads,
 )
+from .cells import gate, gate_slice, split_biases
 
 Array = Any
 
@@ -56,6 +63,8 @@ class StackCache:
     masks: tuple[Array, ...] | None
     layers: tuple[tuple[DirectionForward, ...], ...]   # [layer][direction]
     io_dtype: str                     # the dtype the caller sees
+    order: BatchOrder                 # the caller's rows <-> sorted rows
+    batch_first: bool                 # the caller's layout
 
 
 def direction_weights(params: PackedParams, layer: int, direction: int) -> DirectionWeights:
@@ -110,12 +119,27 @@ class StackEngine(Engine):
         self.name = name
         self.kernel = kernel
 
-    def unavailable_reason(self, spec: RNNSpec, xp: ModuleType) -> str | None:
+    def check(self, call: Call) -> str | None:
         return None
 
     # -- forward --------------------------------------------------------------------------------
-    def forward(self, params: PackedParams, x: Array, batch_sizes: np.ndarray, h0: Array, c0: Array | None,
-                masks: tuple[Array, ...] | None, keep_cache: bool) -> StackForward:
+    def forward(self, params: PackedParams, x: Array, lengths: np.ndarray, h0: Array, c0: Array | None,
+                masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward:
+        xp = get_xp(x)
+        order = BatchOrder.from_lengths(np.asarray(lengths, dtype=np.int64), x.shape[1 if batch_first else 0])
+        x = xp.ascontiguousarray(order.sort(xp.swapaxes(x, 0, 1) if batch_first else x))
+        masks = tuple(order.sort(m) for m in masks) if masks is not None else None
+        out = self.forward_sorted(params, x, order.batch_sizes, order.sort(h0), order.sort(c0), masks,
+                                  keep_cache)
+        cache = out.cache
+        if cache is not None:
+            cache = _replace(cache, order=order, batch_first=batch_first)
+        return StackForward(_to_caller(xp, order.unsort(out.y), batch_first), order.unsort(out.h_n),
+                            order.unsort(out.c_n), cache)
+
+    def forward_sorted(self, params: PackedParams, x: Array, batch_sizes: np.ndarray, h0: Array,
+                       c0: Array | None, masks: tuple[Array, ...] | None, keep_cache: bool) -> StackForward:
+        """The stack on sorted, time-major rows (the kernels' packed layout); ``y`` stays sorted."""
         io_dtype = str(x.dtype)
         params, x, h0, c0, masks = _to_compute_dtype(params, x, h0, c0, masks)
         spec, xp = params.spec, get_xp(x)
@@ -139,12 +163,20 @@ class StackEngine(Engine):
             layer_input = _layer_output(xp, outs)
         cache = None
         if keep_cache:
-            cache = StackCache(params, x, batch_sizes, h0, c0, masks, tuple(layers), io_dtype)
+            cache = StackCache(params, x, batch_sizes, h0, c0, masks, tuple(layers), io_dtype,
+                               BatchOrder.full(*x.shape[:2]), False)
         return StackForward(_cast(layer_input, io_dtype), _cast(h_n, io_dtype), _cast(c_n, io_dtype), cache)
 
     # -- backward -------------------------------------------------------------------------------
-    def backward(self, params: PackedParams, cache: StackCache, dy: Array, dh_n: Array,
-                 dc_n: Array | None) -> StackGrads:
+    def backward(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads:
+        xp, order = get_xp(dy), cache.order
+        dy = xp.ascontiguousarray(order.sort(xp.swapaxes(dy, 0, 1) if cache.batch_first else dy))
+        g = self.backward_sorted(cache, dy, order.sort(dh_n), order.sort(dc_n))
+        return StackGrads(_to_caller(xp, order.unsort(g.dx), cache.batch_first), order.unsort(g.dh0),
+                          order.unsort(g.dc0), g.dparams)
+
+    def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads:
+        """BPTT on sorted, time-major rows (``dy`` like ``forward_sorted``'s ``y``)."""
         params = cache.params  # what the math ran with (the float32 copy for float16 params)
         spec, xp, bs = params.spec, get_xp(cache.x), cache.batch_sizes
         dtype = params.data.dtype
@@ -232,3 +264,7 @@ def _to_compute_dtype(params: PackedParams, x: Array, h0: Array, c0: Array | Non
 
 def _cast(a: Array | None, dtype: str) -> Array | None:
     return a.astype(dtype, copy=False) if a is not None else None
+
+
+def _to_caller(xp: ModuleType, a: Array, batch_first: bool) -> Array:
+    return xp.ascontiguousarray(xp.swapaxes(a, 0, 1)) if batch_first else a

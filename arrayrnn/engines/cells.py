@@ -21,10 +21,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .spec import RNNSpec
+from ..spec import RNNSpec
 
-if TYPE_CHECKING:  # engines import this module; the weights type is only needed for hints
-    from .engines.base import DirectionWeights
+if TYPE_CHECKING:  # base imports nothing of this module; the weights type is only needed for hints
+    from .base import DirectionWeights
 
 Array = Any
 
