@@ -170,7 +170,7 @@ class CudnnEngine(Engine):
         for first, count in self._segments(spec, masks):
             if first > 0:
                 mask = masks[first - 1]
-                inp = inp * (mask.transpose(1, 0, 2) if batch_first else mask)
+                inp = cupy.ascontiguousarray(inp * (mask.transpose(1, 0, 2) if batch_first else mask))
             w, desc = self._weights(params, first, count, dtype, h)
             in_size = spec.layer_input_size(first)
             meta = _data(spec, dtype, lengths, t, in_size, d * spec.output_size, batch_first, count)
@@ -228,12 +228,14 @@ class CudnnEngine(Engine):
             dhx, dcx = cupy.empty_like(hx), (cupy.empty_like(cx) if lstm else None)
             work_size, _ = cb.temp_space_sizes(h, desc, meta.x_desc, cb.ForwardMode.TRAINING)
             work = cupy.empty(work_size, np.uint8)
+            dhy = cupy.ascontiguousarray(dh_n[sl])  # named: alive until the calls below are enqueued
+            dcy = cupy.ascontiguousarray(dc_n[sl]) if lstm else None
             cb.backward_data(h, desc, dev_seq_lengths=meta.dev_lengths.data.ptr, y_desc=meta.y_desc,
                              y=y.data.ptr, dy=g.data.ptr, x_desc=meta.x_desc, dx=dx.data.ptr,
                              h_desc=meta.h_desc, hx=hx.data.ptr,
-                             dhy=cupy.ascontiguousarray(dh_n[sl]).data.ptr, dhx=dhx.data.ptr,
+                             dhy=dhy.data.ptr, dhx=dhx.data.ptr,
                              c_desc=meta.c_desc if lstm else None, cx=cx.data.ptr if lstm else 0,
-                             dcy=cupy.ascontiguousarray(dc_n[sl]).data.ptr if lstm else 0,
+                             dcy=dcy.data.ptr if lstm else 0,
                              dcx=dcx.data.ptr if lstm else 0, weight_space=w.data.ptr,
                              weight_space_size=w.nbytes, work_space=work.data.ptr, work_space_size=work_size,
                              reserve_space=reserve.data.ptr, reserve_space_size=reserve.nbytes)
@@ -250,7 +252,7 @@ class CudnnEngine(Engine):
             grads.append(dw)
             if first > 0:
                 mask = cache.masks[first - 1]
-                dx = dx * (mask.transpose(1, 0, 2) if bf else mask)
+                dx = cupy.ascontiguousarray(dx * (mask.transpose(1, 0, 2) if bf else mask))
             g = dx
         dparams = self._dparams(params, grads[::-1], len(runs) > 1)
         if zero.any():
