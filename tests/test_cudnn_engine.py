@@ -278,3 +278,50 @@ def test_gpu_adam_step_on_cudnn_format_equals_canonical() -> None:
     ar.optim.Adam(canonical, lr=0.1).step(grads)
     ar.optim.Adam(native, lr=0.1).step(grads.to_format("cudnn"))
     cupy.testing.assert_array_equal(native.to_format("canonical").data, canonical.data)
+
+
+def test_layer_to_format_converts_in_place() -> None:
+    layer = ar.nn.LSTM(3, 4, dtype="float64")
+    before = layer.params
+    assert layer.to_format("canonical") is layer and layer.params is before
+    if _cupy_missing():
+        with pytest.raises(ar.EngineUnavailableError, match="the cudnn engine needs CuPy"):
+            layer.to_format("cudnn")
+        assert layer.params is before  # unchanged after the refusal
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
+def test_gpu_layer_holds_cudnn_params() -> None:
+    import cupy
+
+    layer = ar.nn.GRU(5, 4, xp=cupy, dtype="float64")
+    canonical = layer.params
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((9, 2, 5)))
+    want = ar.rnn_forward(canonical, x, engine="reference").y
+    layer.to_format("cudnn")
+    assert layer.params.format == "cudnn"
+    cupy.testing.assert_allclose(layer(x)[0], want, rtol=1e-10, atol=1e-12)
+
+
+def test_check_answers_each_call() -> None:
+    import types
+
+    from arrayrnn.engines.base import Call
+
+    fake_cupy = types.ModuleType("cupy")
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
+
+    def call(**over):
+        fields = dict(spec=spec, xp=fake_cupy, device=0, seq_len=cf.AUTO_MIN_SEQ_LEN, batch=2, training=True,
+                      dropout=False, params_format="canonical", has_zero_length=True, explicit=False)
+        return Call(**{**fields, **over})
+
+    assert cf.check(call()) is None
+    assert "NumPy arrays" in cf.check(call(xp=np))
+    short = cf.check(call(seq_len=cf.AUTO_MIN_SEQ_LEN - 1))
+    assert short.startswith(f"T = {cf.AUTO_MIN_SEQ_LEN - 1} is below cuDNN's threshold")
+    assert cf.check(call(seq_len=2, explicit=True)) is None
+    assert cf.check(call(seq_len=2, params_format="cudnn")) is None
+    gru = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4, reset_after=False)
+    assert "reset-before GRU" in cf.check(call(spec=gru, explicit=True))

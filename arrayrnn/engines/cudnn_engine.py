@@ -121,13 +121,7 @@ class CudnnEngine(Engine):
     native_format = "cudnn"
 
     def check(self, call: Call) -> str | None:
-        if call.xp is np:
-            return "cuDNN runs on CuPy (GPU) arrays; these are NumPy arrays"
-        reason = cf.refusal(call.spec)
-        if reason is None and not call.explicit and call.seq_len < cf.AUTO_MIN_SEQ_LEN:
-            reason = (f"T = {call.seq_len} is below cuDNN's threshold of {cf.AUTO_MIN_SEQ_LEN} steps "
-                      "(a placeholder, not yet measured on a GPU)")
-        return reason
+        return cf.check(call)
 
     def to_native(self, params: PackedParams) -> PackedParams:
         data = self._gpu(params.data, "to_format('cudnn')")

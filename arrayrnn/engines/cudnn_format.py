@@ -43,6 +43,20 @@ def refusal(spec: RNNSpec) -> str | None:
     return None
 
 
+def check(call: Any) -> str | None:
+    """The engine's answer to a ``Call``: ``None`` (it runs it) or the reason. Under ``"auto"`` it also
+    declines short sequences, unless the params are already in the cudnn format (converting them for
+    another engine would cost more than cuDNN's fixed overhead)."""
+    if call.xp is np:
+        return "cuDNN runs on CuPy (GPU) arrays; these are NumPy arrays"
+    reason = refusal(call.spec)
+    if (reason is None and not call.explicit and call.params_format != "cudnn"
+            and call.seq_len < AUTO_MIN_SEQ_LEN):
+        reason = (f"T = {call.seq_len} is below cuDNN's threshold of {AUTO_MIN_SEQ_LEN} steps "
+                  "(a placeholder, not yet measured on a GPU)")
+    return reason
+
+
 def rnn_config(spec: RNNSpec, dtype: str | None = None) -> cb.RNNConfig:
     """The cuDNN RNN configuration of ``spec`` (in ``dtype``, default ``spec.dtype``; float16 computes in
     float32). cuDNN means "no projection" by proj_size = hidden_size."""
