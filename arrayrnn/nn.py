@@ -135,12 +135,6 @@ class _Recurrent:
     def __call__(self, x: Any, lengths: Any = None, h0: Any = None, c0: Any = None) -> tuple[Any, Any, Any]:
         return self.apply(self.params, x, lengths, h0, c0)
 
-    def to_format(self, format: str) -> _Recurrent:
-        """Hold the same weights in ``format`` from now on (``"cudnn"``: convert once before a GPU training
-        loop, so no call converts again); returns ``self``. See ``PackedParams.to_format``."""
-        self.params = self.params.to_format(format)
-        return self
-
     def initial_state(self, batch_size: int) -> tuple[Any, Any]:
         """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` None unless LSTM)."""
         xp = get_xp(self.params.data)
