@@ -12,6 +12,12 @@ Built in (``get(name, **params)``): identity, relu, leaky_relu(negative_slope=0.
 hardtanh(min_val=-1, max_val=1), elu(alpha=1), tanh, sigmoid (derivative from the output); gelu (the tanh
 form, PyTorch's ``gelu(approximate="tanh")``), silu, softplus(beta=1, threshold=20) (need the input).
 ``register(name, factory)`` adds one.
+
+:data:`POINTWISE` is the ONE table of the elementwise functions the recurrent cells use (tanh, sigmoid,
+relu): forward, derivative from the output and derivative from the input. The cells
+(:mod:`arrayrnn.engines.cells`), the autodiff ops (``ar.ops.tanh/sigmoid/relu``) and the activations of
+the fused bias op (``tanh``, ``sigmoid``, ``relu`` above) all use it; the numba kernels are tested
+against it (tests/test_activations.py).
 """
 
 from __future__ import annotations
@@ -77,6 +83,73 @@ def _scalar(v: Any, value: float) -> Any:
     return v.dtype.type(value)
 
 
+# -- the pointwise table ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Pointwise:
+    """An elementwise function with both forms of its derivative, written once against ``xp``.
+
+    ``forward(xp, x, out)``: ``out[...] = f(x)`` (``out`` may be ``x``); ``d_output(y)``: ``f'(x)`` from
+    ``y = f(x)``; ``d_input(xp, x)``: ``f'(x)`` from ``x``. Both derivatives return new arrays.
+    """
+
+    name: str
+    forward: Forward = field(repr=False)
+    d_output: Callable[[Any], Any] = field(repr=False)
+    d_input: Callable[[Any, Any], Any] = field(repr=False)
+
+    def __call__(self, xp: Any, x: Any) -> Any:
+        """``f(x)`` in a new array."""
+        out = xp.empty_like(x)
+        self.forward(xp, x, out)
+        return out
+
+
+def _tanh_forward(xp, x, out):
+    xp.tanh(x, out=out)
+
+
+def _sigmoid_forward(xp, x, out):
+    """``1 / (1 + exp(-x))`` as ``e = exp(-|x|)``: ``1/(1+e)`` for x >= 0, ``e/(1+e)`` else (no overflow)."""
+    with np.errstate(under="ignore"):  # exp(-|x|) underflows to 0 far out: sigmoid is exactly 0 or 1 there
+        e = xp.exp(-xp.abs(x))
+    positive = x >= 0
+    xp.divide(xp.where(positive, _scalar(e, 1.0), e), e + _scalar(e, 1.0), out=out)
+
+
+def _relu_forward(xp, x, out):
+    xp.maximum(x, _scalar(x, 0.0), out=out)
+
+
+def _tanh_d_output(y):
+    return 1 - y * y
+
+
+def _sigmoid_d_output(y):
+    return y * (1 - y)
+
+
+def _relu_d_output(y):
+    return (y > 0).astype(y.dtype)
+
+
+POINTWISE: dict[str, Pointwise] = {
+    "tanh": Pointwise("tanh", _tanh_forward, _tanh_d_output, lambda xp, x: _tanh_d_output(xp.tanh(x))),
+    "sigmoid": Pointwise("sigmoid", _sigmoid_forward, _sigmoid_d_output,
+                         lambda xp, x: _sigmoid_d_output(POINTWISE["sigmoid"](xp, x))),
+    "relu": Pointwise("relu", _relu_forward, _relu_d_output, lambda xp, x: (x > 0).astype(x.dtype)),
+}
+
+
+def _from_table(name: str) -> Activation:
+    entry = POINTWISE[name]
+
+    def scale_grad(xp, v, g):
+        xp.multiply(g, entry.d_output(v), out=g)
+
+    return Activation(name, True, entry.forward, scale_grad)
+
+
 # -- the kernels --------------------------------------------------------------------------------------
 
 def identity() -> Activation:
@@ -88,8 +161,7 @@ def identity() -> Activation:
 
 
 def relu() -> Activation:
-    return Activation("relu", True, lambda xp, x, out: xp.maximum(x, 0, out=out),
-                      lambda xp, v, g: xp.multiply(g, v > 0, out=g))
+    return _from_table("relu")
 
 
 def leaky_relu(negative_slope: float = 0.01) -> Activation:
@@ -136,30 +208,14 @@ def elu(alpha: float = 1.0) -> Activation:
 
 
 def tanh() -> Activation:
-    def scale_grad(xp, v, g):
-        d = v * v
-        xp.subtract(1, d, out=d)
-        xp.multiply(g, d, out=g)
-
-    return Activation("tanh", True, lambda xp, x, out: xp.tanh(x, out=out), scale_grad)
+    return _from_table("tanh")
 
 
-def _sigmoid_into(xp, x, out):
-    """``out = 1 / (1 + exp(-x))``: exp overflows to inf for very negative x, giving exactly 0."""
-    with np.errstate(over="ignore", under="ignore"):
-        xp.negative(x, out=out)
-        xp.exp(out, out=out)
-    out += 1
-    xp.reciprocal(out, out=out)
+_sigmoid_into = _sigmoid_forward
 
 
 def sigmoid() -> Activation:
-    def scale_grad(xp, v, g):
-        d = 1 - v
-        d *= v
-        xp.multiply(g, d, out=g)
-
-    return Activation("sigmoid", True, _sigmoid_into, scale_grad)
+    return _from_table("sigmoid")
 
 
 _GELU_K = math.sqrt(2.0 / math.pi)

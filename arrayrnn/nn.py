@@ -135,6 +135,15 @@ class _Recurrent:
     def __call__(self, x: Any, lengths: Any = None, h0: Any = None, c0: Any = None) -> tuple[Any, Any, Any]:
         return self.apply(self.params, x, lengths, h0, c0)
 
+    def to_format(self, format: str) -> _Recurrent:
+        """Keep ``self.params`` in weight format ``format`` (e.g. the engine's own, ``"cudnn"``) from now on.
+
+        Converts once, so a training loop does not convert on every call; returns the layer. Optimizers
+        built on the old ``layer.params`` must be rebuilt on the new one.
+        """
+        self.params = self.params.to_format(format)
+        return self
+
     def initial_state(self, batch_size: int) -> tuple[Any, Any]:
         """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` None unless LSTM)."""
         xp = get_xp(self.params.data)

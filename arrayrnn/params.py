@@ -108,11 +108,6 @@ class PackedParams:
         canonical = self if self.format == "canonical" else engine_for_format(self.format).to_canonical(self)
         return canonical if target is None else target.to_native(canonical)
 
-    def to_canonical_copy(self) -> PackedParams:
-        """A canonical copy that never aliases ``self.data`` (what ``save`` writes)."""
-        canonical = self.to_format("canonical")
-        return canonical.copy() if canonical is self else canonical
-
     # -- views ----------------------------------------------------------------------------------
     @property
     def layout(self) -> Layout:

@@ -1,12 +1,20 @@
-"""Test helpers for rnn_forward / rnn_backward: random cases, the scalar loss, comparisons."""
+"""Test helpers for rnn_forward / rnn_backward: random cases, the scalar loss, comparisons.
+
+``forward`` / ``forward_backward`` run a (host) case on the array module the ``engine`` fixture carries
+(``engine.xp``, see conftest.py): on NumPy as is; on CuPy the case's arrays go to the device and the
+results come back to the host (``y``, ``h_n``, ``c_n``, ``dx``, ``dh0``, ``dc0`` and canonical
+``dparams``), so a body written with NumPy oracles runs unchanged on a GPU engine.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from arrayrnn import PackedParams, RNNSpec, rnn_backward, rnn_forward
+from arrayrnn.backend import to_host
 
 
 @dataclass(frozen=True)
@@ -67,14 +75,48 @@ def make_case(spec: RNNSpec, T: int, B: int, seed: int = 0, lengths: str = "unso
     return Case(params, x.astype(dt), lens, h0, c0, dy, dh_n, dc_n, batch_first)
 
 
+def _xp(engine: str) -> Any:
+    return getattr(engine, "xp", np)
+
+
+def on_device(case: Case, xp: Any) -> Case:
+    """The case with its arrays on ``xp``'s device (lengths stay on the host)."""
+    if xp is np:
+        return case
+
+    def move(a):
+        return xp.asarray(a) if a is not None else None
+
+    return case.with_(params=case.params.to(xp), x=move(case.x), h0=move(case.h0), c0=move(case.c0),
+                      dy=move(case.dy), dh_n=move(case.dh_n), dc_n=move(case.dc_n))
+
+
+def _host_result(res):
+    return replace(res, y=to_host(res.y), h_n=to_host(res.h_n),
+                   c_n=to_host(res.c_n) if res.c_n is not None else None)
+
+
+def _host_grads(g):
+    return replace(g, dx=to_host(g.dx), dh0=to_host(g.dh0), dc0=to_host(g.dc0) if g.dc0 is not None else None,
+                   dparams=g.dparams.to(np))
+
+
 def forward(case: Case, engine: str, **kw):
-    return rnn_forward(case.params, case.x, case.lengths, case.h0, case.c0, batch_first=case.batch_first,
-                       engine=engine, **kw)
+    """``rnn_forward`` of the case on ``engine`` (on NumPy: the result itself; else a host copy of it)."""
+    xp = _xp(engine)
+    dev = on_device(case, xp)
+    res = rnn_forward(dev.params, dev.x, dev.lengths, dev.h0, dev.c0, batch_first=dev.batch_first,
+                      engine=engine, **kw)
+    return res if xp is np else _host_result(res)
 
 
 def forward_backward(case: Case, engine: str, **kw):
-    res = forward(case, engine, training=True, **kw)
-    return res, rnn_backward(res, case.dy, case.dh_n, case.dc_n)
+    xp = _xp(engine)
+    dev = on_device(case, xp)
+    res = rnn_forward(dev.params, dev.x, dev.lengths, dev.h0, dev.c0, batch_first=dev.batch_first,
+                      engine=engine, training=True, **kw)
+    grads = rnn_backward(res, dev.dy, dev.dh_n, dev.dc_n)
+    return (res, grads) if xp is np else (_host_result(res), _host_grads(grads))
 
 
 def loss(res, case: Case) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..activations import get as get_activation
+from ..activations import POINTWISE
 from ..backend import get_xp, to_host
 from ..params import PackedParams
 from ..rnn import rnn_backward, rnn_forward
@@ -461,35 +461,32 @@ def getitem(x: Any, index: Any) -> Any:
 
 @primitive(keep=("ans",))
 def tanh(x):
-    return _operands("tanh", x=x).tanh(x)
+    return POINTWISE["tanh"](_operands("tanh", x=x), x)
 
 
 @tanh.defvjp
 def _tanh_vjp(g, ans, x):
-    return (g * (1 - ans * ans),)
+    return (g * POINTWISE["tanh"].d_output(ans),)
 
 
 @primitive(keep=("ans",))
 def sigmoid(x):
-    xp = _operands("sigmoid", x=x)
-    out = xp.empty(np.shape(x), dtype=x.dtype)
-    get_activation("sigmoid").forward(xp.ascontiguousarray(x), out)
-    return out
+    return POINTWISE["sigmoid"](_operands("sigmoid", x=x), x)
 
 
 @sigmoid.defvjp
 def _sigmoid_vjp(g, ans, x):
-    return (g * ans * (1 - ans),)
+    return (g * POINTWISE["sigmoid"].d_output(ans),)
 
 
 @primitive(keep=("ans",))
 def relu(x):
-    return _operands("relu", x=x).maximum(x, 0)
+    return POINTWISE["relu"](_operands("relu", x=x), x)
 
 
 @relu.defvjp
 def _relu_vjp(g, ans, x):
-    return (g * (ans > 0),)
+    return (g * POINTWISE["relu"].d_output(ans),)
 
 
 @primitive(keep=("ans",))

@@ -141,6 +141,9 @@ def select_engine(name: str, call: Call) -> Engine:
     ``EngineUnavailableError`` listing every candidate with its reason.
     """
     _check_name(name, allow_auto=True)
+    if not isinstance(call, Call):
+        raise TypeError(f"call has type {type(call).__name__}; expected an arrayrnn.engines.base.Call "
+                        "(e.g. arrayrnn.engines.probe_call(spec, xp))")
     if name == "auto":
         return _select_auto(replace(call, explicit=False))
     call = replace(call, explicit=True)

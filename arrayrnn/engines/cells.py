@@ -21,12 +21,14 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ..activations import POINTWISE
 from ..spec import RNNSpec
 
 if TYPE_CHECKING:  # base imports nothing of this module; the weights type is only needed for hints
     from .base import DirectionWeights
 
 Array = Any
+_TANH, _SIGMOID, _RELU = POINTWISE["tanh"], POINTWISE["sigmoid"], POINTWISE["relu"]
 
 
 # -- gates by name ------------------------------------------------------------------------------
@@ -44,20 +46,19 @@ def gate(spec: RNNSpec, a: Array, first: str, last: str | None = None) -> Array:
 
 # -- activations (in place where it saves memory) ------------------------------------------------
 def sigmoid_(xp: ModuleType, a: Array) -> Array:
-    """``a = 1 / (1 + exp(-a))`` in place, computed as ``(1 + tanh(a/2)) / 2`` (no overflow)."""
-    a *= 0.5
-    xp.tanh(a, out=a)
-    a += 1.0
-    a *= 0.5
+    """``a = sigmoid(a)`` in place (:data:`arrayrnn.activations.POINTWISE`)."""
+    _SIGMOID.forward(xp, a, a)
     return a
 
 
 def tanh_(xp: ModuleType, a: Array) -> Array:
-    return xp.tanh(a, out=a)
+    _TANH.forward(xp, a, a)
+    return a
 
 
 def relu_(xp: ModuleType, a: Array) -> Array:
-    return xp.maximum(a, 0, out=a)
+    _RELU.forward(xp, a, a)
+    return a
 
 
 # -- biases -------------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def gru_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: A
 #     -> (d_ih, d_hh or None (meaning d_ih), d_h, dh_prev, dc_prev)
 def rnn_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
                       res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
-    d_pre = dh * (1.0 - y * y) if spec.mode == "rnn_tanh" else dh * (y > 0)
+    d_pre = dh * (_TANH if spec.mode == "rnn_tanh" else _RELU).d_output(y)
     return d_pre, None, None, d_pre @ w.W_hh, None
 
 
@@ -146,16 +147,16 @@ def lstm_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: A
     gates, tanh_c = res["gates"], res["tanh_c"]
     i, f, g, o = (gate(spec, gates, name) for name in ("i", "f", "g", "o"))
     dm = dh @ w.W_hr if w.W_hr is not None else dh
-    dc = dc + dm * o * (1.0 - tanh_c * tanh_c)
+    dc = dc + dm * o * _TANH.d_output(tanh_c)
     if spec.cell_clip is not None:
         lo, hi = spec.cell_clip
         c = res["c"]
         dc *= (c > lo) & (c < hi)  # clipped entries pass no gradient
     d_pre = xp.empty_like(gates)
-    gate(spec, d_pre, "i")[...] = dc * g * i * (1.0 - i)
-    gate(spec, d_pre, "f")[...] = dc * c_prev * f * (1.0 - f)
-    gate(spec, d_pre, "g")[...] = dc * i * (1.0 - g * g)
-    gate(spec, d_pre, "o")[...] = dm * tanh_c * o * (1.0 - o)
+    gate(spec, d_pre, "i")[...] = dc * g * _SIGMOID.d_output(i)
+    gate(spec, d_pre, "f")[...] = dc * c_prev * _SIGMOID.d_output(f)
+    gate(spec, d_pre, "g")[...] = dc * i * _TANH.d_output(g)
+    gate(spec, d_pre, "o")[...] = dm * tanh_c * _SIGMOID.d_output(o)
     d_h = dh if w.W_hr is not None else None
     return d_pre, None, d_h, d_pre @ w.W_hh, dc * f
 
@@ -166,17 +167,17 @@ def gru_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Ar
     r, z, n = (gate(spec, gates, name) for name in ("r", "z", "n"))
     d_ih = xp.empty_like(gates)
     dn = gate(spec, d_ih, "n")
-    dn[...] = dh * (1.0 - z) * (1.0 - n * n)
-    gate(spec, d_ih, "z")[...] = dh * (h_prev - n) * z * (1.0 - z)
+    dn[...] = dh * (1.0 - z) * _TANH.d_output(n)
+    gate(spec, d_ih, "z")[...] = dh * (h_prev - n) * _SIGMOID.d_output(z)
     dh_prev = dh * z
     if spec.reset_after:
-        gate(spec, d_ih, "r")[...] = dn * res["hn"] * r * (1.0 - r)
+        gate(spec, d_ih, "r")[...] = dn * res["hn"] * _SIGMOID.d_output(r)
         d_hh = d_ih.copy()
         gate(spec, d_hh, "n")[...] *= r
         dh_prev += d_hh @ w.W_hh
         return d_ih, d_hh, None, dh_prev, None
     d_rh = dn @ gate(spec, w.W_hh.T, "n").T
-    gate(spec, d_ih, "r")[...] = d_rh * h_prev * r * (1.0 - r)
+    gate(spec, d_ih, "r")[...] = d_rh * h_prev * _SIGMOID.d_output(r)
     dh_prev += d_rh * r
     dh_prev += gate(spec, d_ih, "r", "z") @ gate(spec, w.W_hh.T, "r", "z").T
     return d_ih, None, None, dh_prev, None
