@@ -49,18 +49,15 @@ def handle(device: int) -> cb.Handle:
 
 
 @lru_cache(maxsize=256)
-def _descriptor(spec: RNNSpec, dtype: str, layers: int | None = None, input_size: int | None = None,
-                device: int = 0) -> cb.RNNDescriptor:
-    config = cf.rnn_config(spec, dtype)
-    if layers is not None:  # one layer of a dropout stack
-        config = cb.RNNConfig(**{**vars(config), "num_layers": layers, "input_size": input_size})
-    return cb.RNNDescriptor(config)
+def _descriptor(spec: RNNSpec, dtype: str) -> cb.RNNDescriptor:
+    """The RNN descriptor per (spec, dtype); host-side, so shared by every device and thread."""
+    return cb.RNNDescriptor(cf.rnn_config(spec, dtype))
 
 
 @lru_cache(maxsize=256)
 def _index(spec: RNNSpec, dtype: str, device: int, version: int) -> tuple[Any, int]:
     """(device index map, native element count) per (spec, dtype, cuDNN version)."""
-    h, desc = handle(device), _descriptor(spec, dtype, device=device)
+    h, desc = handle(device), _descriptor(spec, dtype)
     nbytes = cb.weight_space_size(h, desc)
     itemsize = np.dtype(dtype).itemsize
     probe = cupy.empty(max(nbytes // itemsize, 1), dtype)
