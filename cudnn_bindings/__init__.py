@@ -32,7 +32,8 @@ from .enums import (
     Status,
     WgradMode,
 )
-from .errors import CudnnError, CudnnLibraryError, check
+from .errors import CudnnError, CudnnLibraryError
+from .raw import check
 from .rnn import (
     WeightParams,
     WeightRegion,

@@ -1,69 +1,68 @@
 """The little of the CUDA driver API a `Handle` needs: device count, device selection, a diagnosis.
 
-Uses ``libcuda`` through ctypes (present wherever a GPU is), so no CUDA Python package is required.
-Selecting a device makes its primary context current, which is what ``cudaSetDevice`` does.
+Calls the driver through NVIDIA's cuda-python (``cuda.bindings.driver``), which finds ``libcuda`` itself;
+without cuda-python, without a driver or without a device every function here still answers (``0``
+devices, ``None``) and `diagnose` says which of these is the cause. Selecting a device makes its primary
+context current, which is what ``cudaSetDevice`` does (and what CuPy does), so CuPy keeps working beside it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import sys
 import threading
-from ctypes import byref, c_int, c_uint, c_void_p
+from types import ModuleType
+from typing import Any
 
 __all__ = ["driver", "device_count", "current_device", "select_device", "diagnose", "stream_address"]
 
-_DRIVER_NAMES = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
 _lock = threading.Lock()
-_state: dict[str, object] = {"loaded": False, "driver": None, "why": "", "init": None}
-_primary: dict[int, int] = {}  # device ordinal -> retained primary context (kept for the process lifetime)
+_state: dict[str, Any] = {"loaded": False, "driver": None, "why": "", "init": None}
+_primary: dict[int, Any] = {}  # device ordinal -> retained primary context (kept for the process lifetime)
 
 
-def _load() -> ctypes.CDLL | None:
-    why = []
-    for name in _DRIVER_NAMES:
-        try:
-            drv = ctypes.CDLL(name)
-        except OSError as exc:
-            why.append(str(exc))
-            continue
-        protos = {"cuInit": [c_uint], "cuDeviceGetCount": [c_void_p], "cuDeviceGet": [c_void_p, c_int],
-                  "cuDevicePrimaryCtxRetain": [c_void_p, c_int], "cuCtxSetCurrent": [c_void_p],
-                  "cuCtxGetCurrent": [c_void_p], "cuCtxGetDevice": [c_void_p]}
-        for fn, args in protos.items():
-            getattr(drv, fn).argtypes, getattr(drv, fn).restype = args, c_int
-        return drv
-    _state["why"] = "; ".join(why)
-    return None
+def _load() -> ModuleType | None:
+    try:
+        from cuda.bindings import driver as drv  # optional dependency (the gpu extra)
+    except ImportError as exc:
+        _state["why"] = f"cuda-python is not installed ({exc}); pip install cuda-python"
+        return None
+    try:
+        (status,) = drv.cuInit(0)
+    except Exception as exc:  # cuda-python raises when libcuda itself cannot be found or loaded
+        _state["why"] = f"{type(exc).__name__}: {exc}"
+        return None
+    _state["init"] = int(status)
+    return drv
 
 
-def driver() -> ctypes.CDLL | None:
-    """The CUDA driver library, initialised with ``cuInit(0)``; ``None`` when absent or unusable."""
+def driver() -> ModuleType | None:
+    """``cuda.bindings.driver`` after a successful ``cuInit(0)``; ``None`` when absent or unusable."""
     with _lock:
         if not _state["loaded"]:
             _state["driver"], _state["loaded"] = _load(), True
-            drv = _state["driver"]
-            if drv is not None:
-                _state["init"] = drv.cuInit(0)
     if _state["driver"] is None or _state["init"] != 0:
         return None
-    return _state["driver"]  # type: ignore[return-value]
+    return _state["driver"]
 
 
 def device_count() -> int:
     """Number of CUDA devices visible to the driver (0 when there is no driver or no device)."""
-    drv, n = driver(), c_int(0)
-    if drv is None or drv.cuDeviceGetCount(byref(n)) != 0:
+    drv = driver()
+    if drv is None:
         return 0
-    return n.value
+    status, n = drv.cuDeviceGetCount()
+    return int(n) if int(status) == 0 else 0
 
 
 def current_device() -> int | None:
     """Ordinal of the device of the current context, or ``None`` when no context is current."""
-    drv, ctx, dev = driver(), c_void_p(), c_int()
-    if drv is None or drv.cuCtxGetCurrent(byref(ctx)) != 0 or not ctx.value:
+    drv = driver()
+    if drv is None:
         return None
-    return dev.value if drv.cuCtxGetDevice(byref(dev)) == 0 else None
+    status, ctx = drv.cuCtxGetCurrent()
+    if int(status) != 0 or not int(ctx):
+        return None
+    status, dev = drv.cuCtxGetDevice()
+    return int(dev) if int(status) == 0 else None
 
 
 def select_device(device: int) -> None:
@@ -83,16 +82,18 @@ def select_device(device: int) -> None:
         return
     with _lock:
         if device not in _primary:
-            dev, ctx = c_int(), c_void_p()
-            _check(drv.cuDeviceGet(byref(dev), device), "cuDeviceGet", device)
-            _check(drv.cuDevicePrimaryCtxRetain(byref(ctx), dev.value), "cuDevicePrimaryCtxRetain", device)
-            _primary[device] = int(ctx.value or 0)
-    _check(drv.cuCtxSetCurrent(_primary[device]), "cuCtxSetCurrent", device)
+            status, dev = drv.cuDeviceGet(device)
+            _check(status, "cuDeviceGet", device)
+            status, ctx = drv.cuDevicePrimaryCtxRetain(dev)
+            _check(status, "cuDevicePrimaryCtxRetain", device)
+            _primary[device] = ctx
+    (status,) = drv.cuCtxSetCurrent(_primary[device])
+    _check(status, "cuCtxSetCurrent", device)
 
 
-def _check(status: int, fn: str, device: int) -> None:
-    if status != 0:
-        raise RuntimeError(f"{fn} failed with CUresult {status} for device {device}")
+def _check(status: Any, fn: str, device: int) -> None:
+    if int(status) != 0:
+        raise RuntimeError(f"{fn} failed with CUresult {int(status)} for device {device}")
 
 
 def diagnose(device: int = 0) -> str:

@@ -99,6 +99,21 @@ class _Owned:
         state = "closed" if self._ptr is None else hex(self._ptr)
         return f"<{type(self).__name__} {state}>"
 
+    def _refuse(self, what: str) -> None:
+        raise TypeError(f"{type(self).__name__} owns a cuDNN object and cannot be {what}: two Python "
+                        "objects would free the same pointer (and a pickled address means nothing in another "
+                        "process); "
+                        "create a new one from the same configuration instead")
+
+    def __copy__(self):
+        self._refuse("copied")
+
+    def __deepcopy__(self, memo: dict):
+        self._refuse("deep-copied")
+
+    def __reduce_ex__(self, protocol: object):
+        self._refuse("pickled")
+
     def _create_then(self, create: Callable[[], int], setup: Callable[[], None]) -> None:
         self._adopt(create())
         try:

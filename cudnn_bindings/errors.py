@@ -1,8 +1,8 @@
-"""Exceptions and the one ``check()`` every cuDNN status goes through."""
+"""The exceptions of cudnn_bindings (``check``, which raises them, lives in `raw`, beside the calls)."""
 
 from __future__ import annotations
 
-__all__ = ["CudnnError", "CudnnLibraryError", "check", "status_name"]
+__all__ = ["CudnnError", "CudnnLibraryError", "status_name"]
 
 
 class CudnnLibraryError(RuntimeError):
@@ -43,16 +43,3 @@ def status_name(status: int) -> str:
         return "CUDNN_STATUS_" + Status(status).name
     except ValueError:
         return f"CUDNN_STATUS_UNKNOWN({int(status)})"
-
-
-def check(status: int, function: str, hint: str = "") -> None:
-    """Raise `CudnnError` unless ``status`` is ``CUDNN_STATUS_SUCCESS``; reads cuDNN's last error text."""
-    if status == 0:
-        return
-    from . import raw
-
-    try:
-        detail = raw.get_last_error_string()
-    except Exception:  # the error is what matters; never mask it while describing it
-        detail = ""
-    raise CudnnError(status, function, detail, hint)

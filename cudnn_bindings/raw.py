@@ -1,7 +1,8 @@
 """Thin checked wrappers: one Python function per C function of the prototype table.
 
 Handles, descriptors, streams and memory are plain integer addresses here (``0``/``None`` is NULL); every
-status goes through `check`. Outputs come back as Python values. Ownership lives in `descriptors`.
+status goes through `check` (defined here). Outputs come back as Python values. Ownership lives in
+`descriptors`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,21 @@ import ctypes
 from ctypes import byref, c_double, c_float, c_int, c_int32, c_size_t, c_uint32, c_ulonglong, c_void_p
 
 from . import _lib
-from .errors import check
+from .errors import CudnnError
 
 Ptr = int | None  # an address; None or 0 is NULL
 _MAX_ERR = 4096
+
+
+def check(status: int, function: str, hint: str = "") -> None:
+    """Raise `CudnnError` unless ``status`` is ``CUDNN_STATUS_SUCCESS``; reads cuDNN's last error text."""
+    if status == 0:
+        return
+    try:
+        detail = get_last_error_string()
+    except Exception:  # the error is what matters; never mask it while describing it
+        detail = ""
+    raise CudnnError(status, function, detail, hint)
 
 
 def _call(name: str, *args, hint: str = "") -> None:
