@@ -100,6 +100,9 @@ def read(path: str | os.PathLike, what: str = "arrayrnn file"
         except _READ_ERRORS as e:
             raise ValueError(f"{path}: a member is unreadable (truncated or damaged): "
                              f"{type(e).__name__}: {e}") from e
+    odd = sorted(name for name, a in members.items() if not isinstance(a, np.ndarray))
+    if odd:
+        raise ValueError(f"{path}: members {odd} are not .npy arrays; expected a {what}")
     header = _decode_header(path, members.pop(HEADER), what)
     return header, members
 
