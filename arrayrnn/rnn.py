@@ -19,9 +19,10 @@ Outputs past a row's end are zero; a row of length 0 has zero outputs and ``h_n 
 ``rnn_backward`` runs the engine's hand-written BPTT. After a ``training=False`` forward (which keeps no
 cache) it first recomputes the forward with the cache from the inputs the result references (``x``,
 ``h0``, ``c0`` and the params), then runs the backward: backward after inference works, at the cost of
-one more forward. The result references the params; updating them in place between forward and
-backward changes what the backward computes, so step the optimizer after ``rnn_backward``. Likewise,
-do not write into ``res.y`` before the backward (the engine may keep it as its residual).
+one more forward. The result keeps its own copies of ``x``, ``h0``, ``c0``; updating the params in
+place between forward and backward is detected and raises (:mod:`arrayrnn.guard`), so step the
+optimizer after ``rnn_backward``. Do not write into ``res.y`` before the backward (the engine may keep
+it as its residual).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from . import guard
 from .backend import as_array, get_xp, to_host
 from .batch_order import BatchOrder
 from .dropout import check_seed, dropout_masks
@@ -54,6 +56,7 @@ class _Saved:
     c0: Array | None
     masks: tuple[Array, ...] | None
     cache: Any  # None after an inference forward
+    weights: guard.WeightSnapshot
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,15 +114,17 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     x_sorted = order.sort(xp.swapaxes(x, 0, 1) if batch_first else x)
     if order.has_padding:
         x_sorted = xp.where(order.active(xp), x_sorted, 0)  # padding never reaches a GEMM (NaN-safe)
-    x_sorted = xp.ascontiguousarray(x_sorted)
-    h0_sorted = order.sort(h0) if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
-    c0_sorted = order.sort(c0) if c0 is not None else (
+    x_sorted = guard.own(xp, xp.ascontiguousarray(x_sorted), x)  # the caller may reuse its buffers
+    h0_sorted = guard.own(xp, order.sort(h0), h0) if h0 is not None else _zero_state(
+        xp, spec, B, spec.output_size)
+    c0_sorted = guard.own(xp, order.sort(c0), c0) if c0 is not None else (
         _zero_state(xp, spec, B, spec.hidden_size) if spec.has_cell else None)
     masks = _device_masks(xp, order, dropout_masks(spec, T, B, seed)) if training else None
 
     out = chosen.forward(params, x_sorted, order.batch_sizes, h0_sorted, c0_sorted, masks,
                          keep_cache=training)
-    saved = _Saved(chosen, order, batch_first, x_sorted, h0_sorted, c0_sorted, masks, out.cache)
+    saved = _Saved(chosen, order, batch_first, x_sorted, h0_sorted, c0_sorted, masks, out.cache,
+                   guard.WeightSnapshot(params.data))
     return RNNResult(y=_to_caller(xp, order.unsort(out.y), batch_first), h_n=order.unsort(out.h_n),
                      c_n=order.unsort(out.c_n), params=params, training=training, engine=chosen.name,
                      _saved=saved)
@@ -146,6 +151,7 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
 
+    saved.weights.check(res.params.data)
     order = saved.order
     cache = saved.cache
     if cache is None:  # inference forward: recompute it with the cache
