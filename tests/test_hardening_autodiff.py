@@ -1,0 +1,38 @@
+"""Issue 12: Python/NumPy conversions of traced values raise instead of silently cutting the graph."""
+
+import math
+
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: math.exp(x.sum()),
+    lambda x: float(x.sum()) * x.sum(),
+    lambda x: int(x.sum()) * x.sum(),
+])
+def test_python_number_conversions_raise(fn):
+    with pytest.raises(TypeError, match=r"silently cut the gradient; use arrayrnn.ops"):
+        ar.value_and_grad(fn)(np.ones(2))
+
+
+def test_numpy_ufunc_names_the_ops_function():
+    with pytest.raises(TypeError, match=r"np.tanh .*arrayrnn.ops.tanh"):
+        ar.value_and_grad(lambda x: np.tanh(x).sum())(np.ones(2))
+
+
+def test_asarray_keeps_raising():
+    with pytest.raises(TypeError, match="cannot become a NumPy array"):
+        ar.value_and_grad(lambda x: np.asarray(x).sum())(np.ones(2))
+
+
+def test_numpy_operands_on_the_left_still_differentiate():
+    x0 = np.array([1.0, 2.0])
+    a = np.array([3.0, 5.0])
+    value, grad = ar.value_and_grad(lambda x: ((a * x) + a - a / x + a ** x).sum() + a @ x)(x0)
+    np.testing.assert_allclose(grad, a + a / x0**2 + a**x0 * np.log(a) + a)
+    np.testing.assert_allclose(value, (a * x0 + a - a / x0 + a**x0).sum() + a @ x0)
+    mask = ar.value_and_grad(lambda x: (x * (a > x)).sum())(x0)[1]
+    np.testing.assert_array_equal(mask, a > x0)
