@@ -36,3 +36,20 @@ def test_numpy_operands_on_the_left_still_differentiate():
     np.testing.assert_allclose(value, (a * x0 + a - a / x0 + a**x0).sum() + a @ x0)
     mask = ar.value_and_grad(lambda x: (x * (a > x)).sum())(x0)[1]
     np.testing.assert_array_equal(mask, a > x0)
+
+
+def test_scan_over_zero_steps_returns_empty_outputs_shaped_like_the_cell_outputs():
+    W = np.arange(6.0).reshape(2, 3)
+
+    def cell(h, x):
+        h = ar.ops.tanh(x @ W + h)
+        return h, (h, ar.ops.sum(h))
+
+    carry = np.ones(3)
+    final, (ys, sums) = ar.scan(cell, carry, np.zeros((0, 2)))
+    assert final is carry
+    assert ys.shape == (0, 3) and ys.dtype == np.float64 and sums.shape == (0,)
+    final, ys = ar.scan(lambda c, x: (c, None), carry, None, length=0)
+    assert ys is None
+    grad = ar.grad(lambda h: ar.ops.sum(ar.scan(cell, h, np.zeros((0, 2)))[0] * 2.0))(carry)
+    np.testing.assert_array_equal(grad, np.full(3, 2.0))
