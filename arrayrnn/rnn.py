@@ -219,7 +219,11 @@ def _batch_order(lengths: Any, T: int, B: int) -> BatchOrder:
     if lengths is None:
         return BatchOrder.full(T, B)
     if isinstance(lengths, (list, tuple)):
-        host = np.asarray(lengths)
+        try:
+            host = np.asarray(lengths)
+        except ValueError:
+            raise ValueError(f"lengths = {lengths!r} is ragged; expected one integer per row of x, "
+                             f"shape ({B},)") from None
     else:
         host = to_host(as_array(lengths, "lengths"))
     if host.dtype.kind not in "iu":

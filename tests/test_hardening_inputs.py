@@ -129,3 +129,64 @@ def test_save_keeps_the_mode_of_the_file_it_replaces(tmp_path):
     opt = optim.SGD(params)
     opt.save(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+SPEC = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3)
+
+
+def test_ragged_lengths_name_lengths():
+    params = ar.PackedParams.init(SPEC, seed=0)
+    ragged = r"lengths = \[\[1\], \[2, 3\]\] is ragged; expected .* shape \(2,\)"
+    with pytest.raises(ValueError, match=ragged):
+        ar.rnn_forward(params, np.zeros((4, 2, 2), np.float32), lengths=[[1], [2, 3]])
+
+
+def test_init_seed_errors_name_seed():
+    with pytest.raises(ValueError, match="seed = -1"):
+        ar.PackedParams.init(SPEC, seed=-1)
+    with pytest.raises(TypeError, match="seed has type str"):
+        ar.PackedParams.init(SPEC, seed="abc")
+    np.testing.assert_array_equal(ar.PackedParams.init(SPEC, seed=np.int64(3)).data,
+                                  ar.PackedParams.init(SPEC, seed=3).data)
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("where", ["x", "h0"])
+def test_torch_tensors_that_require_grad_say_detach(where):
+    params = ar.PackedParams.init(SPEC, seed=0)
+    args = {"x": torch.zeros(4, 1, 2), "h0": torch.zeros(1, 1, 3)}
+    args[where].requires_grad_(True)
+    message = rf"{where} is a torch tensor that requires grad; pass {where}.detach\(\)"
+    with pytest.raises(TypeError, match=message):
+        ar.rnn_forward(params, **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex64])
+def test_from_torch_of_unsupported_dtypes_is_a_type_error(dtype):
+    with pytest.raises(TypeError, match="expected one of torch.float16, float32, float64"):
+        ar.from_torch(torch.nn.LSTM(2, 3).to(dtype))
+
+
+def test_from_torch_of_a_meta_module():
+    with pytest.raises(ValueError, match="meta device"):
+        ar.from_torch(torch.nn.LSTM(2, 3, device="meta"))
+
+
+def test_from_torch_of_a_weight_normed_module():
+    module = torch.nn.utils.parametrizations.weight_norm(torch.nn.GRU(2, 3), "weight_hh_l0")
+    with pytest.raises(ValueError, match="has no 'weight_hh_l0'.*re-parametrised"):
+        ar.from_torch(module)
+
+
+def test_from_torch_of_a_wrong_shaped_weight():
+    module = torch.nn.LSTM(2, 3)
+    module.weight_hh_l0.data = torch.zeros(12, 4)
+    with pytest.raises(ValueError, match=r"weight_hh_l0 has shape \(12, 4\); expected \(12, 3\)"):
+        ar.from_torch(module)
+
+
+def test_to_torch_state_dict_of_an_array():
+    with pytest.raises(TypeError, match="params has type ndarray; expected an arrayrnn.PackedParams"):
+        ar.to_torch_state_dict(np.zeros(3))
