@@ -44,10 +44,13 @@ def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
     return single, out
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def _check_number(name: str, value: Any, lo: float = 0.0, hi: float = math.inf,
                   hi_open: bool = False) -> float:
-    ok = (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-          and math.isfinite(value))
+    ok = _is_real(value) and math.isfinite(value)
     if not ok or value < lo or value > hi or (hi_open and value == hi):
         bound = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
         raise ValueError(f"{name} = {value!r}; expected a number in {bound}")
@@ -298,7 +301,7 @@ def clip_grad_norm(grads: Any, max_norm: float, norm_type: float = 2.0) -> float
     """
     _, gs = _buffers(grads, "grads")
     max_norm = _check_number("max_norm", max_norm)
-    if not (norm_type == math.inf or (isinstance(norm_type, (int, float)) and norm_type > 0)):
+    if not (norm_type == math.inf or (_is_real(norm_type) and norm_type > 0)):
         raise ValueError(f"norm_type = {norm_type!r}; expected a positive number or math.inf")
     if norm_type == math.inf:
         total = max(float(get_xp(g).abs(g).max()) if g.size else 0.0 for g in gs)

@@ -53,3 +53,16 @@ def test_scan_over_zero_steps_returns_empty_outputs_shaped_like_the_cell_outputs
     assert ys is None
     grad = ar.grad(lambda h: ar.ops.sum(ar.scan(cell, h, np.zeros((0, 2)))[0] * 2.0))(carry)
     np.testing.assert_array_equal(grad, np.full(3, 2.0))
+
+
+def test_numpy_integer_argnums_and_axis():
+    value, grad = ar.value_and_grad(lambda a, b: ar.ops.sum(a * b, axis=np.int64(0)), argnums=np.int64(1))(
+        np.array(2.0), np.array([1.0, 3.0]))
+    np.testing.assert_allclose(value, 8.0)
+    np.testing.assert_allclose(grad, [2.0, 2.0])
+
+
+def test_clip_grad_norm_takes_a_numpy_norm_type():
+    from arrayrnn import optim
+    g = np.array([3.0, 4.0])
+    assert optim.clip_grad_norm(g, np.float32(10.0), norm_type=np.float64(2.0)) == 5.0
