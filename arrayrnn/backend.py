@@ -78,6 +78,9 @@ def as_array(obj: Any, name: str = "array") -> Any:
     if hasattr(obj, "__cuda_array_interface__"):
         return _require_cupy(name).asarray(obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        if getattr(obj, "requires_grad", False):  # torch refuses to export it through DLPack
+            raise TypeError(f"{name} is a torch tensor that requires grad; pass {name}.detach() (arrayrnn "
+                            "computes its own gradients; use arrayrnn.torch.ArrayRNN for torch autograd)")
         device_type = int(obj.__dlpack_device__()[0])
         if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
             return np.from_dlpack(obj)

@@ -11,7 +11,6 @@ The same seed gives the same numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import nn, ops, optim
+from . import nn, npzfile, ops, optim
 from .autodiff import value_and_grad
 
 LN2 = math.log(2.0)
@@ -169,23 +168,27 @@ def sample(model: CharModel, vocab: Vocabulary, prompt: str, n: int, seed: int,
 
 def save_model(path: str, model: CharModel, vocab: Vocabulary, cfg: Config) -> None:
     """An ``.npz`` with a JSON header (config, vocabulary) and the three parameter buffers; no pickle."""
-    header = json.dumps({"format": "arrayrnn-demo", "version": 1, "config": asdict(cfg),
-                         "chars": vocab.chars})
+    header = {"format": "arrayrnn-demo", "version": 1, "config": asdict(cfg), "chars": vocab.chars}
     emb, lstm, head = model.params
-    np.savez(path, header=np.array(header), embedding=emb, lstm=lstm.data, head=head)
+    npzfile.write(path, header, {"embedding": emb, "lstm": lstm.data, "head": head})
 
 
 def load_model(path: str) -> tuple[CharModel, Vocabulary, Config]:
-    with np.load(path, allow_pickle=False) as f:
-        header = json.loads(str(f["header"]))
-        if header.get("format") != "arrayrnn-demo":
-            raise ValueError(f"{path} is not an arrayrnn demo model")
+    header, arrays = npzfile.read(path, "arrayrnn demo model")
+    if header.get("format") != "arrayrnn-demo":
+        raise ValueError(f"{path} is not an arrayrnn demo model")
+    try:
         cfg = Config(**header["config"])
         vocab = Vocabulary("".join(header["chars"]))
-        model = CharModel(len(vocab), cfg)
-        for target, name in ((model.embedding.params, "embedding"), (model.lstm.params.data, "lstm"),
-                             (model.head.params, "head")):
-            target[...] = f[name]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: damaged demo model header ({type(e).__name__}: {e})") from None
+    model = CharModel(len(vocab), cfg)
+    for target, name in ((model.embedding.params, "embedding"), (model.lstm.params.data, "lstm"),
+                         (model.head.params, "head")):
+        if name not in arrays or arrays[name].shape != target.shape:
+            raise ValueError(f"{path}: member {name!r} is missing or has the wrong shape; expected "
+                             f"{target.shape}")
+        target[...] = arrays[name]
     return model, vocab, cfg
 
 

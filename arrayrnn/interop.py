@@ -30,11 +30,29 @@ def spec_from_torch(module: Any) -> RNNSpec:
     mode = _TORCH_MODES.get(getattr(module, "mode", None))
     if mode is None:
         raise TypeError(f"module has type {type(module).__name__}; expected torch.nn.RNN, LSTM or GRU")
-    dtype = next(module.parameters()).dtype
+    dtype = _check_torch_dtype(module)
     return RNNSpec(mode=mode, input_size=module.input_size, hidden_size=module.hidden_size,
                    num_layers=module.num_layers, bidirectional=module.bidirectional, bias=module.bias,
                    proj_size=getattr(module, "proj_size", 0), dropout=float(module.dropout),
                    dtype=str(dtype).removeprefix("torch."))
+
+
+def _check_torch_dtype(module: Any) -> Any:
+    import torch
+
+    tensors = list(module.parameters())
+    if not tensors:
+        raise ValueError(f"module {type(module).__name__} has no parameters")
+    dtypes = {t.dtype for t in tensors}
+    allowed = (torch.float16, torch.float32, torch.float64)
+    if len(dtypes) != 1 or next(iter(dtypes)) not in allowed:
+        raise TypeError(f"module's parameters have dtypes {sorted(map(str, dtypes))}; expected one of "
+                        "torch.float16, float32, float64 (convert with module.float() or module.double())")
+    meta = [t for t in tensors if t.device.type == "meta"]
+    if meta:
+        raise ValueError("module's parameters are on the meta device (no values); materialise them first "
+                         "(module.to_empty(device='cpu') and initialise, or load a state_dict)")
+    return tensors[0].dtype
 
 
 def from_torch(module: Any) -> PackedParams:
@@ -47,8 +65,16 @@ def from_torch(module: Any) -> PackedParams:
     state = module.state_dict()
     params = PackedParams.zeros(spec)
     for block in params.layout.blocks:
-        tensor = state[torch_key(block)]
-        params.block_view(block)[...] = tensor.detach().cpu().numpy().reshape(block.shape)
+        key = torch_key(block)
+        tensor = state.get(key)
+        if tensor is None:
+            raise ValueError(f"module's state_dict has no {key!r} (it has {sorted(state)}); a module with "
+                             "re-parametrised weights (weight_norm, parametrize) must be exported with the "
+                             "plain weights first (torch.nn.utils.parametrize.remove_parametrizations)")
+        if tuple(tensor.shape) != tuple(block.shape):
+            raise ValueError(f"module's {key} has shape {tuple(tensor.shape)}; expected {tuple(block.shape)} "
+                             f"for {spec}")
+        params.block_view(block)[...] = tensor.detach().cpu().numpy()
     return params
 
 
@@ -61,6 +87,8 @@ def to_torch_state_dict(params: PackedParams) -> dict[str, Any]:
     """
     import torch
 
+    if not isinstance(params, PackedParams):
+        raise TypeError(f"params has type {type(params).__name__}; expected an arrayrnn.PackedParams")
     spec = params.spec
     _check_torch_expressible(spec)
     host = to_host(params.to_format("canonical").data)

@@ -1,24 +1,20 @@
 """`save` / `load`: the canonical buffer in an ``.npz`` with a JSON header. Never pickle.
 
 The file holds two arrays: ``header`` (the UTF-8 bytes of a JSON object: format name and version, the
-spec, dtype, buffer length and a SHA-256 of the buffer) and ``data`` (the canonical 1-D buffer). The
-write goes to a temporary file in the target's folder, is flushed to disk and then renamed over the
-target, so a crash leaves either the old file or the new one, never half of one.
+spec, dtype, buffer length and a SHA-256 of the buffer) and ``data`` (the canonical 1-D buffer). Reading
+and the atomic write are :mod:`arrayrnn.npzfile`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import npzfile
 from .backend import to_host
 from .layout import layout_of
 from .params import PackedParams
@@ -42,23 +38,7 @@ def save(path: str | os.PathLike, params: PackedParams) -> None:
         "length": int(data.size),
         "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
     }
-    header_bytes = np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8)
-    _atomic_write(Path(path), lambda f: np.savez(f, header=header_bytes, data=data))
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    npzfile.write(path, header, {"data": data})
 
 
 def load(path: str | os.PathLike) -> PackedParams:
@@ -70,32 +50,10 @@ def load(path: str | os.PathLike) -> PackedParams:
 
 
 def _read_members(path: Path) -> tuple[dict[str, Any], np.ndarray]:
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable arrayrnn file (truncated, damaged or foreign): {e}") from e
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: holds a bare {type(loaded).__name__}; expected an arrayrnn .npz file "
-                         f"with members {sorted(_MEMBERS)}")
-    with loaded as npz:
-        if set(npz.files) != _MEMBERS:
-            raise ValueError(f"{path}: holds members {sorted(npz.files)}; expected {sorted(_MEMBERS)}")
-        try:
-            header_bytes, data = npz["header"], npz["data"]
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-            raise ValueError(f"{path}: a member is unreadable (truncated or damaged): {e}") from e
-    if header_bytes.dtype != np.uint8 or header_bytes.ndim != 1:
-        raise ValueError(f"{path}: header has dtype {header_bytes.dtype} and shape {header_bytes.shape}; "
-                         "expected 1-D uint8 JSON bytes")
-    try:
-        header = json.loads(header_bytes.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: header is not valid JSON: {e}") from e
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: header is {type(header).__name__}; expected a JSON object")
-    return header, data
+    header, members = npzfile.read(path, "arrayrnn file")
+    if set(members) != {"data"}:
+        raise ValueError(f"{path}: holds members {sorted(members) + ['header']}; expected {sorted(_MEMBERS)}")
+    return header, members["data"]
 
 
 def _validate_header(path: Any, header: dict[str, Any]) -> RNNSpec:

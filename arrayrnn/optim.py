@@ -11,15 +11,14 @@ numbers and strings) and ``save(path)`` / ``load(path)`` (an ``.npz`` with a JSO
 
 from __future__ import annotations
 
-import json
 import math
+import numbers
 import os
-import tempfile
-import zipfile
 from typing import Any
 
 import numpy as np
 
+from . import npzfile
 from .backend import get_xp, to_host
 from .params import PackedParams
 
@@ -45,9 +44,13 @@ def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
     return single, out
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def _check_number(name: str, value: Any, lo: float = 0.0, hi: float = math.inf,
                   hi_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = _is_real(value) and math.isfinite(value)
     if not ok or value < lo or value > hi or (hi_open and value == hi):
         bound = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
         raise ValueError(f"{name} = {value!r}; expected a number in {bound}")
@@ -90,6 +93,13 @@ class Optimizer:
                 raise ValueError(f"{label} has shape {tuple(g.shape)}; expected the shape of its parameter "
                                  f"{tuple(p.shape)}")
             get_xp(p, g, names=("parameter", label))
+            if np.dtype(g.dtype) != np.dtype(p.dtype):
+                raise TypeError(f"{label} has dtype {g.dtype}; expected its parameter's dtype {p.dtype}")
+            flags = getattr(p, "flags", None)
+            if flags is not None and not flags.writeable:
+                where = "params" if single else f"params[{i}]"
+                raise ValueError(f"{where} is a read-only buffer; the optimizer updates it in place and "
+                                 "needs a writeable one")
         self.step_count += 1
         for i, (p, g) in enumerate(zip(self._params, gs, strict=True)):
             self._update(i, p, g, self.state[i])
@@ -109,6 +119,8 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (validated against this optimizer's buffers)."""
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"state_dict is a {type(state_dict).__name__}; expected a dict")
         kind = state_dict.get("type")
         if kind != type(self).__name__:
             raise ValueError(f"state_dict is for optimizer {kind!r}; this one is {type(self).__name__!r}")
@@ -119,19 +131,34 @@ class Optimizer:
         step = state_dict.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"state_dict['step'] = {step!r}; expected an integer >= 0")
-        fresh = type(self)(self.params, **state_dict["hyperparameters"])
+        fresh = self._fresh_from(state_dict.get("hyperparameters"))
         for i, (saved, mine) in enumerate(zip(states, fresh.state, strict=True)):
-            if set(saved) != set(mine):
+            if not isinstance(saved, dict) or set(saved) != set(mine):
                 raise ValueError(f"state_dict['state'][{i}] has entries {sorted(saved)}; "
                                  f"expected {sorted(mine)}")
             for name, a in saved.items():
-                if tuple(np.shape(a)) != tuple(mine[name].shape) or str(a.dtype) != str(mine[name].dtype):
+                dtype = getattr(a, "dtype", None)
+                if tuple(np.shape(a)) != tuple(mine[name].shape) or str(dtype) != str(mine[name].dtype):
                     raise ValueError(f"state_dict['state'][{i}][{name!r}] has shape {tuple(np.shape(a))} "
-                                     f"and dtype {a.dtype}; expected {tuple(mine[name].shape)} "
+                                     f"and dtype {dtype}; expected {tuple(mine[name].shape)} "
                                      f"{mine[name].dtype}")
                 mine[name][...] = get_xp(mine[name]).asarray(a)
         fresh.step_count = step
         self.__dict__.update(fresh.__dict__)
+
+    def _fresh_from(self, hyperparameters: Any) -> Optimizer:
+        """A new optimizer of this type over the same params, or ``ValueError`` for unusable values."""
+        if not isinstance(hyperparameters, dict):
+            raise ValueError(f"state_dict['hyperparameters'] = {hyperparameters!r}; expected a dict like "
+                             f"{self._hyperparameters()}")
+        unknown = sorted(set(hyperparameters) - set(self._hyperparameters()))
+        if unknown:
+            raise ValueError(f"state_dict['hyperparameters'] has unknown entries {unknown}; "
+                             f"{type(self).__name__} takes {sorted(self._hyperparameters())}")
+        try:
+            return type(self)(self.params, **hyperparameters)
+        except TypeError as e:
+            raise ValueError(f"state_dict['hyperparameters'] = {hyperparameters!r}: {e}") from None
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to an ``.npz`` (a JSON header plus arrays; no pickle), atomically."""
@@ -139,33 +166,26 @@ class Optimizer:
         header = {"format": FORMAT, "version": FORMAT_VERSION, "type": sd["type"], "step": sd["step"],
                   "hyperparameters": sd["hyperparameters"], "names": [sorted(st) for st in sd["state"]]}
         arrays = {f"state/{i}/{name}": a for i, st in enumerate(sd["state"]) for name, a in st.items()}
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".npz.tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, header=np.array(json.dumps(header)), **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        npzfile.write(path, header, arrays)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore the state written by :meth:`save` (a damaged or foreign file is a ``ValueError``)."""
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                header = json.loads(str(f["header"]))
-                if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
-                    raise ValueError(f"{path} is not an arrayrnn optimizer file of version {FORMAT_VERSION}")
-                state = [{name: f[f"state/{i}/{name}"] for name in names}
-                         for i, names in enumerate(header["names"])]
-        except (OSError, KeyError, json.JSONDecodeError, EOFError, zipfile.BadZipFile) as e:
-            raise ValueError(f"{path}: not a readable arrayrnn optimizer file ({type(e).__name__}: "
-                             f"{e})") from None
-        except ValueError as e:
-            raise ValueError(f"{path}: not a readable arrayrnn optimizer file ({e})") from None
-        self.load_state_dict({"type": header["type"], "hyperparameters": header["hyperparameters"],
-                              "step": header["step"], "state": state})
+        """Restore the state written by :meth:`save` (a damaged or foreign file is a ``ValueError``; the
+        optimizer is unchanged then)."""
+        header, arrays = npzfile.read(path, "arrayrnn optimizer file")
+        if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: not an arrayrnn optimizer file of version {FORMAT_VERSION} (format = "
+                             f"{header.get('format')!r}, version = {header.get('version')!r})")
+        names = header.get("names")
+        if not isinstance(names, list) or not all(
+                isinstance(n, list) and all(isinstance(k, str) for k in n) for n in names):
+            raise ValueError(f"{path}: header 'names' = {names!r}; expected a list of lists of state names")
+        missing = sorted(f"state/{i}/{k}" for i, n in enumerate(names) for k in n
+                         if f"state/{i}/{k}" not in arrays)
+        if missing:
+            raise ValueError(f"{path}: the header names arrays {missing} that the file does not hold")
+        state = [{k: arrays[f"state/{i}/{k}"] for k in n} for i, n in enumerate(names)]
+        self.load_state_dict({"type": header.get("type"), "hyperparameters": header.get("hyperparameters"),
+                              "step": header.get("step"), "state": state})
 
 
 class SGD(Optimizer):
@@ -281,7 +301,7 @@ def clip_grad_norm(grads: Any, max_norm: float, norm_type: float = 2.0) -> float
     """
     _, gs = _buffers(grads, "grads")
     max_norm = _check_number("max_norm", max_norm)
-    if not (norm_type == math.inf or (isinstance(norm_type, (int, float)) and norm_type > 0)):
+    if not (norm_type == math.inf or (_is_real(norm_type) and norm_type > 0)):
         raise ValueError(f"norm_type = {norm_type!r}; expected a positive number or math.inf")
     if norm_type == math.inf:
         total = max(float(get_xp(g).abs(g).max()) if g.size else 0.0 for g in gs)

@@ -58,7 +58,9 @@ class PackedParams:
         every device.
         """
         bound = 1.0 / math.sqrt(spec.hidden_size)
-        host = np.random.default_rng(seed).uniform(-bound, bound, layout_of(spec).size)
+        from .dropout import check_seed  # the one seed rule; local import keeps the seam's edits apart
+
+        host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, layout_of(spec).size)
         xp = module_for(xp)
         return cls(spec, xp.asarray(host.astype(spec.dtype)))
 

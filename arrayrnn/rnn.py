@@ -21,9 +21,10 @@ Outputs past a row's end are zero; a row of length 0 has zero outputs and ``h_n 
 ``rnn_backward`` runs the engine's hand-written BPTT. After a ``training=False`` forward (which keeps no
 cache) it first recomputes the forward with the cache from the inputs the result references (``x``,
 ``h0``, ``c0`` and the params), then runs the backward: backward after inference works, at the cost of
-one more forward. The result references the params; updating them in place between forward and
-backward changes what the backward computes, so step the optimizer after ``rnn_backward``. Likewise,
-do not write into ``res.y`` before the backward (the engine may keep it as its residual).
+one more forward. The result keeps its own copies of ``x``, ``h0``, ``c0``; updating the params in
+place between forward and backward is detected and raises (:mod:`arrayrnn.guard`), so step the
+optimizer after ``rnn_backward``. Do not write into ``res.y`` before the backward (the engine may keep
+it as its residual).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from . import guard
 from .backend import as_array, get_xp, to_host
 from .dropout import check_seed, dropout_masks
 from .engines import select_engine
@@ -59,6 +61,7 @@ class _Saved:
     c0: Array | None
     masks: tuple[Array, ...] | None
     cache: Any  # None after an inference forward
+    weights: guard.WeightSnapshot
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,12 +123,17 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
 
     with _on_device(xp, call.device):
         x = _frontend_copy(xp, x, host_lengths, batch_first)
-        h0 = h0 if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
-        c0 = c0 if c0 is not None or not spec.has_cell else _zero_state(xp, spec, B, spec.hidden_size)
+        # the result owns what its backward reads: the caller may refill h0 / c0 (x is copied above)
+        h0 = xp.array(h0, copy=True) if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
+        if c0 is not None:
+            c0 = xp.array(c0, copy=True)
+        elif spec.has_cell:
+            c0 = _zero_state(xp, spec, B, spec.hidden_size)
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
     out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
                          keep_cache=training)
-    saved = _Saved(chosen, run_params, batch_first, x, host_lengths, h0, c0, masks, out.cache)
+    saved = _Saved(chosen, run_params, batch_first, x, host_lengths, h0, c0, masks, out.cache,
+                   guard.WeightSnapshot(params.data))
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved)
 
@@ -151,6 +159,7 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
 
+    saved.weights.check(res.params.data)
     cache = saved.cache
     if cache is None:  # inference forward: recompute it with the cache
         cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
@@ -217,7 +226,11 @@ def _lengths(lengths: Any, T: int, B: int) -> np.ndarray:
     if lengths is None:
         return np.full(B, T, dtype=np.int64)
     if isinstance(lengths, (list, tuple)):
-        host = np.asarray(lengths)
+        try:
+            host = np.asarray(lengths)
+        except ValueError:
+            raise ValueError(f"lengths = {lengths!r} is ragged; expected one integer per row of x, "
+                             f"shape ({B},)") from None
     else:
         host = to_host(as_array(lengths, "lengths"))
     if host.dtype.kind not in "iu":

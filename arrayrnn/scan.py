@@ -23,6 +23,7 @@ import numpy as np
 
 from .autodiff import ops
 from .autodiff.tape import value_of
+from .backend import get_xp
 
 Tree = Any
 
@@ -60,7 +61,8 @@ def scan(cell_fn: Callable[[Tree, Tree], tuple[Tree, Tree]], carry: Tree, xs: Tr
     """``(final_carry, ys)``: ``cell_fn(carry, x_t) -> (carry, y_t)`` over the leading axis of ``xs``.
 
     ``ys`` has the structure of ``y_t`` with a new leading axis (None if ``y_t`` is None). ``xs=None``
-    needs ``length``. The carry must keep its structure, shapes and dtypes from step to step.
+    needs ``length``. The carry must keep its structure, shapes and dtypes from step to step. Over zero
+    steps ``ys`` leaves are empty, shaped ``(0, *y_t.shape)`` from one probe call of ``cell_fn`` (like JAX).
     """
     x_leaves, rebuild_x = _flatten(xs)
     lengths = {int(np.shape(value_of(leaf))[0]) if np.ndim(value_of(leaf)) else -1 for leaf in x_leaves}
@@ -73,6 +75,8 @@ def scan(cell_fn: Callable[[Tree, Tree], tuple[Tree, Tree]], carry: Tree, xs: Tr
                          f"{sorted(lengths)}; "
                          "they must all be equal" if lengths else "scan: xs is None; pass length=")
     steps = lengths.pop()
+    if steps == 0:
+        return carry, _empty_outputs(cell_fn, carry, x_leaves, rebuild_x)
     slices = [ops.unstack(leaf) for leaf in x_leaves]
     carry_leaves, _ = _flatten(carry)
     expected = _signature(carry_leaves)
@@ -84,6 +88,21 @@ def scan(cell_fn: Callable[[Tree, Tree], tuple[Tree, Tree]], carry: Tree, xs: Tr
             raise ValueError(f"scan: at step {t} cell_fn returned a carry with (shape, dtype) leaves {got}; "
                              f"expected those of the initial carry {expected}")
     return carry, _stack_outputs(ys)
+
+
+def _empty_outputs(cell_fn: Callable, carry: Tree, x_leaves: list, rebuild_x: Callable) -> Tree:
+    """Zero-step scan: ``ys`` leaves of shape ``(0, *y_t.shape)``, found (as JAX does) from what the cell
+    returns for one probe step on zeros shaped like a slice of ``xs`` (its result is otherwise unused)."""
+    probe = [_zeros_like(leaf, lambda shape: shape[1:]) for leaf in x_leaves]
+    _, y = _step(cell_fn, carry, rebuild_x(probe), 0)
+    leaves, rebuild = _flatten(y)
+    return rebuild([_zeros_like(leaf, lambda shape: (0, *shape)) for leaf in leaves])
+
+
+def _zeros_like(leaf: Any, new_shape: Callable[[tuple], tuple]) -> Any:
+    value = value_of(leaf)
+    xp = get_xp(value) if hasattr(value, "__array_namespace__") or hasattr(value, "dtype") else np
+    return xp.zeros(new_shape(tuple(np.shape(value))), dtype=getattr(value, "dtype", np.result_type(value)))
 
 
 def _step(cell_fn: Callable, carry: Tree, x: Tree, t: int) -> tuple[Tree, Tree]:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
 GATES_PER_MODE = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}
@@ -35,18 +38,32 @@ def _normalize_dtype(dtype: Any) -> str:
     raise ValueError(f"dtype = {dtype!r}; expected one of {DTYPES}")
 
 
+_INDEX_MAX = 2**31 - 1  # BLAS and cuDNN index a matrix with 32-bit integers
+
+
+def _is_real(value: Any) -> bool:
+    """A Python or NumPy real number (``np.float32(3)``, ``np.int64(8)``), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def _check_positive_int(field: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} = {value!r}; expected an integer >= {minimum}")
+    if not (isinstance(value, numbers.Integral) and _is_real(value)) or not minimum <= value <= _INDEX_MAX:
+        raise ValueError(f"{field} = {value!r}; expected an integer >= {minimum} (and <= {_INDEX_MAX})")
     return int(value)
+
+
+def _check_flag(field: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{field} = {value!r}; expected True or False")
+    return bool(value)
 
 
 def _normalize_cell_clip(cell_clip: Any) -> tuple[float, float] | None:
     if cell_clip is None:
         return None
-    if isinstance(cell_clip, (int, float)) and not isinstance(cell_clip, bool):
+    if _is_real(cell_clip):
         lo, hi = -float(cell_clip), float(cell_clip)
-    elif isinstance(cell_clip, (tuple, list)) and len(cell_clip) == 2:
+    elif isinstance(cell_clip, (tuple, list)) and len(cell_clip) == 2 and all(map(_is_real, cell_clip)):
         lo, hi = (float(v) for v in cell_clip)
     else:
         raise ValueError(f"cell_clip = {cell_clip!r}; expected None, a positive float c, or a pair (lo, hi)")
@@ -79,13 +96,10 @@ class RNNSpec:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode = {self.mode!r}; expected one of {MODES}")
-        _check_positive_int("input_size", self.input_size)
-        _check_positive_int("hidden_size", self.hidden_size)
-        _check_positive_int("num_layers", self.num_layers)
-        _check_positive_int("proj_size", self.proj_size, minimum=0)
+        for field, minimum in (("input_size", 1), ("hidden_size", 1), ("num_layers", 1), ("proj_size", 0)):
+            object.__setattr__(self, field, _check_positive_int(field, getattr(self, field), minimum))
         for flag in ("bidirectional", "reset_after"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} = {getattr(self, flag)!r}; expected True or False")
+            object.__setattr__(self, flag, _check_flag(flag, getattr(self, flag)))
         if self.proj_size and self.mode != "lstm":
             raise ValueError(f"proj_size = {self.proj_size} with mode = {self.mode!r}; "
                              "projection exists only for mode='lstm' (use proj_size=0)")
@@ -98,12 +112,20 @@ class RNNSpec:
         if not self.reset_after and self.mode != "gru":
             raise ValueError(f"reset_after = False with mode = {self.mode!r}; only GRU has a reset variant")
         dropout = self.dropout
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        if not _is_real(dropout) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout = {dropout!r}; expected a probability in [0, 1)")
         object.__setattr__(self, "dropout", float(dropout))
         object.__setattr__(self, "bias", _normalize_bias(self.bias))
         object.__setattr__(self, "cell_clip", _normalize_cell_clip(self.cell_clip))
         object.__setattr__(self, "dtype", _normalize_dtype(self.dtype))
+        self._check_matrix_sizes()
+
+    def _check_matrix_sizes(self) -> None:
+        widest = max(self.input_size, self.num_directions * self.output_size, self.output_size)
+        if self.gate_size * widest > _INDEX_MAX:
+            raise ValueError(f"hidden_size = {self.hidden_size} with input_size = {self.input_size}: a "
+                             f"weight matrix would hold {self.gate_size * widest} elements; expected at most "
+                             f"{_INDEX_MAX} (32-bit BLAS/cuDNN indexing)")
 
     # -- derived sizes: the only place these are computed ---------------------------------------
     @property

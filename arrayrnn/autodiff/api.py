@@ -8,6 +8,7 @@ flat buffer, same spec and layout). Inside the function a PackedParams arrives a
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,9 +98,9 @@ def _leaf_gradient(node: Node, value: Any, grads: dict[Node, tuple[Any, bool]]) 
 
 
 def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    nums = (int(argnums),) if isinstance(argnums, numbers.Integral) else tuple(argnums)
     for n in nums:
-        if isinstance(n, bool) or not isinstance(n, int) or not -nargs <= n < nargs:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral) or not -nargs <= n < nargs:
             raise ValueError(f"argnums = {argnums!r}, but the function was called with {nargs} positional "
                              f"argument(s); every argnum must be in {-nargs}..{nargs - 1}")
     return tuple(n % nargs for n in nums)
@@ -173,7 +174,7 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         value = _scalar_output(out, "value_and_grad")
         xp = get_xp(value) if hasattr(value, "dtype") else np
         grads = vjp_fn(xp.ones((), dtype=getattr(value, "dtype", np.float64)))
-        grads = grads[0] if isinstance(argnums, int) else grads
+        grads = grads[0] if isinstance(argnums, numbers.Integral) else grads
         return ((value, aux) if has_aux else value), grads
 
     return value_and_grad_fun

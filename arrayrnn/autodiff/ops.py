@@ -7,6 +7,7 @@ otherwise, never a silent cast); shapes that do not fit are a ``ValueError`` nam
 
 from __future__ import annotations
 
+import numbers
 import operator
 from typing import Any
 
@@ -63,7 +64,7 @@ def _binary(op: str, x: Any, y: Any) -> Any:
 def _normalize_axes(op: str, axis: Any, ndim: int) -> tuple[int, ...] | None:
     if axis is None:
         return None
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = (int(axis),) if isinstance(axis, numbers.Integral) else tuple(axis)
     for a in axes:
         if not -ndim <= a < max(ndim, 1):
             raise ValueError(f"{op}: axis = {axis!r} is out of range for an array of {ndim} dimension(s)")

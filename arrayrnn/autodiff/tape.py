@@ -106,6 +106,23 @@ def leaf(value: Any, trace: Trace) -> Traced:
     return Traced(value, Node(None, (), (), {}, None, {}, (Meta(value),), trace), 0)
 
 
+_BINARY = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "truediv",
+           "divide": "truediv", "matmul": "matmul", "power": "pow"}
+_COMPARE = {"less", "less_equal", "greater", "greater_equal"}
+
+
+def _ops_hint(name: str) -> str:
+    from . import ops  # at error time only: ops imports this module
+
+    return f"use arrayrnn.ops.{name}" if hasattr(ops, name) else "use the arrayrnn.ops functions"
+
+
+def _cut_message(what: str, becomes: str) -> str:
+    return (f"{what} of a traced value inside a differentiated function would make it {becomes} and "
+            "silently cut the gradient; use arrayrnn.ops (ar.ops.exp, ar.ops.tanh, ...) on traced values, "
+            "or x.value for a constant copy")
+
+
 class Traced:
     """A value recorded on a tape. Supports ``+ - * / @ **``, unary ``-``, indexing, ``.T``, ``.shape``.
 
@@ -114,7 +131,6 @@ class Traced:
     """
 
     __slots__ = ("value", "node", "index")
-    __array_ufunc__ = None  # NumPy defers binary operators to ours (x_numpy + traced -> traced.__radd__)
 
     def __init__(self, value: Any, node: Node, index: int):
         self.value, self.node, self.index = value, node, index
@@ -128,7 +144,29 @@ class Traced:
         return len(self.value)
 
     def __float__(self) -> float:
-        return float(self.value)
+        raise TypeError(_cut_message("float()", "a Python number"))
+
+    def __int__(self) -> int:
+        raise TypeError(_cut_message("int()", "a Python number"))
+
+    def __complex__(self) -> complex:
+        raise TypeError(_cut_message("complex()", "a Python number"))
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """Operators with a NumPy array on the left come back to ours; other NumPy ufuncs would cut the
+        graph (``np.tanh(traced)``), so they raise, naming the ``arrayrnn.ops`` function to use."""
+        name = ufunc.__name__
+        if method == "__call__" and not kwargs and len(inputs) == 2 and name in _BINARY:
+            a, b = inputs
+            dunder = _BINARY[name]
+            if isinstance(a, Traced):
+                return getattr(a, f"__{dunder}__")(b)
+            return getattr(b, f"__r{dunder}__")(a)
+        if method == "__call__" and not kwargs and name in _COMPARE:
+            return ufunc(*(i.value if isinstance(i, Traced) else i for i in inputs))
+        if method == "__call__" and len(inputs) == 1 and name == "negative":
+            return -inputs[0]
+        raise TypeError(_cut_message(f"np.{name}", f"a constant ({_ops_hint(name)})"))
 
     def __bool__(self) -> bool:
         return bool(self.value)

@@ -1,0 +1,63 @@
+"""Issue 12: the backward never depends on what the caller may change after the forward."""
+
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+
+SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, num_layers=2, dtype="float64")
+DY = {False: np.ones((5, 2, 4)), True: np.ones((2, 5, 4))}
+
+
+@pytest.fixture(params=["reference", "numba"])
+def engine(request):
+    return request.param
+
+
+def _grads(params, x, training, engine, h0=None):
+    res = ar.rnn_forward(params, x, h0=h0, training=training, engine=engine)
+    return ar.rnn_backward(res, dy=np.ones_like(res.y))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_weight_write_between_forward_and_backward_raises(engine, training):
+    params = ar.PackedParams.init(SPEC, seed=0)
+    x = np.random.default_rng(0).standard_normal((5, 2, 3))
+    res = ar.rnn_forward(params, x, training=training, engine=engine)
+    params.data -= 0.1
+    with pytest.raises(ValueError, match="modified in place between rnn_forward and rnn_backward"):
+        ar.rnn_backward(res, dy=np.ones_like(res.y))
+
+
+def test_write_through_a_view_is_detected(engine):
+    params = ar.PackedParams.init(SPEC, seed=0)
+    res = ar.rnn_forward(params, np.ones((5, 2, 3)), training=True, engine=engine)
+    params.view(1, 0, "b_hh")[0] += 1e-12
+    with pytest.raises(ValueError, match="modified in place"):
+        ar.rnn_backward(res)
+
+
+def test_an_unchanged_buffer_passes_and_the_step_after_backward_is_fine(engine):
+    params = ar.PackedParams.init(SPEC, seed=0)
+    res = ar.rnn_forward(params, np.ones((5, 2, 3)), training=True, engine=engine)
+    params.data[...] = params.data.copy()
+    g = ar.rnn_backward(res)
+    params.data -= 0.1 * g.dparams.data  # after the backward: allowed
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_reusing_the_input_buffers_does_not_change_the_gradients(engine, training, batch_first):
+    rng = np.random.default_rng(1)
+    params = ar.PackedParams.init(SPEC, seed=0)
+    x = rng.standard_normal((2, 5, 3) if batch_first else (5, 2, 3))
+    h0 = rng.standard_normal((2, 2, 4))
+    expected = ar.rnn_backward(ar.rnn_forward(params, x.copy(), h0=h0.copy(), batch_first=batch_first,
+                                              training=training, engine=engine), dy=DY[batch_first])
+    res = ar.rnn_forward(params, x, h0=h0, batch_first=batch_first, training=training, engine=engine)
+    x[...] = rng.standard_normal(x.shape)   # a data loader refills its buffer
+    h0[...] = 0.0
+    got = ar.rnn_backward(res, dy=DY[batch_first])
+    np.testing.assert_array_equal(got.dparams.data, expected.dparams.data)
+    np.testing.assert_array_equal(got.dx, expected.dx)
+    np.testing.assert_array_equal(got.dh0, expected.dh0)
