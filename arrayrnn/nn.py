@@ -47,8 +47,9 @@ class Dense:
     def __init__(self, in_features: int, out_features: int, activation: str | Activation = "identity",
                  bias: bool = True, *, seed: int | None = 0, dtype: str = "float32", xp: ModuleType = np):
         for name, n in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
                 raise ValueError(f"Dense: {name} = {n!r}; expected an integer >= 1")
+        in_features, out_features = int(in_features), int(out_features)
         self.in_features, self.out_features, self.bias = in_features, out_features, bool(bias)
         self.activation = get_activation(activation)
         self.dtype = str(np.dtype(dtype))
@@ -94,9 +95,9 @@ class Embedding:
     def __init__(self, num_embeddings: int, embedding_dim: int, *, seed: int | None = 0,
                  dtype: str = "float32", xp: ModuleType = np):
         for name, n in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
                 raise ValueError(f"Embedding: {name} = {n!r}; expected an integer >= 1")
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.dtype = str(np.dtype(dtype))
         host = np.random.default_rng(seed).standard_normal((num_embeddings, embedding_dim)).astype(self.dtype)
         self.params = module_for(xp).asarray(host)

@@ -103,3 +103,12 @@ def test_layer_errors():
     lstm = nn.LSTM(3, 4)
     with pytest.raises(ValueError, match="expected this layer's spec"):
         lstm.apply(nn.LSTM(3, 5).params, np.ones((2, 1, 3), np.float32))
+
+
+def test_layers_accept_numpy_integer_sizes():
+    dense = ar.nn.Dense(np.int64(3), np.int32(2))
+    emb = ar.nn.Embedding(np.int64(5), np.int16(4))
+    assert (dense.in_features, dense.out_features) == (3, 2) and type(dense.in_features) is int
+    assert emb.params.shape == (5, 4) and type(emb.embedding_dim) is int
+    with pytest.raises(ValueError, match="in_features = True"):
+        ar.nn.Dense(True, 2)
