@@ -130,3 +130,10 @@ def test_nccl_single_rank_mean_and_broadcast():
     cupy.testing.assert_array_equal(params.data, expected)
     with pytest.raises(TypeError, match="CuPy buffers"):
         allreduce_mean(np.zeros(3), comm)
+
+
+def test_demo_distributed_runs_and_only_rank0_prints():
+    res = run_job([_mpiexec(), "-n", "2", sys.executable, "-m", "arrayrnn.demo", "--distributed", "--steps",
+                   "2", "--hidden", "8", "--engine", "reference"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("validation bits/char after 2 steps") == 1
