@@ -77,7 +77,8 @@ def main() -> None:
     table = "\n".join([
         "## All-reduce cost, 2 MPI ranks (mpich wheel, shared memory)",
         "",
-        f"Command: `mpiexec -n 2 python bench/bench_allreduce.py --runs {args.runs} --write` (1 BLAS thread per rank, "
+        f"Command: `mpiexec -n 2 python bench/bench_allreduce.py --runs {args.runs} --write` "
+        "(1 BLAS thread per rank, "
         f"median of {args.runs} runs, rank 0's times). The 2-core machine was shared with other work "
         "during this run: numbers are noisy.",
         "",
