@@ -1,6 +1,6 @@
 """arrayrnn: fused RNN, LSTM and GRU over NumPy and CuPy arrays, with packed weights and hand-written BPTT."""
 
-from . import activations, nn, optim
+from . import activations, distributed, nn, optim
 from .autodiff import grad, ops, value_and_grad
 from .backend import as_array, get_xp
 from .bias_act import bias_act, dense_bias_act
@@ -26,6 +26,7 @@ __all__ = [
     "as_array",
     "bias_act",
     "dense_bias_act",
+    "distributed",
     "grad",
     "nn",
     "ops",

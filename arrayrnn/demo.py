@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import nn, npzfile, ops, optim
+from . import distributed, nn, npzfile, ops, optim
 from .autodiff import value_and_grad
 
 LN2 = math.log(2.0)
@@ -119,15 +119,23 @@ def learning_rate(cfg: Config, step: int) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def train(cfg: Config, train_ids: np.ndarray, model: CharModel, progress: bool = True) -> list[float]:
+def train(cfg: Config, train_ids: np.ndarray, model: CharModel, progress: bool = True,
+          comm: Any = None) -> list[float]:
     """Run ``cfg.steps`` Adam steps; returns the training loss (nats) of every step.
+
+    With an MPI ``comm`` (data-parallel), each rank trains on its own shard of ``train_ids`` and the
+    gradients are averaged across ranks every step; the returned losses are this rank's.
 
     A non-finite loss stops training with a ``FloatingPointError`` naming the step.
     """
     from tqdm import tqdm
 
-    rng = np.random.default_rng(cfg.seed)
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    train_ids = train_ids[rank * len(train_ids) // size:(rank + 1) * len(train_ids) // size]
+    rng = np.random.default_rng(cfg.seed + rank)
     opt = optim.Adam(model.params, lr=cfg.lr)
+    if comm is not None:
+        distributed.broadcast_from_root([model.params, opt], comm)
     loss_and_grads = value_and_grad(model.loss)
     losses: list[float] = []
     chars_per_step = cfg.batch * cfg.seq_len
@@ -141,6 +149,8 @@ def train(cfg: Config, train_ids: np.ndarray, model: CharModel, progress: bool =
             if not math.isfinite(loss):
                 raise FloatingPointError(f"step {step}: the training loss is {loss}; training diverged "
                                          f"(try a smaller --lr than {cfg.lr} or a smaller clip)")
+            if comm is not None:
+                distributed.allreduce_mean(grads, comm)
             optim.clip_grad_norm(grads, cfg.clip)
             opt.lr = learning_rate(cfg, step)
             opt.step(grads)
@@ -192,7 +202,8 @@ def load_model(path: str) -> tuple[CharModel, Vocabulary, Config]:
     return model, vocab, cfg
 
 
-def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = sys.stdout) -> dict[str, Any]:
+def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = sys.stdout,
+        comm: Any = None) -> dict[str, Any]:
     """The whole demo; returns the numbers it prints."""
     started = time.perf_counter()
     text = load_text()
@@ -208,7 +219,7 @@ def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = 
     before = bits_per_char(model, valid_ids)
     print(f"validation bits/char before:        {before:.3f}", file=out)
     train_start = time.perf_counter()
-    losses = train(cfg, train_ids, model, progress=progress)
+    losses = train(cfg, train_ids, model, progress=progress, comm=comm)
     train_seconds = time.perf_counter() - train_start
     after = bits_per_char(model, valid_ids)
     chars_per_second = cfg.steps * cfg.batch * cfg.seq_len / train_seconds
@@ -238,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="characters per sequence "
                         "(%(default)s)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak Adam learning rate (%(default)s)")
+    parser.add_argument("--distributed", action="store_true", help="data-parallel under MPI: "
+                        "mpiexec -n 2 python -m arrayrnn.demo --distributed (needs the mpi extra)")
     parser.add_argument("--save", metavar="PATH", help="write the trained model to PATH (.npz)")
     args = parser.parse_args(argv)
     for name in ("steps", "hidden", "layers", "batch", "seq_len"):
@@ -247,7 +260,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--save {args.save}: the directory does not exist")
     cfg = Config(steps=args.steps, hidden=args.hidden, layers=args.layers, engine=args.engine, seed=args.seed,
                  batch=args.batch, seq_len=args.seq_len, lr=args.lr)
-    run(cfg, save=args.save)
+    if not args.distributed:
+        run(cfg, save=args.save)
+        return
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    with distributed.abort_on_error(comm), open(os.devnull, "w") as devnull:
+        lead = comm.Get_rank() == 0     # rank 0 prints, shows the progress bar and saves
+        run(cfg, save=args.save if lead else None, progress=lead, out=sys.stdout if lead else devnull,
+            comm=comm)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,139 @@
+"""Data-parallel training: 2 ranks on half batches equal 1 process on the whole batch (float64).
+
+Multi-process jobs run tests/dist_workers/train.py in their own process group with a timeout; on timeout
+the whole group is killed and the test fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+from arrayrnn.distributed import abort_on_error, allreduce_mean, broadcast_from_root
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "dist_workers" / "train.py"
+TIMEOUT = 120
+
+_spec = importlib.util.spec_from_file_location("dist_train_worker", WORKER)
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+
+def _mpiexec() -> str:
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'arrayrnn[mpi]')")
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    assert found, "mpi4py imports but no mpiexec was found next to python or on PATH"
+    return found
+
+
+def run_job(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a new session; kill its whole process group on timeout or when done."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not end within {TIMEOUT} s (killed)")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _check_equal_to_single_process(out: Path, optimizer: str, steps: int) -> None:
+    reference = worker.train(optimizer, steps)
+    half_batch = worker.train(optimizer, steps, rank=0, size=2)
+    assert np.abs(half_batch - reference).max() > 1e-3      # the split alone would differ
+    for rank in (0, 1):
+        got = np.load(out / f"rank{rank}.npy")
+        np.testing.assert_allclose(got, reference, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_mpi_two_ranks_equal_one_process(tmp_path, optimizer):
+    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "--optimizer", optimizer,
+                   "--steps", "3", "--out", str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    _check_equal_to_single_process(tmp_path, optimizer, 3)
+
+
+def test_mpi_failing_rank_ends_the_job(tmp_path):
+    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "--out", str(tmp_path),
+                   "--fail-rank", "1"])
+    assert res.returncode != 0
+    assert "rank 1 fails on purpose" in res.stderr
+    assert not (tmp_path / "rank0.npy").exists()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_torch_gloo_two_processes_equal_one_process(tmp_path, optimizer):
+    pytest.importorskip("torch.distributed")
+    res = run_job([sys.executable, str(WORKER), "torch", "--optimizer", optimizer, "--steps", "3",
+                   "--out", str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    _check_equal_to_single_process(tmp_path, optimizer, 3)
+
+
+def test_torch_failing_rank_ends_the_job(tmp_path):
+    pytest.importorskip("torch.distributed")
+    res = run_job([sys.executable, str(WORKER), "torch", "--out", str(tmp_path), "--fail-rank", "1"])
+    assert res.returncode != 0                  # spawn reports whichever rank it saw fail first
+    assert "fails on purpose" in res.stderr or "closed by peer" in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bad", [None, 3, "world", object()])
+def test_bad_comm_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="mpi4py.MPI.Comm"):
+        allreduce_mean(np.zeros(3), bad)
+    with pytest.raises(TypeError, match="mpi4py.MPI.Comm"):
+        broadcast_from_root(np.zeros(3), bad)
+    with pytest.raises(TypeError, match="mpi4py.MPI.Comm"):
+        with abort_on_error(bad):
+            pass
+
+
+def test_library_imports_without_mpi4py_torch_cupy():
+    code = ("import sys; import arrayrnn; "
+            "assert not {'mpi4py', 'torch', 'cupy'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=TIMEOUT)
+
+
+@pytest.mark.gpu
+def test_nccl_single_rank_mean_and_broadcast():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        pytest.skip("no CUDA device")
+    from cupy.cuda import nccl
+
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    params = ar.PackedParams.init(ar.RNNSpec("lstm", 3, 4), xp=cupy)
+    expected = params.data.copy()
+    allreduce_mean(params, comm)             # one rank: the mean is the buffer itself
+    broadcast_from_root([params], comm)
+    cupy.cuda.get_current_stream().synchronize()
+    cupy.testing.assert_array_equal(params.data, expected)
+    with pytest.raises(TypeError, match="CuPy buffers"):
+        allreduce_mean(np.zeros(3), comm)
+
+
+def test_demo_distributed_runs_and_only_rank0_prints():
+    res = run_job([_mpiexec(), "-n", "2", sys.executable, "-m", "arrayrnn.demo", "--distributed", "--steps",
+                   "2", "--hidden", "8", "--engine", "reference"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("validation bits/char after 2 steps") == 1
