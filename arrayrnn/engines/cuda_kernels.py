@@ -24,15 +24,8 @@ import math
 
 from numba import cuda
 
-from ..spec import GATE_NAMES
 from . import gate_math as gm
-
-_LSTM = {name: k for k, name in enumerate(GATE_NAMES["lstm"])}
-_GRU = {name: k for k, name in enumerate(GATE_NAMES["gru"])}
-LSTM_I, LSTM_F, LSTM_G, LSTM_O = (_LSTM[n] for n in ("i", "f", "g", "o"))
-GRU_R, GRU_Z, GRU_N = (_GRU[n] for n in ("r", "z", "n"))
-GRU_RZ_FIRST = min(GRU_R, GRU_Z)  # r and z are adjacent: one GEMM serves both (reset-before GRU)
-assert abs(GRU_R - GRU_Z) == 1
+from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
 
 THREADS = 128  # threads per block of every kernel
 
@@ -44,6 +37,13 @@ def launch_shape(elements: int) -> tuple[int, int]:
 
 
 # -- activations (per target; the CPU engine has its own vectorisable ones) -----------------------
+@cuda.jit(device=True, inline=True)
+def _zero_gates(xw, t, b, j, H, gates, one):
+    """Zero unit ``j``'s gate entries of an inactive row (the cache contract: finite, zero)."""
+    for k in range(gates):
+        xw[t, b, k * H + j] = one - one
+
+
 @cuda.jit(device=True, inline=True)
 def sigmoid(one, x):
     return one / (one + math.exp(-x))
@@ -92,11 +92,7 @@ def lstm_forward_step(t, n, one, xw, hh, c, h, y, m, project, keep, c_all, tanh_
         return
     I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
     if b >= n:
-        zero = one - one
-        xw[t, b, I] = zero
-        xw[t, b, F] = zero
-        xw[t, b, G] = zero
-        xw[t, b, O] = zero
+        _zero_gates(xw, t, b, j, H, 4, one)
         return
     i = sigmoid(one, xw[t, b, I] + hh[b, I])
     f = sigmoid(one, xw[t, b, F] + hh[b, F])
@@ -158,10 +154,7 @@ def gru_forward_step(t, n, one, xw, hh, b_hn, h, y, keep, hn_all):
         return
     R, Z, N = GRU_R * H + j, GRU_Z * H + j, GRU_N * H + j
     if b >= n:
-        zero = one - one
-        xw[t, b, R] = zero
-        xw[t, b, Z] = zero
-        xw[t, b, N] = zero
+        _zero_gates(xw, t, b, j, H, 3, one)
         return
     r = sigmoid(one, xw[t, b, R] + hh[b, R])
     z = sigmoid(one, xw[t, b, Z] + hh[b, Z])
@@ -184,12 +177,9 @@ def gru_rz_step(t, n, one, xw, hrz, h, rh):
     b, j = _element(xw.shape[1], H)
     if b < 0:
         return
-    R, Z, N = GRU_R * H + j, GRU_Z * H + j, GRU_N * H + j
+    R, Z = GRU_R * H + j, GRU_Z * H + j
     if b >= n:
-        zero = one - one
-        xw[t, b, R] = zero
-        xw[t, b, Z] = zero
-        xw[t, b, N] = zero
+        _zero_gates(xw, t, b, j, H, 3, one)
         return
     RZ = GRU_RZ_FIRST * H
     r = sigmoid(one, xw[t, b, R] + hrz[b, R - RZ])

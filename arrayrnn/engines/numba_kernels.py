@@ -38,19 +38,11 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
 
-from ..spec import GATE_NAMES
 from . import gate_math as gm
+from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
 from .numba_blas import gemm
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
-
-# gate positions along the G*H axis, by name (spec.gate_names order)
-_LSTM = {name: k for k, name in enumerate(GATE_NAMES["lstm"])}
-_GRU = {name: k for k, name in enumerate(GATE_NAMES["gru"])}
-LSTM_I, LSTM_F, LSTM_G, LSTM_O = (_LSTM[n] for n in ("i", "f", "g", "o"))
-GRU_R, GRU_Z, GRU_N = (_GRU[n] for n in ("r", "z", "n"))
-GRU_RZ_FIRST = min(GRU_R, GRU_Z)  # r and z are adjacent: one GEMM serves both (reset-before GRU)
-assert abs(GRU_R - GRU_Z) == 1
 
 
 # -- activations ----------------------------------------------------------------------------------
