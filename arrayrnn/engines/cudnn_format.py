@@ -146,8 +146,7 @@ def stand_in_lengths(lengths: np.ndarray) -> np.ndarray:
 def restore_forward(xp: Any, zero: Array, y: Array, h_n: Array, c_n: Array | None, h0: Array,
                     c0: Array | None, batch_first: bool) -> None:
     """In place: rows where ``zero`` (bool (B,)) get zero outputs and final states equal to the initial."""
-    keep = xp.asarray(~zero, dtype=y.dtype)
-    y *= keep[:, None, None] if batch_first else keep[None, :, None]
+    y *= _row_keep(xp, zero, y.dtype, batch_first)
     state_zero = xp.asarray(zero)[None, :, None]
     h_n[...] = xp.where(state_zero, h0, h_n)
     if c_n is not None:
@@ -158,19 +157,25 @@ def mask_cotangents(xp: Any, zero: Array, dy: Array, dh_n: Array, dc_n: Array | 
                     batch_first: bool) -> tuple[Array, Array, Array | None]:
     """New cotangents with zero-length rows zeroed, so the stand-in step adds exactly nothing to dW
     (every product in its backward has a zero factor)."""
-    keep = xp.asarray(~zero, dtype=dy.dtype)
-    dy = dy * (keep[:, None, None] if batch_first else keep[None, :, None])
-    dh = dh_n * keep[None, :, None]
-    dc = None if dc_n is None else dc_n * keep[None, :, None]
+    dy = dy * _row_keep(xp, zero, dy.dtype, batch_first)
+    keep_state = _row_keep(xp, zero, dh_n.dtype, batch_first=False)
+    dh = dh_n * keep_state
+    dc = None if dc_n is None else dc_n * keep_state
     return dy, dh, dc
 
 
 def restore_backward(xp: Any, zero: Array, dx: Array, dh0: Array, dc0: Array | None, dh_n: Array,
                      dc_n: Array | None, batch_first: bool) -> None:
     """In place: zero-length rows get zero ``dx`` and ``dh0``/``dc0`` equal to ``dh_n``/``dc_n``."""
-    keep = xp.asarray(~zero, dtype=dx.dtype)
-    dx *= keep[:, None, None] if batch_first else keep[None, :, None]
+    dx *= _row_keep(xp, zero, dx.dtype, batch_first)
     state_zero = xp.asarray(zero)[None, :, None]
     dh0[...] = xp.where(state_zero, dh_n, dh0)
     if dc0 is not None:
         dc0[...] = xp.where(state_zero, dc_n, dc0)
+
+
+def _row_keep(xp: Any, zero: Array, dtype: Any, batch_first: bool) -> Array:
+    """1 for rows with a length, 0 for zero-length rows, shaped to broadcast over ``(T, B, .)`` arrays
+    (``(B, T, .)`` with ``batch_first``; the states' ``(L*D, B, .)`` share the time-major shape)."""
+    keep = xp.asarray(~zero, dtype=dtype)
+    return keep[:, None, None] if batch_first else keep[None, :, None]
