@@ -22,7 +22,6 @@ For a few rows (one row at batch 1) BLAS's per-call overhead dominates, so :func
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -54,12 +53,6 @@ class BlasBinding:
     filepath: str
     ilp64: bool
     omatcopy: dict[str, Any]   # {"float32": ctypes function, "float64": ...}; empty where absent
-    controller: Any = dataclasses.field(default=None, compare=False)   # threadpoolctl's handle on it
-
-    def num_threads(self) -> int:
-        """The library's current thread count (what threadpoolctl set), 1 when it cannot tell."""
-        n = self.controller.get_num_threads() if self.controller is not None else None
-        return int(n) if n else 1
 
     def describe(self) -> str:
         return f"{os.path.basename(self.filepath)} ({'ILP64' if self.ilp64 else 'LP64'} CBLAS)"
@@ -124,7 +117,7 @@ def blas_binding() -> BlasBinding:
                 llvm.add_symbol(f"arrayrnn_cblas_{kind}gemm_{suffix}", address)
         omatcopy = {dtype: fn for dtype, kind in (("float32", "s"), ("float64", "d"))
                     if (fn := _omatcopy(lib, kind, width)) is not None}
-        return BlasBinding(controller.filepath, width == 64, omatcopy, controller)
+        return BlasBinding(controller.filepath, width == 64, omatcopy)
     raise BlasNotFoundError("no BLAS library loaded by NumPy exports cblas_sgemm/cblas_dgemm "
                             f"(searched: {searched or 'none found by threadpoolctl'})")
 

@@ -25,7 +25,6 @@ import numpy as np
 
 from ..spec import RNNSpec
 from . import numba_kernels as nk
-from . import numba_split as split
 from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .numba_blas import BlasNotFoundError, blas_binding, transposed
 from .stack import StackEngine
@@ -58,9 +57,6 @@ class NumbaKernel:
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         y = np.empty((T, B, spec.output_size), dtype=dtype)
         h = np.array(h0, dtype=dtype, order="C", copy=True)
-        threads = split.applies(spec, B, w.W_hr is not None)
-        if threads:
-            return self._forward_split(spec, w, xw, bs, h0, c0, reverse, keep_cache, y, threads)
         W_hhT = transposed(w.W_hh)
         H = spec.hidden_size
         if spec.mode == "lstm":
@@ -96,9 +92,6 @@ class NumbaKernel:
         dtype = dy.dtype
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         dh = np.array(dh_n, dtype=dtype, order="C", copy=True)
-        threads = split.applies(spec, B, w.W_hr is not None)
-        if threads:
-            return self._backward_split(spec, w, fwd, h_prev, c_prev, dy, dh, dc_n, bs, reverse, threads)
         W_hh = _c(w.W_hh)
         H = spec.hidden_size
         cache = fwd.cache
@@ -125,54 +118,6 @@ class NumbaKernel:
         self._run(nk.rnn_backward_loop, B, _c(fwd.y), bs, reverse, W_hh,
                   spec.mode == "rnn_relu", dy, dh, d_pre)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
-
-
-    # -- small batches: each step split by hidden units across threads (numba_split) ------------
-    @staticmethod
-    def _forward_split(spec: RNNSpec, w: DirectionWeights, xw: np.ndarray, bs: np.ndarray, h0: Array,
-                       c0: Array | None, reverse: bool, keep: bool, y: np.ndarray,
-                       threads: int) -> DirectionForward:
-        T, B, _ = xw.shape
-        dtype, H = xw.dtype, spec.hidden_size
-        bounds = split.unit_bounds(H, threads)
-        Wp = split.pack_forward(_c(w.W_hh), len(spec.gate_names), bounds)
-        h0 = np.ascontiguousarray(h0, dtype=dtype)
-        h = h0.copy()
-        q = np.empty((threads, B, Wp.shape[2]), dtype)
-        if spec.mode == "lstm":
-            c = np.array(c0, dtype=dtype, order="C", copy=True)
-            c_all = np.empty((T, B, H), dtype) if keep else _absent(dtype, 3)
-            lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
-            split.run_split(split.lstm_forward_split, threads, bounds, xw, bs, reverse, Wp, h0, h, c, y, q,
-                            keep, c_all, dtype.type(lo), dtype.type(hi))
-            return DirectionForward(y, h, c, DirectionCache(gates=xw, c=c_all) if keep else None)
-        hn_all = np.empty((T if keep else 1, B, H), dtype)
-        b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(H, dtype)
-        split.run_split(split.gru_forward_split, threads, bounds, xw, bs, reverse, Wp, b_hn, h0, h, y, q, keep,
-                        hn_all)
-        return DirectionForward(y, h, None, DirectionCache(gates=xw, hn=hn_all) if keep else None)
-
-    @staticmethod
-    def _backward_split(spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
-                        c_prev: Array | None, dy: np.ndarray, dh: np.ndarray, dc_n: Array | None,
-                        bs: np.ndarray, reverse: bool, threads: int) -> DirectionGrads:
-        T, B, _ = dy.shape
-        dtype, H, cache = dy.dtype, spec.hidden_size, fwd.cache
-        bounds = split.unit_bounds(H, threads)
-        Wq = split.pack_backward(_c(w.W_hh), bounds)
-        dh_k = np.empty((threads, B, Wq.shape[2]), dtype)
-        d_ih = np.empty((T, B, spec.gate_size), dtype)
-        if spec.mode == "lstm":
-            dc = np.array(dc_n, dtype=dtype, order="C", copy=True)
-            use_clip = spec.cell_clip is not None
-            lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
-            split.run_split(split.lstm_backward_split, threads, bounds, _c(cache.gates), _c(cache.c), _c(c_prev),
-                            bs, reverse, Wq, dy, dh, dc, d_ih, dh_k, use_clip, dtype.type(lo), dtype.type(hi))
-            return DirectionGrads(d_ih, d_ih, None, dh, dc)
-        d_hh = np.empty_like(d_ih)
-        split.run_split(split.gru_backward_split, threads, bounds, _c(cache.gates), _c(cache.hn), _c(h_prev), bs,
-                        reverse, Wq, dy, dh, d_ih, d_hh, dh_k)
-        return DirectionGrads(d_ih, d_hh, None, dh, None)
 
 
 class NumbaEngine(StackEngine):
