@@ -1,18 +1,23 @@
-"""RNN benchmark: every available CPU engine against PyTorch CPU, shapes of shared/BENCH_SHAPES.md.
+"""RNN benchmark: every CPU engine against PyTorch CPU and ONNX Runtime, shapes of shared/BENCH_SHAPES.md.
 
-    python bench/bench_rnn.py --write          # full run, writes bench/RESULTS.md between its markers
+    python bench/bench_rnn.py --write          # full run, writes bench/RESULTS.md and bench/rnn_ratios.png
     python bench/bench_rnn.py --quick          # smoke run: tiny shapes, 3 pairs, prints only
+    python bench/bench_rnn.py --quick --chart /tmp/r.png   # ... and the ratio chart
 
-Method (BENCH_SHAPES.md): float32, time-major, same process, ``torch.set_num_threads`` equal to our
-BLAS thread count (``--threads``, set through threadpoolctl); for each configuration the two sides run
-in alternated pairs (who goes first alternates too) and the reported ratio is the median of the
-per-pair ratios ours/PyTorch. Before every timed call the process sleeps ``--gap`` seconds and then
-makes one untimed call of the same side: OpenBLAS's idle workers spin for about 0.1 s after a call
-and OpenMP's for a while too, and without the pause each side's spinning threads slow the other
-side's next call (measured: PyTorch's S1 LSTM forward 16 ms alone, 32 ms right after one of ours);
-the untimed call then wakes the side's own threads, so the timed call is a warm, steady-state call.
-Both sides use the same weights (``ar.from_torch``) and the outputs are compared once per configuration
-(``max|dy|``).
+Method (BENCH_SHAPES.md): float32, time-major, same process, ``torch.set_num_threads`` and ORT's
+``intra_op_num_threads`` equal to our BLAS thread count (``--threads``, set through threadpoolctl). For
+each configuration the sides run in rounds (forward: ours, PyTorch, ONNX Runtime; training step: ours,
+PyTorch, as ORT has no training), the order rotated every round so that each side goes first in turn,
+and each reported ratio is the median of the per-round ratios: ours/PyTorch, ours/ORT and ours/faster
+peer (ours over the smaller of the peers' times in the same round). Before every timed call the
+process sleeps ``--gap`` seconds and then makes one untimed call of the same side: OpenBLAS's idle
+workers spin for about 0.1 s after a call and OpenMP's for a while too, and without the pause each
+side's spinning threads slow the other side's next call (measured: PyTorch's S1 LSTM forward 16 ms
+alone, 32 ms right after one of ours); the untimed call then wakes the side's own threads, so the timed
+call is a warm, steady-state call. All sides use the same weights (``ar.from_torch``; ORT through
+``bench/onnx_peer.py``, exact gate reordering) and the outputs are compared once per configuration
+(``max|dy|``). ORT runs on pre-bound inputs and outputs (IOBinding). Without onnxruntime (the ``bench``
+extra) the ORT columns say n/a and the faster peer is PyTorch.
 
 A training step is forward + backward with ``dy = 1`` (the gradient of ``y.sum()``), input gradient
 included on both sides. S5's lengths are uniform in 1..T, unsorted; PyTorch runs them through
@@ -46,11 +51,15 @@ import threadpoolctl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import onnx_peer  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
 from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason, probe_call  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
+CHART = ROOT / "bench" / "rnn_ratios.png"
 START, END = "<!-- rnn-bench:start -->", "<!-- rnn-bench:end -->"
 
 
@@ -80,13 +89,10 @@ QUICK_SHAPES = (
 MODES = ("lstm", "gru")
 PHASES = ("forward", "train")
 
-# issue 5's targets, ratio ours/PyTorch (None: no target)
-TARGETS = {
-    ("lstm", "train"): {"S1": 1.0, "S2": 1.5, "S3": 1.0, "S4": 1.0, "S5": 1.0},
-    ("lstm", "forward"): {"S1": 1.5, "S2": 1.5, "S3": 1.0, "S4": 1.5},
-    ("gru", "train"): dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 0.8),
-    ("gru", "forward"): dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 1.0),
-}
+# issue 15's targets (numba engine): forward, ours / faster of PyTorch and ORT; training, ours / PyTorch
+_TARGET_SHAPES = ("S1", "S2", "S3", "S4", "S5")
+TARGETS = {(mode, phase): dict.fromkeys(_TARGET_SHAPES, limit)
+           for mode in MODES for phase, limit in (("forward", 0.9), ("train", 0.8))}
 
 
 # -- the two sides ---------------------------------------------------------------------------------
@@ -110,6 +116,7 @@ class Case:
             self.dy *= (np.arange(shape.T)[:, None] < self.lengths[None, :])[..., None]
         self.x_torch = torch.from_numpy(self.x)
         self.lengths_torch = torch.from_numpy(self.lengths) if self.lengths is not None else None
+        self._ort: onnx_peer.OnnxPeer | None = None
 
     def active_pairs(self) -> int:
         return int(self.lengths.sum()) if self.lengths is not None else self.shape.T * self.shape.B
@@ -157,31 +164,95 @@ class Case:
             return x.grad
         return step
 
-    def max_abs_diff(self, engine: str) -> float:
+    # ONNX Runtime (forward only)
+    def ort_peer(self, threads: int) -> onnx_peer.OnnxPeer:
+        if self._ort is None or self._ort.threads != threads:
+            self._ort = onnx_peer.OnnxPeer(self.params, threads=threads)
+        return self._ort
+
+    def ort_call(self, threads: int):
+        """The ORT forward on pre-bound input and output buffers (a zero-arg callable)."""
+        return self.ort_peer(threads).bound(self.x, self.lengths)
+
+    def max_abs_diff(self, engine: str, ort_threads: int | None = None) -> tuple[float, float | None]:
+        """Largest |y_ours - y_peer| against PyTorch and (when ``ort_threads``) ORT; None: no ORT."""
         ours = ar.rnn_forward(self.params, self.x, lengths=self.lengths, engine=engine).y
-        theirs = self.torch_call("forward")().numpy()
-        return float(np.abs(ours - theirs).max())
+        torch_y = self.torch_call("forward")().numpy()
+        ort_diff = None
+        if ort_threads is not None:
+            ort_diff = float(np.abs(ours - self.ort_peer(ort_threads)(self.x, self.lengths)).max())
+        return float(np.abs(ours - torch_y).max()), ort_diff
 
 
-def paired_times(ours, theirs, pairs: int, gap: float, warmup: int = 2) -> tuple[list[float], list[float]]:
-    """Alternated pairs (who goes first alternates); each timed call follows a pause and one untimed call.
+def rotated_times(sides: list, rounds: int, gap: float, warmup: int = 2) -> list[list[float]]:
+    """Per side, ``rounds`` timings; round ``i`` runs the sides starting at side ``i mod n`` (rotated, so
+    each goes first in turn; two sides alternate). Each timed call follows a pause and one untimed call.
 
-    The pause lets the other side's idle threads fall asleep; the untimed call wakes this side's own
+    The pause lets the other sides' idle threads fall asleep; the untimed call wakes this side's own
     threads and caches, so the timed call is a warm steady-state call, as in a training loop.
     """
     for _ in range(warmup):
-        ours()
-        theirs()
-    a, b = [], []
-    for i in range(pairs):
-        order = ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a))
-        for fn, out in order:
+        for fn in sides:
+            fn()
+    times: list[list[float]] = [[] for _ in sides]
+    for i in range(rounds):
+        for k in range(len(sides)):
+            j = (i + k) % len(sides)
             time.sleep(gap)
-            fn()
+            sides[j]()
             t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return a, b
+            sides[j]()
+            times[j].append(time.perf_counter() - t0)
+    return times
+
+
+@dataclass
+class Row:
+    """One timed configuration; times in seconds (medians), ratios medians of per-round ratios."""
+
+    shape: str
+    mode: str
+    phase: str
+    engine: str
+    ours: float
+    torch: float
+    ort: float | None           # None: ORT not run (training, or onnxruntime absent)
+    vs_torch: float
+    vs_ort: float | None
+    vs_faster: float            # forward: ours / faster peer per round; train: = vs_torch
+    target: float | None
+    roof_ours: float
+    roof_torch: float
+    diff_torch: float
+    diff_ort: float | None
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.vs_faster <= self.target
+
+
+def time_row(case: Case, engine: str, phase: str, threads: int, use_ort: bool, pairs: int, gap: float,
+             roofline: float, diffs: tuple[float, float | None]) -> Row:
+    """Time ours against the peers of ``phase`` (ORT only for the forward, when ``use_ort``)."""
+    sides = [case.ours(engine, phase), case.torch_call(phase)]
+    with_ort = use_ort and phase == "forward"
+    if with_ort:
+        sides.append(case.ort_call(threads))
+    times = [np.array(t) for t in rotated_times(sides, pairs, gap)]
+    ours, torch_t = times[0], times[1]
+    ort_t = times[2] if with_ort else None
+    faster = np.minimum(torch_t, ort_t) if with_ort else torch_t
+    s = case.shape
+    target = TARGETS.get((case.mode, phase), {}).get(s.name) if engine == "numba" else None
+    flops = case.flops(phase)
+    return Row(s.name, case.mode, phase, engine, _median(ours), _median(torch_t), _median(ort_t),
+               _median(ours / torch_t), _median(ours / ort_t) if with_ort else None, _median(ours / faster),
+               target, flops / _median(ours) / roofline, flops / _median(torch_t) / roofline, diffs[0],
+               diffs[1] if with_ort else None)
+
+
+def _median(a: np.ndarray | None) -> float | None:
+    return None if a is None else float(np.median(a))
 
 
 def gemm_roofline(threads: int, n: int = 2048, repeats: int = 5) -> float:
@@ -270,9 +341,17 @@ def compile_cost(threads: int) -> dict:
 
 
 # -- report ----------------------------------------------------------------------------------------
-def environment(threads: int, roofline: float) -> list[str]:
+def environment(threads: int, roofline: float, ort_missing: str | None) -> list[str]:
     import numba
     import torch
+
+    if ort_missing is None:
+        import onnx
+        import onnxruntime
+
+        ort_line = f"onnxruntime {onnxruntime.__version__} (CPU EP), onnx {onnx.__version__}"
+    else:
+        ort_line = f"onnxruntime n/a: {ort_missing}"
 
     blas = [f"{d.get('internal_api')} {d.get('version')} ({d.get('architecture', '?')}, "
             f"{d.get('num_threads')} threads, {os.path.basename(d['filepath'])})"
@@ -280,9 +359,10 @@ def environment(threads: int, roofline: float) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS", "OMP_", "MKL_", "NUMBA_"))}
     return [
         f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {_cpu_model()}",
-        f"- threads: {threads} (our BLAS via threadpoolctl; `torch.set_num_threads({threads})`)",
+        f"- threads: {threads} (our BLAS via threadpoolctl; `torch.set_num_threads({threads})`; ORT "
+        f"`intra_op_num_threads={threads}`, `inter_op_num_threads=1`, sequential, ORT_ENABLE_ALL)",
         f"- versions: python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
-        f"torch {torch.__version__}, arrayrnn {ar.__version__}",
+        f"torch {torch.__version__}, {ort_line}, arrayrnn {ar.__version__}",
         f"- BLAS loaded (threadpoolctl): {'; '.join(blas)}",
         f"- environment: {env or 'no OPENBLAS_/OMP_/MKL_/NUMBA_ variables'}",
         f"- GEMM roofline: {roofline / 1e9:.0f} GFLOP/s (best float32 square sgemm, NumPy's BLAS)",
@@ -322,6 +402,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engines", default=None, help="comma-separated subset of the available engines")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-side memory subprocesses")
     parser.add_argument("--no-compile", action="store_true", help="skip the cold/warm numba compile timing")
+    parser.add_argument("--chart", default=None, help="write the ratio chart (PNG) here; default "
+                        "bench/rnn_ratios.png with --write")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -346,23 +428,20 @@ def main(argv: list[str] | None = None) -> None:
     roofline = gemm_roofline(threads, n=512 if args.quick else 2048)
     command = "python " + " ".join(shlex.quote(a) for a in ["bench/bench_rnn.py", *(argv or sys.argv[1:])])
 
+    ort_missing = onnx_peer.onnxruntime_unavailable_reason()
+    if ort_missing:
+        print(f"ONNX Runtime columns n/a: {ort_missing}", flush=True)
+
     rows, mem_rows = [], []
     for mode in args.modes.split(","):
         for shape in shapes:
             case = Case(shape, mode)
             for engine in engines:
-                diff = case.max_abs_diff(engine)
+                diffs = case.max_abs_diff(engine, None if ort_missing else threads)
                 for phase in PHASES:
-                    a, b = paired_times(case.ours(engine, phase), case.torch_call(phase), pairs, gap)
-                    ratio = float(np.median(np.array(a) / np.array(b)))
-                    ta, tb = float(np.median(a)), float(np.median(b))
-                    target = TARGETS.get((mode, phase), {}).get(shape.name) if engine == "numba" else None
-                    flops = case.flops(phase)
-                    rows.append((shape.name, mode, phase, engine, ta * 1e3, tb * 1e3, ratio, target,
-                                 flops / ta / roofline, flops / tb / roofline, diff))
-                    note = f" (target <= {target})" if target else ""
-                    print(f"{shape.name} {mode:4s} {phase:7s} {engine:9s} ours {ta * 1e3:8.2f} ms  torch "
-                          f"{tb * 1e3:8.2f} ms  ratio {ratio:5.2f}{note}", flush=True)
+                    row = time_row(case, engine, phase, threads, not ort_missing, pairs, gap, roofline, diffs)
+                    rows.append(row)
+                    print(progress_line(row), flush=True)
             if not args.no_memory:
                 torch_mem = measure_memory("torch", shape, mode, "numba", threads)
                 for engine in engines:
@@ -374,32 +453,58 @@ def main(argv: list[str] | None = None) -> None:
                           f"{ours_mem['rss_peak_over_start'] / 2**20:.1f} MiB; torch RSS growth "
                           f"{torch_mem['rss_peak_over_start'] / 2**20:.1f} MiB", flush=True)
     compile_info = compile_cost(threads) if "numba" in engines and not args.no_compile else None
-    section = render(rows, mem_rows, compile_info, environment(threads, roofline), command, pairs, gap)
+    env_lines = environment(threads, roofline, ort_missing)
+    section = render(rows, mem_rows, compile_info, env_lines, command, pairs, gap)
     print(section)
     if args.write and not args.quick:
         write_results(section)
         print(f"wrote {RESULTS.relative_to(ROOT)}")
+    chart = args.chart or (str(CHART) if args.write and not args.quick else None)
+    if chart:
+        write_chart(rows, Path(chart))
+        print(f"wrote {chart}")
 
 
-def render(rows, mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
-    out = ["## RNN engines vs PyTorch CPU (BENCH_SHAPES.md)", ""]
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def progress_line(row: Row) -> str:
+    note = f" (target <= {row.target})" if row.target else ""
+    ort = "     n/a   " if row.ort is None else f"{row.ort * 1e3:8.2f} ms"
+    return (f"{row.shape} {row.mode:4s} {row.phase:7s} {row.engine:9s} ours {row.ours * 1e3:8.2f} ms  torch "
+            f"{row.torch * 1e3:8.2f} ms  ORT {ort}  "
+            f"ours/torch {row.vs_torch:5.2f}  ours/ORT {_fmt(row.vs_ort, '5.2f')}  ours/faster "
+            f"{row.vs_faster:5.2f}{note}")
+
+
+def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
+    out = ["## RNN engines vs PyTorch CPU and ONNX Runtime (BENCH_SHAPES.md)", ""]
     out.append(f"Command: `{command}` (environment variables below)")
     out.append("")
-    out.append(f"float32, time-major; {pairs} alternated pairs per row; before each timed call a {gap} s "
-               "pause and one untimed call of the same side; ms = medians, ratio = median of per-pair "
-               "ratios ours/PyTorch (< 1: we are faster); roofline = FLOPs / best 2048^3 sgemm rate; "
-               "`max|dy|` = largest difference of the forward outputs (same weights). "
-               "train = forward + backward incl. dx.")
+    out.append(f"float32, time-major; {pairs} rounds per row, the sides' order rotated every round; "
+               f"before each timed call a {gap} s pause and one untimed call of the same side; "
+               "ms = medians, ratios = medians of per-round ratios (< 1: we are faster); vs faster = ours / "
+               "the faster peer of the same round (forward: PyTorch or ONNX Runtime; train: PyTorch, ORT "
+               "has no training), the ratio the target applies to (issue 15: forward <= 0.9, train <= 0.8, "
+               "numba engine, S1-S5); roofline = FLOPs / best 2048^3 sgemm rate; `max|dy|` = largest "
+               "difference of the forward outputs (same weights). train = forward + backward incl. dx. "
+               "n/a: not run.")
     out.append("")
     out += env_lines
     out.append("")
-    out.append("| shape | mode | phase | engine | ours ms | PyTorch ms | ratio | target | met "
-               "| ours roofline | PyTorch roofline | max\\|dy\\| |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for s, mode, phase, engine, ta, tb, ratio, target, ra, rb, diff in rows:
-        met = "" if target is None else ("yes" if ratio <= target else "**no**")
-        out.append(f"| {s} | {mode} | {phase} | {engine} | {ta:.2f} | {tb:.2f} | {ratio:.2f} | "
-                   f"{'<= ' + str(target) if target else ''} | {met} | {ra:.0%} | {rb:.0%} | {diff:.1e} |")
+    out.append("| shape | mode | phase | engine | ours ms | PyTorch ms | ORT ms | vs PyTorch | vs ORT "
+               "| vs faster | target | met | ours roofline | PyTorch roofline | max\\|dy\\| PyTorch "
+               "| max\\|dy\\| ORT |")
+    out.append("|---" * 16 + "|")
+    for r in rows:
+        met = "" if r.met is None else ("yes" if r.met else "**no**")
+        target = f"<= {r.target}" if r.target else ""
+        out.append(f"| {r.shape} | {r.mode} | {r.phase} | {r.engine} | {r.ours * 1e3:.2f} | "
+                   f"{r.torch * 1e3:.2f} | {_fmt(None if r.ort is None else r.ort * 1e3, '.2f')} | "
+                   f"{r.vs_torch:.2f} | {_fmt(r.vs_ort, '.2f')} | {r.vs_faster:.2f} | {target} | {met} | "
+                   f"{r.roof_ours:.0%} | {r.roof_torch:.0%} | {r.diff_torch:.1e} | "
+                   f"{_fmt(r.diff_ort, '.1e')} |")
     if mem_rows:
         out += ["", "Peak memory of one training step, MiB (fresh subprocess per side, warmed up on a tiny "
                 "case; RSS = growth of the peak RSS over the RSS before the step):", "",
@@ -413,6 +518,45 @@ def render(rows, mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
                 f"{compile_info['cold']:.1f} s with an empty cache, {compile_info['warm']:.2f} s with the "
                 f"on-disk cache; `import arrayrnn` {compile_info['import']:.2f} s."]
     return "\n".join(out) + "\n"
+
+
+def write_chart(rows: list[Row], path: Path) -> None:
+    """Grouped bars of the target ratios (forward vs the faster peer, training vs PyTorch) per shape and
+    mode, one panel per phase, a dashed line at each bar's target; numba rows (else the first engine)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engine = "numba" if any(r.engine == "numba" for r in rows) else rows[0].engine
+    rows = [r for r in rows if r.engine == engine]
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    modes = list(dict.fromkeys(r.mode for r in rows))
+    titles = {"forward": "forward: ours / faster of PyTorch, ONNX Runtime",
+              "train": "training step: ours / PyTorch"}
+    fig, axes = plt.subplots(1, len(PHASES), figsize=(6 * len(PHASES), 4.2), squeeze=False)
+    width = 0.8 / max(len(modes), 1)
+    for ax, phase in zip(axes[0], PHASES, strict=True):
+        for k, mode in enumerate(modes):
+            cells = {r.shape: r for r in rows if r.phase == phase and r.mode == mode}
+            xs = [i + (k - (len(modes) - 1) / 2) * width for i, s in enumerate(shapes) if s in cells]
+            picked = [cells[s] for s in shapes if s in cells]
+            bars = ax.bar(xs, [r.vs_faster for r in picked], width, label=mode.upper())
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+            for x, r in zip(xs, picked, strict=True):
+                if r.target is not None:
+                    ax.hlines(r.target, x - width / 2, x + width / 2, colors="black", linestyles="dashed")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks(range(len(shapes)), shapes)
+        ax.set_title(titles[phase], fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("time ratio (< 1: arrayrnn faster)")
+    fig.suptitle(f"arrayrnn ({engine} engine) vs peers, float32 CPU; dashed: target, grey: parity",
+                 fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -6,17 +6,60 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_rnn.py"
+QUICK = ["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm", "--shapes", "Q2"]
 
 
-def test_bench_quick_runs_and_reports_every_engine(capsys, monkeypatch):
+def _load_bench(monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_rnn", BENCH)
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_rnn", bench)  # dataclasses look their module up there
     spec.loader.exec_module(bench)
-    bench.main(["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm",
-                "--shapes", "Q2"])
+    return bench
+
+
+def _table_row(out: str, prefix: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.startswith(prefix))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_bench_quick_runs_and_reports_every_engine(capsys, monkeypatch):
+    bench = _load_bench(monkeypatch)
+    bench.main(QUICK)
     out = capsys.readouterr().out
     assert "| Q2 | lstm | forward | numba |" in out
     assert "| Q2 | lstm | train | reference |" in out
     assert "GEMM roofline" in out
+
+
+def test_bench_quick_has_ort_columns_and_writes_the_chart(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("matplotlib")
+    bench = _load_bench(monkeypatch)
+    chart = tmp_path / "ratios.png"
+    bench.main([*QUICK, "--chart", str(chart)])
+    out = capsys.readouterr().out
+    assert "| ORT ms | vs PyTorch | vs ORT | vs faster |" in out
+    forward = _table_row(out, "| Q2 | lstm | forward | numba |")
+    assert len(forward) == 16
+    ort_ms, vs_ort, diff_ort = float(forward[6]), float(forward[8]), float(forward[15])
+    assert ort_ms > 0 and vs_ort > 0
+    assert diff_ort < 1e-5  # ORT's output equals ours on the same weights
+    # per round ours / min(peers) >= ours / each peer, so the medians keep that order (2-decimal cells)
+    assert float(forward[9]) >= max(float(forward[7]), vs_ort) - 0.011
+    train = _table_row(out, "| Q2 | lstm | train | numba |")
+    assert train[6] == train[8] == train[15] == "n/a"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_runs_when_onnxruntime_is_absent(capsys, monkeypatch):
+    bench = _load_bench(monkeypatch)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    bench.main(QUICK)
+    out = capsys.readouterr().out
+    assert "ONNX Runtime columns n/a" in out
+    forward = _table_row(out, "| Q2 | lstm | forward | numba |")
+    assert forward[6] == forward[8] == forward[15] == "n/a"
+    assert forward[9] == forward[7]  # the faster peer is PyTorch alone
