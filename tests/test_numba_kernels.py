@@ -83,9 +83,10 @@ def test_blas_binding_is_numpys_own_library():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("m", [1, SMALL_M - 1, SMALL_M, 9])
 @pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_gemm_on_strided_views_matches_numpy(dtype, m, beta):
+@pytest.mark.parametrize("k", [5, 13, 24])   # below, not a multiple of, and a multiple of small_gemm's 8
+def test_gemm_on_strided_views_matches_numpy(dtype, m, beta, k):
     rng = np.random.default_rng(m)
-    k, n = 13, 7  # k not a multiple of the unroll factor
+    n = 7
     big_a = rng.standard_normal((m + 2, k + 5)).astype(dtype)
     big_b = rng.standard_normal((k + 1, n + 3)).astype(dtype)
     big_c = rng.standard_normal((m + 1, n + 4)).astype(dtype)
