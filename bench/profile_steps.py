@@ -1,0 +1,214 @@
+"""Where the time of one numba-engine call goes: recurrent GEMM, gate math, hoisted GEMMs, the rest.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_steps.py --write
+
+For one-layer shapes of ``shared/BENCH_SHAPES.md`` (S1, S3 by default), LSTM and GRU, float32, each part
+is timed on its own with the buffers and shapes the engine uses, median of ``--repeats`` back-to-back
+calls after one untimed call (steady state; ``--gap`` adds a pause before each, as ``bench_rnn.py`` does
+between peers, which this profile of one engine does not need):
+
+- ``total``: ``ar.rnn_forward`` (inference) or ``rnn_forward(training=True)`` + ``rnn_backward``;
+- ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the driver's ``input_projection``);
+- ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
+- ``recurrent GEMM``: the same per-step GEMM calls as the kernel (same shapes, same BLAS entry point,
+  ``T`` calls in one compiled loop), without any gate math;
+- ``gate math`` = ``time loop`` - ``recurrent GEMM`` (everything the kernel does between its GEMMs);
+- ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop;
+- ``rest`` = ``total`` - the parts above: the frontend (checks, the private copies of ``x`` and of the
+  weights, zero initial states), the driver's ``previous_states`` and concatenations, Python overhead.
+
+Parts are measured apart, so they need not add up exactly; ``rest`` absorbs the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+import threadpoolctl
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import arrayrnn as ar  # noqa: E402
+from arrayrnn.engines import numba_engine  # noqa: E402
+from arrayrnn.engines.numba_blas import blas_binding, gemm, transposed  # noqa: E402
+from arrayrnn.engines.stack import _weight_grads, direction_weights, input_projection  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+START, END = "<!-- step-profile:start -->", "<!-- step-profile:end -->"
+SHAPES = {"S1": (100, 64, 256, 256), "S2-layer": (50, 16, 128, 512), "S3": (200, 1, 64, 128)}
+
+
+@numba.njit(cache=True, nogil=True)
+def _gemm_steps(ilp64, a, b, c, beta):
+    """``c[t] = a[t] @ b + beta * c[t]`` for every ``t``: the kernel's per-step GEMMs without gate math."""
+    for t in range(c.shape[0]):
+        gemm(ilp64, a[t], b, c[t], beta)
+
+
+def _median_time(fn, repeats: int, gap: float) -> float:
+    times = []
+    for _ in range(repeats):
+        time.sleep(gap)
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+class Parts:
+    """Timed closures for one shape and mode, on the engine's own buffers."""
+
+    def __init__(self, mode: str, T: int, B: int, I: int, H: int):
+        rng = np.random.default_rng(0)
+        self.spec = ar.RNNSpec(mode=mode, input_size=I, hidden_size=H, dtype="float32")
+        self.params = ar.PackedParams.init(self.spec, seed=0)
+        self.x = rng.standard_normal((T, B, I)).astype(np.float32)
+        self.dy = np.ones((T, B, H), np.float32)
+        self.w = direction_weights(self.params, 0, 0)
+        self.bs = np.full(T, B, np.int64)
+        self.h0 = np.zeros((B, H), np.float32)
+        self.c0 = np.zeros((B, H), np.float32) if mode == "lstm" else None
+        self.kernel = numba_engine.NumbaKernel()
+        self.ilp64 = blas_binding().ilp64
+        self.xw = input_projection(self.x, self.w)
+        G = self.spec.gate_size
+        # the per-step GEMMs of the kernels: forward h @ W_hh.T -> (B, G); backward d_gates @ W_hh -> (B, H)
+        self.fwd_gemm = (np.zeros((T, B, H), np.float32), transposed(self.w.W_hh),
+                         np.zeros((T, B, G), np.float32))
+        self.bwd_gemm = (rng.standard_normal((T, B, G)).astype(np.float32), np.ascontiguousarray(self.w.W_hh),
+                         np.zeros((T, B, H), np.float32))
+
+    def forward_total(self):
+        return ar.rnn_forward(self.params, self.x, engine="numba")
+
+    def train_total(self):
+        res = ar.rnn_forward(self.params, self.x, training=True, engine="numba")
+        return ar.rnn_backward(res, self.dy)
+
+    def input_gemm(self):
+        return input_projection(self.x, self.w)
+
+    def forward_loop(self, keep: bool):
+        return self.kernel.forward(self.spec, self.w, self.xw.copy(), self.bs, self.h0, self.c0, False, keep)
+
+    def forward_gemms(self):
+        _gemm_steps(self.ilp64, *self.fwd_gemm, 0.0)
+
+    def backward_gemms(self):
+        _gemm_steps(self.ilp64, *self.bwd_gemm, 0.0)
+
+    def backward_pieces(self):
+        """The backward loop's inputs, as the driver builds them (not timed)."""
+        from arrayrnn.engines.stack import previous_states
+        fwd = self.forward_loop(True)
+        h_prev = previous_states(np, fwd.y, self.h0, self.bs, False)
+        c_prev = previous_states(np, fwd.cache.c, self.c0, self.bs, False) if self.c0 is not None else None
+        return fwd, h_prev, c_prev
+
+    def backward_loop_fn(self):
+        fwd, h_prev, c_prev = self.backward_pieces()
+        dc = np.zeros_like(self.c0) if self.c0 is not None else None
+        dh = np.zeros_like(self.h0)
+        return lambda: self.kernel.backward(self.spec, self.w, fwd, h_prev, c_prev, self.dy, dh, dc, self.bs,
+                                            False)
+
+    def hoisted_backward_fn(self):
+        fwd, h_prev, _ = self.backward_pieces()
+        g = self.backward_loop_fn()()
+        grads = ar.PackedParams.zeros(self.spec)
+
+        def run():
+            _weight_grads(self.spec, grads, 0, 0, self.w, g, fwd, self.x, h_prev)
+            return g.d_ih.reshape(-1, g.d_ih.shape[-1]) @ self.w.W_ih
+        return run
+
+
+def profile(mode: str, shape: str, repeats: int, gap: float) -> dict[str, dict[str, float]]:
+    p = Parts(mode, *SHAPES[shape])
+    t = lambda fn: _median_time(fn, repeats, gap) * 1e3  # noqa: E731
+    fwd = {"total": t(p.forward_total), "input GEMM": t(p.input_gemm), "recurrent GEMM": t(p.forward_gemms)}
+    loop = t(lambda: p.forward_loop(False))
+    fwd["gate math"] = loop - fwd["recurrent GEMM"]
+    fwd["rest"] = fwd["total"] - fwd["input GEMM"] - loop
+
+    train = {"total": t(p.train_total), "input GEMM": fwd["input GEMM"]}
+    loop_f = t(lambda: p.forward_loop(True))
+    loop_b = t(p.backward_loop_fn())
+    gemm_b = t(p.backward_gemms)
+    train["recurrent GEMM"] = fwd["recurrent GEMM"] + gemm_b
+    train["gate math"] = (loop_f - fwd["recurrent GEMM"]) + (loop_b - gemm_b)
+    train["hoisted backward GEMMs"] = t(p.hoisted_backward_fn())
+    train["rest"] = train["total"] - train["input GEMM"] - loop_f - loop_b - train["hoisted backward GEMMs"]
+    return {"forward": fwd, "train": train}
+
+
+COLUMNS = ("total", "input GEMM", "recurrent GEMM", "gate math", "hoisted backward GEMMs", "rest")
+
+
+def render(results, command: str, label: str) -> str:
+    out = [f"### Per-call profile of the numba engine: {label}", "",
+           f"Command: `{command}`; float32, 1 layer, 2 BLAS threads; ms, median; share of total in brackets. "
+           "`gate math` = compiled time loop - its per-step GEMMs measured alone; `rest` = total - parts "
+           "(frontend copies, driver, Python).", "",
+           "| shape | mode | phase | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (3 + len(COLUMNS))]
+    for (shape, mode), phases in results.items():
+        for phase, parts in phases.items():
+            cells = []
+            for col in COLUMNS:
+                if col not in parts:
+                    cells.append("")
+                elif col == "total":
+                    cells.append(f"{parts[col]:.2f}")
+                else:
+                    cells.append(f"{parts[col]:.2f} ({parts[col] / parts['total']:.0%})")
+            out.append(f"| {shape} | {mode} | {phase} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def write_results(section: str, label: str) -> None:
+    start, end = START.replace(":start", f":{label}:start"), END.replace(":end", f":{label}:end")
+    text = RESULTS.read_text()
+    block = f"{start}\n{section.rstrip()}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="S1,S3")
+    parser.add_argument("--modes", default="lstm,gru")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--gap", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--label", default="after", help="names the RESULTS.md block (before / after)")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args(argv)
+    threadpoolctl.threadpool_limits(args.threads)
+    results = {}
+    for shape in args.shapes.split(","):
+        for mode in args.modes.split(","):
+            results[(shape, mode)] = profile(mode, shape, args.repeats, args.gap)
+            rounded = {ph: {k: round(v, 2) for k, v in d.items()} for ph, d in results[(shape, mode)].items()}
+            print(shape, mode, rounded, flush=True)
+    args_used = argv if argv is not None else sys.argv[1:]
+    command = "python " + " ".join(shlex.quote(a) for a in ["bench/profile_steps.py", *args_used])
+    section = render(results, command, args.label)
+    print(section)
+    if args.write:
+        write_results(section, args.label)
+
+
+if __name__ == "__main__":
+    main()
