@@ -14,7 +14,7 @@ from conftest import ENGINES
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
-from arrayrnn.engines import numba_engine, probe_call, select_engine
+from arrayrnn.engines import numba_blas, numba_engine, probe_call, select_engine
 from arrayrnn.engines.numba_blas import BlasNotFoundError
 
 SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
@@ -101,6 +101,23 @@ def test_numba_equals_reference(config, dtype, rtol, atol):
             assert ours[name] is None
             continue
         np.testing.assert_allclose(ours[name], expected, rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [("float64", 1e-12, 1e-13), ("float32", 2e-5, 2e-6)])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_flipped_per_step_products_equal_reference(config, dtype, rtol, atol, monkeypatch):
+    # the test weights are far below the size threshold: lower it so that every step with 4..16 active
+    # rows (the 37 unsorted lengths pass through all of them) runs gemm_step's flipped product
+    monkeypatch.setattr(numba_blas, "FLIPPED_MIN_WEIGHT", 0)
+    sizes = []
+    real = numba_blas.flipped_scratch
+    monkeypatch.setattr(numba_engine, "flipped_scratch", lambda *a: sizes.append((s := real(*a)).size) or s)
+    spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype=dtype, **CONFIGS[config])
+    ours, oracle = _run("numba", spec), _run("reference", spec)
+    assert sizes and all(size > 0 for size in sizes)
+    for name, expected in oracle.items():
+        if expected is not None:
+            np.testing.assert_allclose(ours[name], expected, rtol=rtol, atol=atol, err_msg=name)
 
 
 def test_inference_forward_equals_training_forward():

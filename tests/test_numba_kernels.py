@@ -16,7 +16,7 @@ from numba.core.runtime import _nrt_python, rtsys
 import arrayrnn as ar
 from arrayrnn.engines import numba_blas
 from arrayrnn.engines import numba_kernels as nk
-from arrayrnn.engines.numba_blas import SMALL_M, blas_binding, gemm
+from arrayrnn.engines.numba_blas import FLIPPED_MAX_M, SMALL_M, blas_binding, gemm
 
 SIGMOID, TANH = 0, 1
 
@@ -99,6 +99,34 @@ def test_gemm_on_strided_views_matches_numpy(dtype, m, beta, k):
     mask = np.ones(big_c.shape, bool)
     mask[:m, 3:n + 3] = False
     np.testing.assert_array_equal(big_c[mask], untouched[mask])  # nothing written outside the view
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [SMALL_M - 1, SMALL_M, 9, FLIPPED_MAX_M, FLIPPED_MAX_M + 1])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_gemm_step_flipped_or_not_matches_numpy(dtype, m, beta):
+    rng = np.random.default_rng(m)
+    k, n = 11, 9
+    a = rng.standard_normal((m + 1, k))[1:].astype(dtype)
+    W = rng.standard_normal((n + 4, k)).astype(dtype)     # the weight; b = W[2:2+n].T, a column slice
+    W_T = np.ascontiguousarray(W.T)
+    b, b_t = W_T[:, 2:2 + n], W[2:2 + n]
+    c = rng.standard_normal((m, n)).astype(dtype)
+    expected = a.astype(np.float64) @ b + beta * c
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for scratch in (np.empty(0, dtype), np.full(FLIPPED_MAX_M * n, np.nan, dtype)):
+        out = c.copy()
+        numba_blas.gemm_step(blas_binding().ilp64, a, b, b_t, out, beta, scratch)
+        np.testing.assert_allclose(out, expected, rtol=tol, atol=tol)
+    assert np.isfinite(scratch[:m * n]).all() == (SMALL_M <= m <= FLIPPED_MAX_M)   # the flipped path ran
+
+
+def test_flipped_scratch_only_for_few_rows_and_a_large_weight():
+    big = numba_blas.FLIPPED_MIN_WEIGHT
+    assert numba_blas.flipped_scratch(SMALL_M - 1, big, 1, np.float32).size == 0
+    assert numba_blas.flipped_scratch(SMALL_M, big - 1, 1, np.float32).size == 0
+    assert numba_blas.flipped_scratch(SMALL_M, big, 1, np.float32).size == SMALL_M
+    assert numba_blas.flipped_scratch(64, 1, big, np.float32).size == numba_blas.FLIPPED_MAX_M * big
 
 
 def test_gemm_with_no_rows_or_empty_inner_dimension():

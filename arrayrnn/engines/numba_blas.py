@@ -44,6 +44,10 @@ _SYMBOLS = {
 }
 
 SMALL_M = 4  # below this many rows, small_gemm beats a BLAS call (measured: 1 x 128 x 512: 1.3 vs 3.1 us)
+# gemm_step runs a per-step product flipped for SMALL_M..FLIPPED_MAX_M rows by a weight of at least
+# FLIPPED_MIN_WEIGHT elements: there it measured 1.3-1.8x faster, elsewhere 0.4-1.0x (bench/RESULTS.md)
+FLIPPED_MAX_M = 16
+FLIPPED_MIN_WEIGHT = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -133,28 +137,29 @@ _sgemm64, _sgemm32 = _external_gemm("s", 64), _external_gemm("s", 32)
 _dgemm64, _dgemm32 = _external_gemm("d", 64), _external_gemm("d", 32)
 
 
-def _blas_gemm(ilp64, a, b, c, beta):
-    """BLAS ``c = a @ b + beta * c``; typed per dtype by the overload below."""
+def _blas_gemm(ilp64, a, b, c, beta, trans_b):
+    """BLAS ``c = a @ (b.T if trans_b else b) + beta * c``; typed per dtype by the overload below."""
 
 
 @overload(_blas_gemm, inline="always")
-def _blas_gemm_impl(ilp64, a, b, c, beta):
+def _blas_gemm_impl(ilp64, a, b, c, beta, trans_b):
     single = c.dtype == types.float32
     real = np.float32 if single else np.float64
     f64, f32 = (_sgemm64, _sgemm32) if single else (_dgemm64, _dgemm32)
 
-    def impl(ilp64, a, b, c, beta):
+    def impl(ilp64, a, b, c, beta, trans_b):
         m, k = a.shape
-        n = b.shape[1]
+        n = b.shape[0] if trans_b else b.shape[1]
         item = a.itemsize
         lda, ldb, ldc = a.strides[0] // item, b.strides[0] // item, c.strides[0] // item
         one, scale = real(1.0), real(beta)
+        op_b = CBLAS_TRANS if trans_b else CBLAS_NO_TRANS
         if ilp64:
-            f64(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, m, n, k, one, a.ctypes.data, lda,
+            f64(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, op_b, m, n, k, one, a.ctypes.data, lda,
                 b.ctypes.data, ldb, scale, c.ctypes.data, ldc)
         else:
             i32 = np.int32
-            f32(i32(CBLAS_ROW_MAJOR), i32(CBLAS_NO_TRANS), i32(CBLAS_NO_TRANS), i32(m), i32(n), i32(k), one,
+            f32(i32(CBLAS_ROW_MAJOR), i32(CBLAS_NO_TRANS), i32(op_b), i32(m), i32(n), i32(k), one,
                 a.ctypes.data, i32(lda), b.ctypes.data, i32(ldb), scale, c.ctypes.data, i32(ldc))
     return impl
 
@@ -200,7 +205,42 @@ def gemm(ilp64, a, b, c, beta):
     if m < SMALL_M or k == 0:
         small_gemm(a, b, c, beta)
         return
-    _blas_gemm(ilp64, a, b, c, beta)
+    _blas_gemm(ilp64, a, b, c, beta, False)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def gemm_step(ilp64, a, b, b_t, c, beta, scratch):
+    """:func:`gemm` (``c = a @ b + beta * c``) for the per-step products of the time loops.
+
+    ``b_t`` is ``b.T`` with contiguous rows and ``scratch`` a 1-D buffer of at least ``n * FLIPPED_MAX_M``
+    elements (:func:`flipped_scratch`), or both zero-size. With them, a product of :data:`SMALL_M` to
+    :data:`FLIPPED_MAX_M` rows runs flipped: ``scratch = b_t @ a.T``, an ``(n, m)`` GEMM with the weight as
+    BLAS's left operand, then added to ``c`` transposed. OpenBLAS runs the flipped product of a few rows
+    by a large weight up to 1.8x faster (bench/RESULTS.md, flipped per-step GEMM).
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    if scratch.shape[0] == 0 or m < SMALL_M or m > FLIPPED_MAX_M or k == 0 or n == 0:
+        gemm(ilp64, a, b, c, beta)
+        return
+    prod = scratch[:n * m].reshape((n, m))
+    _blas_gemm(ilp64, b_t, a, prod, 0.0, True)
+    for i in range(m):
+        c_row = c[i]
+        if beta == 0.0:
+            for j in range(n):
+                c_row[j] = prod[j, i]
+        else:
+            for j in range(n):
+                c_row[j] += prod[j, i]
+
+
+def flipped_scratch(rows: int, k: int, n: int, dtype: Any) -> np.ndarray:
+    """The ``scratch`` of :func:`gemm_step` for per-step products ``(<= rows, k) @ (k, n)``: a buffer where
+    some step can run flipped (:data:`SMALL_M` <= rows and a weight of at least :data:`FLIPPED_MIN_WEIGHT`
+    elements), else zero-size (every step direct)."""
+    flips = rows >= SMALL_M and k * n >= FLIPPED_MIN_WEIGHT
+    return np.empty(min(rows, FLIPPED_MAX_M) * n if flips else 0, dtype=dtype)
 
 
 def transposed(W: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ import numpy as np
 from ..spec import RNNSpec
 from . import numba_kernels as nk
 from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
-from .numba_blas import BlasNotFoundError, blas_binding, transposed
+from .numba_blas import BlasNotFoundError, blas_binding, flipped_scratch, transposed
 from .stack import StackEngine
 
 Array = Any
@@ -57,7 +57,8 @@ class NumbaKernel:
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         y = np.empty((T, B, spec.output_size), dtype=dtype)
         h = np.array(h0, dtype=dtype, order="C", copy=True)
-        W_hhT = transposed(w.W_hh)
+        W_hh, W_hhT = _c(w.W_hh), transposed(w.W_hh)
+        flip = flipped_scratch(B, *W_hhT.shape, dtype)  # per-step products of a few rows run flipped
         H = spec.hidden_size
         if spec.mode == "lstm":
             c = np.array(c0, dtype=dtype, order="C", copy=True)
@@ -66,7 +67,7 @@ class NumbaKernel:
             c_all = np.empty((T, B, H), dtype) if keep_cache else _absent(dtype, 3)
             tanh_c_all = np.empty((T if keep_cache else 1, B, H), dtype) if project else _absent(dtype, 3)
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
-            self._run(nk.lstm_forward_loop, B, xw, bs, reverse, W_hhT, W_hrT, project,
+            self._run(nk.lstm_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, project,
                       h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
                       dtype.type(hi))
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
@@ -75,11 +76,11 @@ class NumbaKernel:
             keep_hn = keep_cache and spec.reset_after
             hn_all = np.empty((T if keep_hn else 1, B, H), dtype)
             b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(H, dtype)
-            self._run(nk.gru_forward_loop, B, xw, bs, reverse, W_hhT, spec.reset_after,
+            self._run(nk.gru_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, spec.reset_after,
                       b_hn, h, y, np.empty((B, 3 * H), dtype), keep_hn, hn_all)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
-        self._run(nk.rnn_forward_loop, B, xw, bs, reverse, W_hhT, spec.mode == "rnn_relu",
+        self._run(nk.rnn_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, spec.mode == "rnn_relu",
                   h, y)
         return DirectionForward(y, h, None, DirectionCache() if keep_cache else None)
 

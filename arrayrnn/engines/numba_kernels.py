@@ -40,7 +40,7 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from . import gate_math as gm
 from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
-from .numba_blas import gemm
+from .numba_blas import gemm, gemm_step
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -147,7 +147,7 @@ def _step_time(s, T, reverse):
 
 # -- LSTM -----------------------------------------------------------------------------------------
 @numba.njit(**_JIT)
-def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hrT, project, h, c, y, m,
+def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, project, h, c, y, m,
                       keep, c_all, tanh_c_all, clip_lo, clip_hi):
     """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
     ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
@@ -159,7 +159,7 @@ def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hrT, project, h, 
         n = min(bs[t], r1)
         if n > r0:
             gates = xw[t, r0:n]
-            gemm(ilp64, h[r0:n], W_hhT, gates, 1.0)
+            gemm_step(ilp64, h[r0:n], W_hhT, W_hh, gates, 1.0, flip)
             for b in range(r0, n):
                 g = xw[t, b]
                 cb = c[b]
@@ -240,7 +240,8 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
 
 # -- GRU ------------------------------------------------------------------------------------------
 @numba.njit(**_JIT)
-def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, reset_after, b_hn, h, y, hh, keep, hn_all):
+def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_after, b_hn, h, y, hh, keep,
+                     hn_all):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
     ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
     ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after)."""
@@ -252,7 +253,7 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, reset_after, b_hn, h
         n = min(bs[t], r1)
         if n > r0:
             if reset_after:
-                gemm(ilp64, h[r0:n], W_hhT, hh[r0:n], 0.0)
+                gemm_step(ilp64, h[r0:n], W_hhT, W_hh, hh[r0:n], 0.0, flip)
                 for b in range(r0, n):
                     g, hb, q, yb = xw[t, b], h[b], hh[b], y[t, b]
                     hn_out = hn_all[t if keep else 0, b]
@@ -268,7 +269,7 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, reset_after, b_hn, h
                         yb[j] = gm.gru_output(z, nn, hb[j])
             else:
                 rz = xw[t, r0:n, RZ:RZ + 2 * H]
-                gemm(ilp64, h[r0:n], W_hhT[:, RZ:RZ + 2 * H], rz, 1.0)
+                gemm_step(ilp64, h[r0:n], W_hhT[:, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], rz, 1.0, flip)
                 for b in range(r0, n):
                     g, hb, q = xw[t, b], h[b], hh[b]
                     for j in range(H):
@@ -276,7 +277,8 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, reset_after, b_hn, h
                         g[R + j] = r
                         g[Z + j] = sigmoid(g[Z + j])
                         q[j] = r * hb[j]
-                gemm(ilp64, hh[r0:n, :H], W_hhT[:, N:N + H], xw[t, r0:n, N:N + H], 1.0)
+                gemm_step(ilp64, hh[r0:n, :H], W_hhT[:, N:N + H], W_hh[N:N + H], xw[t, r0:n, N:N + H], 1.0,
+                          flip)
                 for b in range(r0, n):
                     g, hb, yb = xw[t, b], h[b], y[t, b]
                     for j in range(H):
@@ -342,7 +344,7 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
 @numba.njit(**_JIT)
-def rnn_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, relu, h, y):
+def rnn_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, relu, h, y):
     """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch."""
     T = xw.shape[0]
     H = h.shape[1]
@@ -352,7 +354,7 @@ def rnn_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, relu, h, y):
         n = min(bs[t], r1)
         if n > r0:
             pre = xw[t, r0:n]
-            gemm(ilp64, h[r0:n], W_hhT, pre, 1.0)
+            gemm_step(ilp64, h[r0:n], W_hhT, W_hh, pre, 1.0, flip)
             for b in range(r0, n):
                 p, yb = xw[t, b], y[t, b]
                 for j in range(H):
