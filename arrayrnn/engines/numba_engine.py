@@ -6,12 +6,17 @@ per-direction time loop: the loop itself, the per-step recurrent GEMM (through N
 :mod:`.numba_blas`) and the fused gate math run in compiled code (:mod:`.numba_kernels`), with every
 buffer allocated once per call and ``W_hh.T`` made contiguous once per call (by BLAS's ``omatcopy``).
 
+Per-step products of a few rows (4..16 active rows) by a large ``W_hh`` run flipped, ``W_hh @ h.T`` then
+transposed in (:func:`.numba_blas.gemm_step`): with the weight as BLAS's left operand the same product
+measured 1.3-1.8x faster in OpenBLAS here (S2 LSTM forward 62 -> 54 ms; the why is OpenBLAS's blocking).
+
 Threads: the engine starts none of its own. The per-step GEMMs and the hoisted ones use NumPy's BLAS
 with its thread count (set it with threadpoolctl); the gate math runs on the calling thread between
 GEMMs. Splitting the batch into row chunks on numba threads (no barrier per step, rows never
 interact) was measured slower here: after every multi-threaded BLAS call OpenBLAS's idle workers spin
 for about 0.1 s, and the numba workers then share the cores with them (S1 LSTM forward 36 ms with
-chunks vs 27 ms without).
+chunks vs 27 ms without). So was splitting each step of a small batch by hidden units across threads
+with a spin barrier per step (bench/RESULTS.md, "tried and dropped").
 
 Compiled code is cached on disk (``cache=True``); the first call in a fresh environment compiles the
 kernels for the dtype in use.
