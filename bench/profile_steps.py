@@ -10,8 +10,9 @@ between peers, which this profile of one engine does not need):
 - ``total``: ``ar.rnn_forward`` (inference) or ``rnn_forward(training=True)`` + ``rnn_backward``;
 - ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the driver's ``input_projection``);
 - ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
-- ``recurrent GEMM``: the same per-step GEMM calls as the kernel (same shapes, same BLAS entry point,
-  ``T`` calls in one compiled loop), without any gate math;
+- ``recurrent GEMM``: the same per-step GEMM calls as the kernel (same shapes, same entry point:
+  ``gemm_step`` for the forward, flipped where the engine flips, ``gemm`` for the backward; ``T`` calls
+  in one compiled loop), without any gate math;
 - ``gate math`` = ``time loop`` - ``recurrent GEMM`` (everything the kernel does between its GEMMs);
 - ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop;
 - ``rest`` = ``total`` - the parts above: the frontend (checks, the private copies of ``x`` and of the
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import numba_engine  # noqa: E402
+from arrayrnn.engines import numba_blas, numba_engine  # noqa: E402
 from arrayrnn.engines.numba_blas import blas_binding, gemm, transposed  # noqa: E402
 from arrayrnn.engines.stack import _weight_grads, direction_weights, input_projection  # noqa: E402
 
@@ -50,6 +51,13 @@ def _gemm_steps(ilp64, a, b, c, beta):
     """``c[t] = a[t] @ b + beta * c[t]`` for every ``t``: the kernel's per-step GEMMs without gate math."""
     for t in range(c.shape[0]):
         gemm(ilp64, a[t], b, c[t], beta)
+
+
+if hasattr(numba_blas, "gemm_step"):   # the engine's per-step product (flipped for a few rows)
+    @numba.njit(cache=True, nogil=True)
+    def _forward_gemm_steps(ilp64, a, b, b_t, c, beta, scratch):
+        for t in range(c.shape[0]):
+            numba_blas.gemm_step(ilp64, a[t], b, b_t, c[t], beta, scratch)
 
 
 def _median_time(fn, repeats: int, gap: float) -> float:
@@ -100,7 +108,11 @@ class Parts:
         return self.kernel.forward(self.spec, self.w, self.xw.copy(), self.bs, self.h0, self.c0, False, keep)
 
     def forward_gemms(self):
-        _gemm_steps(self.ilp64, *self.fwd_gemm, 0.0)
+        a, b, c = self.fwd_gemm
+        if not hasattr(numba_blas, "gemm_step"):   # before gemm_step (the "before" profile's engine)
+            return _gemm_steps(self.ilp64, a, b, c, 0.0)
+        scratch = numba_blas.flipped_scratch(a.shape[1], *b.shape, a.dtype)
+        _forward_gemm_steps(self.ilp64, a, b, np.ascontiguousarray(self.w.W_hh), c, 0.0, scratch)
 
     def backward_gemms(self):
         _gemm_steps(self.ilp64, *self.bwd_gemm, 0.0)
@@ -154,7 +166,7 @@ COLUMNS = ("total", "input GEMM", "recurrent GEMM", "gate math", "hoisted backwa
 
 
 def render(results, command: str, label: str) -> str:
-    out = [f"### Per-call profile of the numba engine: {label}", "",
+    out = [f"#### Per-call profile of the numba engine: {label}", "",
            f"Command: `{command}`; float32, 1 layer, 2 BLAS threads; ms, median; share of total in brackets. "
            "`gate math` = compiled time loop - its per-step GEMMs measured alone; `rest` = total - parts "
            "(frontend copies, driver, Python).", "",

@@ -12,10 +12,10 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_rnn.py"
 QUICK = ["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm", "--shapes", "Q2"]
 
 
-def _load_bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_rnn", BENCH)
+def _load_bench(monkeypatch, path: Path = BENCH):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_rnn", bench)  # dataclasses look their module up there
+    monkeypatch.setitem(sys.modules, path.stem, bench)  # dataclasses look their module up there
     spec.loader.exec_module(bench)
     return bench
 
@@ -63,3 +63,17 @@ def test_bench_runs_when_onnxruntime_is_absent(capsys, monkeypatch):
     forward = _table_row(out, "| Q2 | lstm | forward | numba |")
     assert forward[6] == forward[8] == forward[15] == "n/a"
     assert forward[9] == forward[7]  # the faster peer is PyTorch alone
+
+
+def test_step_profile_runs_and_renders_its_table(capsys, monkeypatch):
+    profile = _load_bench(monkeypatch, BENCH.with_name("profile_steps.py"))
+    profile.main(["--shapes", "S3", "--modes", "gru", "--repeats", "1"])
+    row = _table_row(capsys.readouterr().out, "| S3 | gru | train |")
+    assert len(row) == 9 and float(row[3]) > 0   # total, then each part with its share
+
+
+def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
+    bench = _load_bench(monkeypatch, BENCH.with_name("bench_step_gemm.py"))
+    direct, flipped = bench.measure(8, 16, 4, bench.np.random.default_rng(0))
+    assert direct > 0 and flipped > 0
+

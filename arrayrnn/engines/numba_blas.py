@@ -223,7 +223,14 @@ def gemm_step(ilp64, a, b, b_t, c, beta, scratch):
     if scratch.shape[0] == 0 or m < SMALL_M or m > FLIPPED_MAX_M or k == 0 or n == 0:
         gemm(ilp64, a, b, c, beta)
         return
-    prod = scratch[:n * m].reshape((n, m))
+    flipped_gemm(ilp64, a, b_t, c, beta, scratch[:n * m].reshape((n, m)))
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def flipped_gemm(ilp64, a, b_t, c, beta, prod):
+    """``c = a @ b_t.T + beta * c`` as ``prod = b_t @ a.T`` (one BLAS GEMM into ``prod (n, m)``), then
+    ``prod.T`` written or added into ``c``; ``m >= 1``, ``k >= 1``."""
+    m, n = a.shape[0], b_t.shape[0]
     _blas_gemm(ilp64, b_t, a, prod, 0.0, True)
     for i in range(m):
         c_row = c[i]
