@@ -161,10 +161,14 @@ def _nrt_allocations(spec: ar.RNNSpec, T: int) -> int:
     return after.alloc - before.alloc
 
 
+@pytest.mark.parametrize("flipped", [False, True])
 @pytest.mark.parametrize("config", sorted(_CONFIGS))
-def test_compiled_loops_allocate_nothing_per_step(config):
+def test_compiled_loops_allocate_nothing_per_step(config, flipped, monkeypatch):
     # numba's own allocations bypass tracemalloc; its runtime counts them. The count per call must not
-    # grow with the number of steps (it is a few per call: the boxed arguments).
+    # grow with the number of steps (it is a few per call: the boxed arguments). flipped: every step of
+    # 4..6 active rows runs gemm_step's flipped product (the weight threshold lowered to reach it)
+    if flipped:
+        monkeypatch.setattr(numba_blas, "FLIPPED_MIN_WEIGHT", 0)
     _nrt_python.memsys_enable_stats()
     spec = ar.RNNSpec(input_size=3, hidden_size=4, **_CONFIGS[config])
     assert _nrt_allocations(spec, T=3) == _nrt_allocations(spec, T=40)

@@ -45,7 +45,7 @@ _SYMBOLS = {
 
 SMALL_M = 4  # below this many rows, small_gemm beats a BLAS call (measured: 1 x 128 x 512: 1.3 vs 3.1 us)
 # gemm_step runs a per-step product flipped for SMALL_M..FLIPPED_MAX_M rows by a weight of at least
-# FLIPPED_MIN_WEIGHT elements: there it measured 1.3-1.8x faster, elsewhere 0.4-1.0x (bench/RESULTS.md)
+# FLIPPED_MIN_WEIGHT elements, where it measured faster (bench/bench_step_gemm.py, bench/RESULTS.md)
 FLIPPED_MAX_M = 16
 FLIPPED_MIN_WEIGHT = 256 * 1024
 
@@ -215,8 +215,8 @@ def gemm_step(ilp64, a, b, b_t, c, beta, scratch):
     ``b_t`` is ``b.T`` with contiguous rows and ``scratch`` a 1-D buffer of at least ``n * FLIPPED_MAX_M``
     elements (:func:`flipped_scratch`), or both zero-size. With them, a product of :data:`SMALL_M` to
     :data:`FLIPPED_MAX_M` rows runs flipped: ``scratch = b_t @ a.T``, an ``(n, m)`` GEMM with the weight as
-    BLAS's left operand, then added to ``c`` transposed. OpenBLAS runs the flipped product of a few rows
-    by a large weight up to 1.8x faster (bench/RESULTS.md, flipped per-step GEMM).
+    BLAS's left operand, then added to ``c`` transposed. OpenBLAS ran the flipped product of 4-16 rows
+    by a large LSTM weight 1.3-2x faster here (bench/bench_step_gemm.py).
     """
     m, k = a.shape
     n = b.shape[1]

@@ -8,7 +8,7 @@ buffer allocated once per call and ``W_hh.T`` made contiguous once per call (by 
 
 Per-step products of a few rows (4..16 active rows) by a large ``W_hh`` run flipped, ``W_hh @ h.T`` then
 transposed in (:func:`.numba_blas.gemm_step`): with the weight as BLAS's left operand the same product
-measured 1.3-1.8x faster in OpenBLAS here (S2 LSTM forward 62 -> 54 ms; the why is OpenBLAS's blocking).
+measured 1.3-2x faster in OpenBLAS here (one-layer S2 LSTM forward 27-31 -> 23 ms).
 
 Threads: the engine starts none of its own. The per-step GEMMs and the hoisted ones use NumPy's BLAS
 with its thread count (set it with threadpoolctl); the gate math runs on the calling thread between

@@ -16,7 +16,9 @@ Semantics equal :mod:`arrayrnn.cells` (the oracle); per active row of step ``t``
 
 Argument conventions, to keep one compiled signature per dtype: every array is C-contiguous; an absent
 array (no projection, no cache, no inner bias) is a zero-size array, announced by a flag; ``bs`` is the
-int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``. Buffers are preallocated by the caller; nothing
+int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``. The forward loops take the recurrent weight
+both ways, ``W_hhT`` and ``W_hh``, and ``flip``, the scratch of :func:`.numba_blas.gemm_step` (zero-size:
+every per-step product direct). Buffers are preallocated by the caller; nothing
 is allocated per step. Entries of inactive rows (``b >= bs[t]``) of ``y``, the residuals and the
 gradient stacks are set to zero.
 
