@@ -189,7 +189,7 @@ class StackEngine(Engine):
         d_layer = dy
         for layer in reversed(range(spec.num_layers)):
             layer_input = self._layer_input(xp, cache, layer)
-            d_input = xp.zeros_like(layer_input)
+            d_input = None
             for direction in range(D):
                 k = layer * D + direction
                 w = direction_weights(params, layer, direction)
@@ -205,7 +205,9 @@ class StackEngine(Engine):
                 if dc0 is not None:
                     dc0[k] = g.dc0
                 _weight_grads(spec, grads, layer, direction, w, g, fwd, layer_input, h_prev)
-                d_input += (_rows(g.d_ih) @ w.W_ih).reshape(d_input.shape)
+                del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
+                d_input = _add_dx(d_input, g.d_ih, w.W_ih, layer_input.shape)
+                del g
             if layer > 0 and cache.masks is not None:
                 d_input *= cache.masks[layer - 1]
             d_layer = d_input
@@ -220,6 +222,15 @@ class StackEngine(Engine):
             return cache.x
         below = _layer_output(xp, cache.layers[layer - 1])
         return below * cache.masks[layer - 1] if cache.masks is not None else below
+
+
+def _add_dx(d_input: Array | None, d_ih: Array, W_ih: Array, shape: tuple[int, ...]) -> Array:
+    """``d_input + d_ih @ W_ih`` over all rows; the first direction's product is the buffer itself."""
+    dx = (_rows(d_ih) @ W_ih).reshape(shape)
+    if d_input is None:
+        return dx
+    d_input += dx
+    return d_input
 
 
 def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[DirectionForward, ...]) -> Array:
