@@ -55,7 +55,7 @@ class _Saved:
     engine: Engine
     run_params: PackedParams  # the params in the engine's native format (a converted copy, or the params)
     batch_first: bool
-    x: Array
+    x: Array | None  # the frontend's copy, for the recompute after an inference forward; else None
     lengths: np.ndarray
     h0: Array
     c0: Array | None
@@ -132,8 +132,9 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
     out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
                          keep_cache=training)
-    saved = _Saved(chosen, run_params, batch_first, x, host_lengths, h0, c0, masks, out.cache,
-                   guard.WeightSnapshot(params.data))
+    # with a cache the engine holds its own (sorted) input: a second copy of x would only cost memory
+    saved = _Saved(chosen, run_params, batch_first, x if out.cache is None else None, host_lengths, h0, c0,
+                   masks, out.cache, guard.WeightSnapshot(params.data))
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved)
 
