@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import onnx_peer  # noqa: E402
+import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
 from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason, probe_call  # noqa: E402
@@ -221,8 +222,7 @@ class Row:
     vs_ort: float | None
     vs_faster: float            # forward: ours / faster peer per round; train: = vs_torch
     target: float | None
-    roof_ours: float
-    roof_torch: float
+    flops: float                # for the roofline fractions, computed at render time
     diff_torch: float
     diff_ort: float | None
 
@@ -232,7 +232,7 @@ class Row:
 
 
 def time_row(case: Case, engine: str, phase: str, threads: int, use_ort: bool, pairs: int, gap: float,
-             roofline: float, diffs: tuple[float, float | None]) -> Row:
+             diffs: tuple[float, float | None]) -> Row:
     """Time ours against the peers of ``phase`` (ORT only for the forward, when ``use_ort``)."""
     sides = [case.ours(engine, phase), case.torch_call(phase)]
     with_ort = use_ort and phase == "forward"
@@ -244,11 +244,9 @@ def time_row(case: Case, engine: str, phase: str, threads: int, use_ort: bool, p
     faster = np.minimum(torch_t, ort_t) if with_ort else torch_t
     s = case.shape
     target = TARGETS.get((case.mode, phase), {}).get(s.name) if engine == "numba" else None
-    flops = case.flops(phase)
     return Row(s.name, case.mode, phase, engine, _median(ours), _median(torch_t), _median(ort_t),
                _median(ours / torch_t), _median(ours / ort_t) if with_ort else None, _median(ours / faster),
-               target, flops / _median(ours) / roofline, flops / _median(torch_t) / roofline, diffs[0],
-               diffs[1] if with_ort else None)
+               target, case.flops(phase), diffs[0], diffs[1] if with_ort else None)
 
 
 def _median(a: np.ndarray | None) -> float | None:
@@ -263,16 +261,6 @@ def gemm_roofline(threads: int, n: int = 2048, repeats: int = 5) -> float:
     np.matmul(a, b, out=out)
     best = min(_timed(lambda: np.matmul(a, b, out=out)) for _ in range(repeats))
     return 2.0 * n ** 3 / best
-
-
-def _best_roofline(rows: list[Row], before: float, after: float) -> float:
-    """The better of the rates measured before and after the timings, the rows' fractions rescaled to it
-    (on a shared machine one measurement can land in a slow moment and give fractions above 100%)."""
-    best = max(before, after)
-    for row in rows:
-        row.roof_ours *= before / best
-        row.roof_torch *= before / best
-    return best
 
 
 def _timed(fn) -> float:
@@ -390,14 +378,7 @@ def _cpu_model() -> str:
 
 
 def write_results(section: str) -> None:
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    block = f"{START}\n{section.rstrip()}\n{END}"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    RESULTS.write_text(text)
+    results_md.write_block(RESULTS, START, END, section)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -435,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
     engines = sorted(engines, key=lambda e: e != "numba")
     if args.engines:
         engines = [e for e in engines if e in args.engines.split(",")]
-    roofline = gemm_roofline(threads, n=512 if args.quick else 2048)
+    gemm_n = 512 if args.quick else 2048
+    roofline = gemm_roofline(threads, n=gemm_n)
     command = "python " + " ".join(shlex.quote(a) for a in ["bench/bench_rnn.py", *(argv or sys.argv[1:])])
 
     ort_missing = onnx_peer.onnxruntime_unavailable_reason()
@@ -449,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             for engine in engines:
                 diffs = case.max_abs_diff(engine, None if ort_missing else threads)
                 for phase in PHASES:
-                    row = time_row(case, engine, phase, threads, not ort_missing, pairs, gap, roofline, diffs)
+                    row = time_row(case, engine, phase, threads, not ort_missing, pairs, gap, diffs)
                     rows.append(row)
                     print(progress_line(row), flush=True)
             if not args.no_memory:
@@ -462,10 +444,12 @@ def main(argv: list[str] | None = None) -> None:
                           f"{ours_mem['tracemalloc_peak'] / 2**20:.1f} MiB, RSS growth "
                           f"{ours_mem['rss_peak_over_start'] / 2**20:.1f} MiB; torch RSS growth "
                           f"{torch_mem['rss_peak_over_start'] / 2**20:.1f} MiB", flush=True)
-    roofline = _best_roofline(rows, roofline, gemm_roofline(threads, n=512 if args.quick else 2048))
+    # the better of a measurement before and after the timings: on a shared machine one can land in a
+    # slow moment (and give roofline fractions above 100%)
+    roofline = max(roofline, gemm_roofline(threads, n=gemm_n))
     compile_info = compile_cost(threads) if "numba" in engines and not args.no_compile else None
     env_lines = environment(threads, roofline, ort_missing)
-    section = render(rows, mem_rows, compile_info, env_lines, command, pairs, gap)
+    section = render(rows, mem_rows, compile_info, env_lines, command, pairs, gap, roofline)
     print(section)
     if args.write and not args.quick:
         write_results(section)
@@ -489,7 +473,7 @@ def progress_line(row: Row) -> str:
             f"{row.vs_faster:5.2f}{note}")
 
 
-def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, gap) -> str:
+def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, gap, roofline: float) -> str:
     out = ["## RNN engines vs PyTorch CPU and ONNX Runtime (BENCH_SHAPES.md)", ""]
     out.append(f"Command: `{command}` (environment variables below)")
     out.append("")
@@ -514,8 +498,8 @@ def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, g
         out.append(f"| {r.shape} | {r.mode} | {r.phase} | {r.engine} | {r.ours * 1e3:.2f} | "
                    f"{r.torch * 1e3:.2f} | {_fmt(None if r.ort is None else r.ort * 1e3, '.2f')} | "
                    f"{r.vs_torch:.2f} | {_fmt(r.vs_ort, '.2f')} | {r.vs_faster:.2f} | {target} | {met} | "
-                   f"{r.roof_ours:.0%} | {r.roof_torch:.0%} | {r.diff_torch:.1e} | "
-                   f"{_fmt(r.diff_ort, '.1e')} |")
+                   f"{r.flops / r.ours / roofline:.0%} | {r.flops / r.torch / roofline:.0%} | "
+                   f"{r.diff_torch:.1e} | {_fmt(r.diff_ort, '.1e')} |")
     if mem_rows:
         out += ["", "Peak memory of one training step, MiB (fresh subprocess per side, warmed up on a tiny "
                 "case; RSS = growth of the peak RSS over the RSS before the step):", "",

@@ -35,6 +35,9 @@ import threadpoolctl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
 from arrayrnn.engines import numba_blas, numba_engine  # noqa: E402
@@ -91,6 +94,9 @@ class Parts:
         # the per-step GEMMs of the kernels: forward h @ W_hh.T -> (B, G); backward d_gates @ W_hh -> (B, H)
         self.fwd_gemm = (np.zeros((T, B, H), np.float32), transposed(self.w.W_hh),
                          np.zeros((T, B, G), np.float32))
+        if hasattr(numba_blas, "gemm_step"):   # the engine's flipped per-step products: W_hh, scratch
+            scratch = numba_blas.flipped_scratch(B, H, G, np.float32)
+            self.flipped = (np.ascontiguousarray(self.w.W_hh), scratch)
         self.bwd_gemm = (rng.standard_normal((T, B, G)).astype(np.float32), np.ascontiguousarray(self.w.W_hh),
                          np.zeros((T, B, H), np.float32))
 
@@ -111,8 +117,8 @@ class Parts:
         a, b, c = self.fwd_gemm
         if not hasattr(numba_blas, "gemm_step"):   # before gemm_step (the "before" profile's engine)
             return _gemm_steps(self.ilp64, a, b, c, 0.0)
-        scratch = numba_blas.flipped_scratch(a.shape[1], *b.shape, a.dtype)
-        _forward_gemm_steps(self.ilp64, a, b, np.ascontiguousarray(self.w.W_hh), c, 0.0, scratch)
+        W_hh, scratch = self.flipped
+        _forward_gemm_steps(self.ilp64, a, b, W_hh, c, 0.0, scratch)
 
     def backward_gemms(self):
         _gemm_steps(self.ilp64, *self.bwd_gemm, 0.0)
@@ -187,14 +193,7 @@ def render(results, command: str, label: str) -> str:
 
 def write_results(section: str, label: str) -> None:
     start, end = START.replace(":start", f":{label}:start"), END.replace(":end", f":{label}:end")
-    text = RESULTS.read_text()
-    block = f"{start}\n{section.rstrip()}\n{end}"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    RESULTS.write_text(text)
+    results_md.write_block(RESULTS, start, end, section)
 
 
 def main(argv: list[str] | None = None) -> None:
