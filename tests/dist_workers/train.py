@@ -86,6 +86,7 @@ def _torch_rank(rank: int, args: argparse.Namespace, size: int) -> None:
     try:
         final = train(args.optimizer, args.steps, dist.group.WORLD, rank, size, args.fail_rank)
         np.save(Path(args.out) / f"rank{rank}.npy", final)
+        dist.barrier()  # neither rank tears gloo down while the other still uses it (see ddp.py)
     finally:
         dist.destroy_process_group()
 
