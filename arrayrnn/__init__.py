@@ -1,17 +1,17 @@
 """arrayrnn: fused RNN, LSTM and GRU over NumPy and CuPy arrays, with packed weights and hand-written BPTT."""
 
-from . import activations, distributed, nn, optim
+from . import activations, distributed, nn, optim  # the public paths of autodiff/ and training/ modules
 from .autodiff import grad, ops, value_and_grad
-from .backend import as_array, get_xp
-from .bias_act import bias_act, dense_bias_act
-from .errors import EngineUnavailableError
-from .interop import from_torch, to_torch_state_dict
-from .io import load, save
-from .layout import Layout, layout_of
-from .params import PackedParams
-from .rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
-from .scan import scan
-from .spec import RNNSpec
+from .autodiff.bias_act import bias_act, dense_bias_act
+from .autodiff.scan import scan
+from .core.backend import as_array, get_xp
+from .core.errors import EngineUnavailableError
+from .core.interop import from_torch, to_torch_state_dict
+from .core.io import load, save
+from .core.layout import Layout, layout_of
+from .core.params import PackedParams
+from .core.spec import RNNSpec
+from .frontend.rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
 
 __version__ = "0.1.0"
 

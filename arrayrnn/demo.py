@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from . import distributed, nn, npzfile, ops, optim
+from . import ops
 from .autodiff import value_and_grad
+from .core import npzfile
+from .training import distributed, nn, optim
 
 LN2 = math.log(2.0)
 

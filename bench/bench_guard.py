@@ -1,4 +1,4 @@
-"""Cost of the weight guard (arrayrnn.guard) as a ratio of an S1 LSTM training step, same process.
+"""Cost of the weight guard (arrayrnn.frontend.guard) as a ratio of an S1 LSTM training step, same process.
 
 S1: T=100, B=64, I=256, H=256, float32, numba engine. The step is rnn_forward(training=True) +
 rnn_backward (which includes the guard); the guard is WeightSnapshot(params.data) + check(params.data).
@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import arrayrnn as ar
-from arrayrnn.guard import WeightSnapshot
+from arrayrnn.frontend.guard import WeightSnapshot
 
 
 def _median_seconds(fn, repeats: int) -> float:

@@ -145,7 +145,7 @@ class Parts:
 
         def run():
             _weight_grads(self.spec, grads, 0, 0, self.w, g, fwd, self.x, h_prev)
-            return g.d_ih.reshape(-1, g.d_ih.shape[-1]) @ self.w.W_ih
+            return g.dpre_in.reshape(-1, g.dpre_in.shape[-1]) @ self.w.W_ih
         return run
 
 

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 
 import cudnn_bindings as cb
+from arrayrnn.core.spec import RNNSpec
 from arrayrnn.engines import cudnn_format as cf
-from arrayrnn.spec import RNNSpec
 
 
 def specs():

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from arrayrnn.core.layout import Block, Layout, layout_of
+from arrayrnn.core.params import PackedParams
 from arrayrnn.engines import load_engine
 from arrayrnn.engines.base import Call, Engine, StackForward, StackGrads
-from arrayrnn.layout import Block, Layout, layout_of
-from arrayrnn.params import PackedParams
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from arrayrnn import PackedParams, RNNSpec, rnn_backward, rnn_forward
-from arrayrnn.backend import to_host
+from arrayrnn.core.backend import to_host
 
 
 @dataclass(frozen=True)

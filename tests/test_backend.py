@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from arrayrnn import as_array, backend, get_xp
+from arrayrnn import as_array, get_xp
+from arrayrnn.core import backend
 
 
 def test_numpy_arrays_give_numpy_and_none_is_skipped():

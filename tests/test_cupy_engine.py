@@ -13,7 +13,7 @@ import pytest
 from rnn_helpers import assert_close, forward_backward, make_case, tolerances
 
 from arrayrnn import EngineUnavailableError, RNNSpec
-from arrayrnn.backend import cupy_module
+from arrayrnn.core.backend import cupy_module
 from arrayrnn.engines import cuda_kernels as ck
 from arrayrnn.engines import probe_call, select_engine
 from arrayrnn.engines.cupy_engine import ENGINE, Device

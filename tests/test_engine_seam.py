@@ -22,11 +22,11 @@ from rnn_helpers import make_case
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_backward, rnn_forward
-from arrayrnn import rnn as rnn_module
-from arrayrnn.dropout import dropout_masks
+from arrayrnn.core.errors import FormatConversionWarning
 from arrayrnn.engines import AUTO_ORDER, probe_call, register_engine, select_engine, unregister_engine
 from arrayrnn.engines.base import Call, Engine
-from arrayrnn.errors import FormatConversionWarning
+from arrayrnn.frontend import rnn as rnn_module
+from arrayrnn.frontend.dropout import dropout_masks
 
 SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, num_layers=2, bidirectional=True, proj_size=2,
                dtype="float64")

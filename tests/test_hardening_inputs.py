@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import arrayrnn as ar
-from arrayrnn import npzfile, optim
+from arrayrnn import optim
+from arrayrnn.core import npzfile
 
 
 def test_numpy_scalars_are_accepted_in_the_spec():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import arrayrnn as ar
-from arrayrnn.interop import spec_from_torch
+from arrayrnn.core.interop import spec_from_torch
 
 MODULES = [
     lambda: torch.nn.LSTM(4, 5),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import arrayrnn as ar
-from arrayrnn import io as arrayrnn_io
+from arrayrnn.core import io as arrayrnn_io
 
 SPECS = [
     ar.RNNSpec("lstm", 3, 5, num_layers=2, bidirectional=True, proj_size=2, cell_clip=(-2, 3), dropout=0.1),

@@ -1,4 +1,4 @@
-"""arrayrnn.npzfile: atomic write (old file intact on failure, mode kept), validated read."""
+"""arrayrnn.core.npzfile: atomic write (old file intact on failure, mode kept), validated read."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from arrayrnn import npzfile
+from arrayrnn.core import npzfile
 
 
 def _write_sample(path):

@@ -173,7 +173,8 @@ def test_training_forward_keeps_one_copy_of_x():
 
 @pytest.mark.parametrize("mode, needed", [("lstm", 6), ("gru", 7)])
 def test_backward_peak_is_the_gradients_and_previous_states(mode, needed):
-    # what must coexist in the backward, in (T, B, H) units: LSTM d_ih (4) + h_prev + c_prev; GRU d_ih (3)
-    # + d_hh (3) + h_prev. h_prev/c_prev are dropped before the dx GEMM, whose output is dx itself
+    # what must coexist in the backward, in (T, B, H) units: LSTM dpre_in (4) + h_prev + c_prev;
+    # GRU dpre_in (3) + dpre_rec (3) + h_prev. h_prev/c_prev are dropped before the dx GEMM,
+    # whose output is dx itself
     _, peak = _step_memory(mode, None)
     assert peak < needed + 0.8

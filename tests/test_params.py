@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, layout_of
-from arrayrnn.interop import torch_key
+from arrayrnn.core.interop import torch_key
 
 TORCH_CLASSES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN,
                  "rnn_relu": torch.nn.RNN}

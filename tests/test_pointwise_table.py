@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from arrayrnn import RNNSpec, activations, ops
-from arrayrnn.activations import POINTWISE
+from arrayrnn.core.params import PackedParams
 from arrayrnn.engines import cells
-from arrayrnn.params import PackedParams
+from arrayrnn.engines.pointwise import POINTWISE
 
 TORCH = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
 
@@ -98,7 +98,7 @@ def _one_step(spec: RNNSpec, seed: int = 0):
 def test_numba_rnn_step_derivative_is_the_tables(mode):
     fwd, g, dy, *_ = _one_step(RNNSpec(mode=mode, input_size=3, hidden_size=5, dtype="float64"))
     act = POINTWISE["tanh" if mode == "rnn_tanh" else "relu"]
-    np.testing.assert_allclose(g.d_ih[0], dy * act.d_output(fwd.y[0]), rtol=1e-14, atol=1e-300)
+    np.testing.assert_allclose(g.dpre_in[0], dy * act.d_output(fwd.y[0]), rtol=1e-14, atol=1e-300)
 
 
 def test_numba_lstm_step_derivatives_are_the_tables():
@@ -110,7 +110,7 @@ def test_numba_lstm_step_derivatives_are_the_tables():
     dc = dc_n + dy * o * tanh.d_output(tanh_c)
     expected = np.concatenate([dc * gg * sig.d_output(i), dc * c0 * sig.d_output(f),
                                dc * i * tanh.d_output(gg), dy * tanh_c * sig.d_output(o)], axis=1)
-    np.testing.assert_allclose(g.d_ih[0], expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(g.dpre_in[0], expected, rtol=1e-12, atol=1e-15)
 
 
 def test_numba_gru_step_derivatives_are_the_tables():
@@ -121,4 +121,4 @@ def test_numba_gru_step_derivatives_are_the_tables():
     dn = dy * (1 - z) * tanh.d_output(n)
     expected = np.concatenate([dn * fwd.cache.hn[0] * sig.d_output(r), dy * (h0 - n) * sig.d_output(z), dn],
                               axis=1)
-    np.testing.assert_allclose(g.d_ih[0], expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(g.dpre_in[0], expected, rtol=1e-12, atol=1e-15)

@@ -9,8 +9,8 @@ from conftest import ENGINES
 from rnn_helpers import make_case
 
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_forward
-from arrayrnn.batch_order import BatchOrder
 from arrayrnn.engines import engine_unavailable_reason, load_engine, probe_call, select_engine
+from arrayrnn.engines.batch_order import BatchOrder
 
 SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
 

@@ -92,7 +92,7 @@ def test_single_bias_equals_double_with_the_other_zero(mode, single, engine):
 
 
 def documented_uniforms(seed: int, count: int) -> np.ndarray:
-    """The uniforms of arrayrnn.dropout's docstring, written independently with Python integers."""
+    """The uniforms of arrayrnn.frontend.dropout's docstring, written independently with Python integers."""
     m64 = (1 << 64) - 1
 
     def mix(z: int) -> int:
@@ -106,7 +106,7 @@ def documented_uniforms(seed: int, count: int) -> np.ndarray:
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_dropout_is_the_documented_mask_between_layers(mode, engine):
-    """Layer-by-layer composition of one-layer PyTorch modules with the masks of arrayrnn.dropout's
+    """Layer-by-layer composition of one-layer PyTorch modules with the masks of arrayrnn.frontend.dropout's
     docstring, drawn independently here, equals the fused call with dropout (unsorted lengths)."""
     p, seed = 0.4, 11
     spec = RNNSpec(mode=mode, input_size=3, hidden_size=4, num_layers=3, bidirectional=True, dropout=p,

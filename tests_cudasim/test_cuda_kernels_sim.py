@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from arrayrnn import PackedParams, RNNSpec
-from arrayrnn.dropout import dropout_masks
 from arrayrnn.engines.cupy_engine import GpuKernel
 from arrayrnn.engines.reference import ENGINE as REFERENCE
 from arrayrnn.engines.stack import StackEngine
+from arrayrnn.frontend.dropout import dropout_masks
 
 SIM = StackEngine("cupy-sim", GpuKernel())
 TOL = dict(rtol=1e-12, atol=1e-12)

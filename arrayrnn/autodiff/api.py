@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import get_xp
-from ..params import PackedParams
+from ..core.backend import get_xp
+from ..core.params import PackedParams
 from .tape import Node, Trace, Traced, backward, leaf, value_of
 
 

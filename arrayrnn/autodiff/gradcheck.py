@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import get_xp
-from ..params import PackedParams
+from ..core.backend import get_xp
+from ..core.params import PackedParams
 from . import ops
 from .api import value_and_grad
 

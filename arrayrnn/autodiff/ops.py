@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ..activations import POINTWISE
-from ..backend import get_xp, to_host
-from ..params import PackedParams
-from ..rnn import rnn_backward, rnn_forward
+from ..core.backend import get_xp, to_host
+from ..core.params import PackedParams
+from ..engines.pointwise import POINTWISE
+from ..frontend.rnn import rnn_backward, rnn_forward
 from .api import TracedParams
 from .tape import Residuals, Traced, is_traced, primitive, unbroadcast, value_of
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import as_array, get_xp
+from ..core.backend import as_array, get_xp
 
 
 class Meta:

@@ -25,8 +25,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ..errors import EngineUnavailableError
-from ..spec import RNNSpec
+from ..core.errors import EngineUnavailableError
+from ..core.spec import RNNSpec
 from .base import Call, Engine
 
 ENGINE_MODULES: dict[str, str | Engine] = {

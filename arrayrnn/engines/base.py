@@ -8,7 +8,8 @@ the user named the engine) and asks each candidate ``check(call)``: ``None`` mea
 anything else is the reason it does not, a phrase ready to print.
 
 **Stack level** (:class:`Engine`): one call runs every layer and direction. A whole-stack engine (cuDNN)
-implements this directly. The frontend (``arrayrnn.rnn``) has already validated the inputs and hands the
+implements this directly. The frontend (``arrayrnn.frontend.rnn``) has already validated the inputs and
+hands the
 engine
 
 - ``params`` in the engine's ``native_format`` (the frontend converts canonical params for the call);
@@ -19,7 +20,7 @@ engine
 - ``h0`` ``(L*D, B, H_out)`` and, for LSTM, ``c0`` ``(L*D, B, H)``: never ``None`` (zeros by default),
   caller's row order;
 - ``masks``: ``None`` or ``L-1`` inter-layer dropout masks ``(T, B, D*H_out)`` (time-major, caller's row
-  order, values 0 or ``1/(1-p)``, drawn by :func:`arrayrnn.dropout.dropout_masks`), ``masks[l-1]``
+  order, values 0 or ``1/(1-p)``, drawn by :func:`arrayrnn.frontend.dropout.dropout_masks`), ``masks[l-1]``
   multiplies the input of layer ``l``;
 - ``keep_cache``: whether the backward pass will be asked for.
 
@@ -27,7 +28,7 @@ engine
 ``h_n``, ``c_n``, and an engine-private ``cache`` or ``None``). ``backward(cache, dy, dh_n, dc_n)`` takes
 cotangents of the same shapes and layout (never ``None``; zeros by default) and returns
 :class:`StackGrads` (``dx`` in the caller's layout, ``dh0``, ``dc0`` and ``dparams``, a
-:class:`~arrayrnn.params.PackedParams` of the params' spec and (native) format).
+:class:`~arrayrnn.core.params.PackedParams` of the params' spec and (native) format).
 
 **Weight formats**: an engine whose ``native_format`` is not ``"canonical"`` owns that format: it
 converts with ``to_native`` / ``to_canonical`` and may describe the buffer with ``native_layout``.
@@ -84,8 +85,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..params import PackedParams
-from ..spec import RNNSpec
+from ..core.params import PackedParams
+from ..core.spec import RNNSpec
 
 Array = Any  # a NumPy or CuPy ndarray
 
@@ -206,11 +207,14 @@ class DirectionForward:
 
 @dataclass(frozen=True, eq=False)
 class DirectionGrads:
-    d_ih: Array         # (T, B, G*H): d loss / d xw (the input-side pre-activations), zero at inactive rows
-    d_hh: Array         # (T, B, G*H): d loss / d (W_hh h_{t-1} + b_hh); may be the same object as d_ih
-    d_h: Array | None   # (T, B, P): d loss / d h_t (projected), projection only (for dW_hr)
-    dh0: Array          # (B, H_out)
-    dc0: Array | None   # (B, H), LSTM only
+    """Pre-activation gradients of one direction (``dpre_*``), from which the driver's hoisted GEMMs make
+    ``dx`` and every weight gradient, plus the gradients of the initial states."""
+
+    dpre_in: Array        # (T, B, G*H): d loss / d xw (the input-side pre-activations), zero at inactive rows
+    dpre_rec: Array       # (T, B, G*H): d loss / d (W_hh h_{t-1} + b_hh); may be the same object as dpre_in
+    d_h: Array | None     # (T, B, P): d loss / d h_t (projected), projection only (for dW_hr)
+    dh0: Array            # (B, H_out)
+    dc0: Array | None     # (B, H), LSTM only
 
 
 class DirectionKernel(Protocol):

@@ -21,8 +21,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..activations import POINTWISE
-from ..spec import RNNSpec
+from ..core.spec import RNNSpec
+from .pointwise import POINTWISE
 
 if TYPE_CHECKING:  # base imports nothing of this module; the weights type is only needed for hints
     from .base import DirectionWeights
@@ -46,7 +46,7 @@ def gate(spec: RNNSpec, a: Array, first: str, last: str | None = None) -> Array:
 
 # -- activations (in place where it saves memory) ------------------------------------------------
 def sigmoid_(xp: ModuleType, a: Array) -> Array:
-    """``a = sigmoid(a)`` in place (:data:`arrayrnn.activations.POINTWISE`)."""
+    """``a = sigmoid(a)`` in place (:data:`arrayrnn.engines.pointwise.POINTWISE`)."""
     _SIGMOID.forward(xp, a, a)
     return a
 
@@ -135,7 +135,7 @@ def gru_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: A
 
 # -- backward steps -----------------------------------------------------------------------------
 # (xp, spec, w, dh, dc, res_t, h_prev_t, c_prev_t, y_t)
-#     -> (d_ih, d_hh or None (meaning d_ih), d_h, dh_prev, dc_prev)
+#     -> (dpre_in, dpre_rec or None (meaning dpre_in), d_h, dh_prev, dc_prev)
 def rnn_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
                       res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
     d_pre = dh * (_TANH if spec.mode == "rnn_tanh" else _RELU).d_output(y)
@@ -165,22 +165,22 @@ def gru_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Ar
                       res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
     gates = res["gates"]
     r, z, n = (gate(spec, gates, name) for name in ("r", "z", "n"))
-    d_ih = xp.empty_like(gates)
-    dn = gate(spec, d_ih, "n")
+    dpre_in = xp.empty_like(gates)
+    dn = gate(spec, dpre_in, "n")
     dn[...] = dh * (1.0 - z) * _TANH.d_output(n)
-    gate(spec, d_ih, "z")[...] = dh * (h_prev - n) * _SIGMOID.d_output(z)
+    gate(spec, dpre_in, "z")[...] = dh * (h_prev - n) * _SIGMOID.d_output(z)
     dh_prev = dh * z
     if spec.reset_after:
-        gate(spec, d_ih, "r")[...] = dn * res["hn"] * _SIGMOID.d_output(r)
-        d_hh = d_ih.copy()
-        gate(spec, d_hh, "n")[...] *= r
-        dh_prev += d_hh @ w.W_hh
-        return d_ih, d_hh, None, dh_prev, None
+        gate(spec, dpre_in, "r")[...] = dn * res["hn"] * _SIGMOID.d_output(r)
+        dpre_rec = dpre_in.copy()
+        gate(spec, dpre_rec, "n")[...] *= r
+        dh_prev += dpre_rec @ w.W_hh
+        return dpre_in, dpre_rec, None, dh_prev, None
     d_rh = dn @ gate(spec, w.W_hh.T, "n").T
-    gate(spec, d_ih, "r")[...] = d_rh * h_prev * _SIGMOID.d_output(r)
+    gate(spec, dpre_in, "r")[...] = d_rh * h_prev * _SIGMOID.d_output(r)
     dh_prev += d_rh * r
-    dh_prev += gate(spec, d_ih, "r", "z") @ gate(spec, w.W_hh.T, "r", "z").T
-    return d_ih, None, None, dh_prev, None
+    dh_prev += gate(spec, dpre_in, "r", "z") @ gate(spec, w.W_hh.T, "r", "z").T
+    return dpre_in, None, None, dh_prev, None
 
 
 FORWARD_STEPS = {"rnn_tanh": rnn_forward_step, "rnn_relu": rnn_forward_step,

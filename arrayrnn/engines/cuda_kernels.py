@@ -125,9 +125,9 @@ def add_carry_step(t, n, dy, dh, d_h):
 
 
 @cuda.jit(cache=True)
-def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, project, dc, d_ih,
+def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, project, dc, dpre_in,
                        use_clip, lo, hi):
-    """``d_ih[t]`` and the cell carry ``dc``; the GEMM ``dh = d_ih[t] @ W_hh`` follows."""
+    """``dpre_in[t]`` and the cell carry ``dc``; the GEMM ``dh = dpre_in[t] @ W_hh`` follows."""
     H = dc.shape[1]
     b, j = _element(n, H)
     if b < 0:
@@ -137,10 +137,10 @@ def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, 
     di, df, dg, do, dcp = gm.lstm_cell_grads(one, gates[t, b, I], gates[t, b, F], gates[t, b, G],
                                              gates[t, b, O], c_all[t, b, j], tanh_c_all[t, b, j],
                                              c_prev[t, b, j], dmj, dc[b, j], use_clip, lo, hi)
-    d_ih[t, b, I] = di
-    d_ih[t, b, F] = df
-    d_ih[t, b, G] = dg
-    d_ih[t, b, O] = do
+    dpre_in[t, b, I] = di
+    dpre_in[t, b, F] = df
+    dpre_in[t, b, G] = dg
+    dpre_in[t, b, O] = do
     dc[b, j] = dcp
 
 
@@ -204,10 +204,10 @@ def gru_n_step(t, n, xw, hn, h, y):
 
 
 @cuda.jit(cache=True)
-def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm, dh_carry, d_ih, d_hh,
+def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm, dh_carry, dpre_in, dpre_rec,
                       dn_buf, drz):
-    """The total ``dh = dy[t] + dh_gemm + dh_carry``; writes ``d_ih[t]`` (z, n; r too when reset-after),
-    ``dh_carry = dh * z``; reset-after: ``d_hh[t]`` for the GEMM ``dh_gemm = d_hh[t] @ W_hh``;
+    """The total ``dh = dy[t] + dh_gemm + dh_carry``; writes ``dpre_in[t]`` (z, n; r too when reset-after),
+    ``dh_carry = dh * z``; reset-after: ``dpre_rec[t]`` for the GEMM ``dh_gemm = dpre_rec[t] @ W_hh``;
     reset-before: ``dn_buf`` and the z part of ``drz`` for the two GEMMs that follow."""
     H = dh_carry.shape[1]
     b, j = _element(n, H)
@@ -216,22 +216,22 @@ def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm
     R, Z, N = GRU_R * H + j, GRU_Z * H + j, GRU_N * H + j
     r, z, nn = gates[t, b, R], gates[t, b, Z], gates[t, b, N]
     dz, dn, carry = gm.gru_zn_grads(one, z, nn, h_prev[t, b, j], dy[t, b, j] + dh_gemm[b, j] + dh_carry[b, j])
-    d_ih[t, b, Z] = dz
-    d_ih[t, b, N] = dn
+    dpre_in[t, b, Z] = dz
+    dpre_in[t, b, N] = dn
     dh_carry[b, j] = carry
     if reset_after:
         dr = gm.sigmoid_grad(one, r, dn * hn_all[t, b, j])
-        d_ih[t, b, R] = dr
-        d_hh[t, b, R] = dr
-        d_hh[t, b, Z] = dz
-        d_hh[t, b, N] = dn * r
+        dpre_in[t, b, R] = dr
+        dpre_rec[t, b, R] = dr
+        dpre_rec[t, b, Z] = dz
+        dpre_rec[t, b, N] = dn * r
     else:
         dn_buf[b, j] = dn
         drz[b, Z - GRU_RZ_FIRST * H] = dz
 
 
 @cuda.jit(cache=True)
-def gru_r_backward_step(t, n, one, gates, h_prev, drh, d_ih, dh_carry, drz):
+def gru_r_backward_step(t, n, one, gates, h_prev, drh, dpre_in, dh_carry, drz):
     """Reset-before: ``drh = dn @ W_hn`` (gradient of ``r*h``) gives ``dr``; adds ``drh*r`` to the carry."""
     H = dh_carry.shape[1]
     b, j = _element(n, H)
@@ -240,6 +240,6 @@ def gru_r_backward_step(t, n, one, gates, h_prev, drh, d_ih, dh_carry, drz):
     R = GRU_R * H + j
     r = gates[t, b, R]
     dr = gm.sigmoid_grad(one, r, drh[b, j] * h_prev[t, b, j])
-    d_ih[t, b, R] = dr
+    dpre_in[t, b, R] = dr
     drz[b, R - GRU_RZ_FIRST * H] = dr
     dh_carry[b, j] += drh[b, j] * r

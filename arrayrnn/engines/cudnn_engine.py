@@ -24,9 +24,9 @@ import numpy as np
 
 import cudnn_bindings as cb
 
-from ..layout import layout_of
-from ..params import PackedParams
-from ..spec import RNNSpec
+from ..core.layout import layout_of
+from ..core.params import PackedParams
+from ..core.spec import RNNSpec
 from . import cudnn_format as cf
 from .base import Call, Engine, StackForward, StackGrads
 

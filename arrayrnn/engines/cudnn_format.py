@@ -13,8 +13,8 @@ import numpy as np
 
 import cudnn_bindings as cb
 
-from ..layout import layout_of
-from ..spec import RNNSpec
+from ..core.layout import layout_of
+from ..core.spec import RNNSpec
 
 Array = Any
 

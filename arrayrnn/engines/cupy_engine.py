@@ -7,7 +7,7 @@ out of the time loop (input projections, weight gradients, ``dx``) with CuPy, i.
     hh[:n] = h[:n] @ W_hh.T               # ONE cuBLAS GEMM into a preallocated buffer (cupy.matmul, out=)
     gate_step[grid](t, n, xw, hh, h, c, y, cache...)   # ONE fused kernel (.cuda_kernels): gates, state, y
 
-and backward ``gate_grad_step`` then ``dh[:n] = d_ih[t, :n] @ W_hh``. The reset-before GRU needs two
+and backward ``gate_grad_step`` then ``dh[:n] = dpre_in[t, :n] @ W_hh``. The reset-before GRU needs two
 GEMM + kernel pairs per step (``W_hn`` multiplies ``r * h``), and so does LSTM projection (``W_hr``).
 Every buffer is allocated once per call; the kernels index the whole ``(T, B, .)`` stacks with the step
 ``t`` and the active row count ``n`` as arguments, so nothing is allocated or sliced on the GPU per step.
@@ -34,8 +34,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from ..backend import cupy_module, get_xp
-from ..spec import RNNSpec
+from ..core.backend import cupy_module, get_xp
+from ..core.spec import RNNSpec
 from . import cuda_kernels as ck
 from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import gate_slice
@@ -213,13 +213,13 @@ class GpuKernel:
         W_hh = _contiguous(xp, w.W_hh)
         W_hr = _contiguous(xp, w.W_hr) if project else None
         dh, dc = dh_n.astype(dt, copy=True), dc_n.astype(dt, copy=True)
-        d_ih = xp.zeros((T, B, spec.gate_size), dt)
+        dpre_in = xp.zeros((T, B, spec.gate_size), dt)
         d_h = xp.zeros((T, B, P), dt) if project else None
         dm = xp.empty((B, H), dt)
         cache = fwd.cache
         k_gates, k_c_all, k_tanh_c, k_c_prev = (dev.wrap(_contiguous(xp, a))
                                                  for a in (cache.gates, cache.c, cache.tanh_c, c_prev))
-        k_dy, k_dh, k_dc, k_d_ih, k_dm = (dev.wrap(a) for a in (dy, dh, dc, d_ih, dm))
+        k_dy, k_dh, k_dc, k_dpre_in, k_dm = (dev.wrap(a) for a in (dy, dh, dc, dpre_in, dm))
         k_d_h = dev.wrap(d_h) if project else dev.dummy(dt, 3)
         use_clip = spec.cell_clip is not None
         lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
@@ -232,9 +232,9 @@ class GpuKernel:
                 dev.launch(ck.add_carry_step, n * P, t, n, k_dy, k_dh, k_d_h)
                 xp.matmul(d_h[t, :n], W_hr, out=dm[:n])
             dev.launch(ck.lstm_backward_step, n * H, t, n, one, k_gates, k_c_all, k_tanh_c, k_c_prev, k_dy,
-                       k_dh, k_dm, project, k_dc, k_d_ih, use_clip, lo, hi)
-            xp.matmul(d_ih[t, :n], W_hh, out=dh[:n])
-        return DirectionGrads(d_ih, d_ih, d_h, dh, dc)
+                       k_dh, k_dm, project, k_dc, k_dpre_in, use_clip, lo, hi)
+            xp.matmul(dpre_in[t, :n], W_hh, out=dh[:n])
+        return DirectionGrads(dpre_in, dpre_in, d_h, dh, dc)
 
     @staticmethod
     def _gru_backward(dev, spec, w, fwd, h_prev, dy, dh_n, bs, reverse):
@@ -243,15 +243,15 @@ class GpuKernel:
         xp, (T, B, H), dt = dev.xp, dy.shape, dy.dtype
         reset_after = spec.reset_after
         dh_gemm, dh_carry = dh_n.astype(dt, copy=True), xp.zeros((B, H), dt)
-        d_ih = xp.zeros((T, B, spec.gate_size), dt)
-        d_hh = xp.zeros_like(d_ih) if reset_after else None
+        dpre_in = xp.zeros((T, B, spec.gate_size), dt)
+        dpre_rec = xp.zeros_like(dpre_in) if reset_after else None
         dn_buf, drz, drh = xp.empty((B, H), dt), xp.empty((B, 2 * H), dt), xp.empty((B, H), dt)
         cache = fwd.cache
         k_gates, k_h_prev = dev.wrap(_contiguous(xp, cache.gates)), dev.wrap(_contiguous(xp, h_prev))
         k_hn_all = dev.wrap(_contiguous(xp, cache.hn)) if reset_after else dev.dummy(dt, 3)
-        k_d_hh = dev.wrap(d_hh) if reset_after else dev.dummy(dt, 3)
-        k_dy, k_dh_gemm, k_dh_carry, k_d_ih, k_dn, k_drz, k_drh = (
-            dev.wrap(a) for a in (dy, dh_gemm, dh_carry, d_ih, dn_buf, drz, drh))
+        k_dpre_rec = dev.wrap(dpre_rec) if reset_after else dev.dummy(dt, 3)
+        k_dy, k_dh_gemm, k_dh_carry, k_dpre_in, k_dn, k_drz, k_drh = (
+            dev.wrap(a) for a in (dy, dh_gemm, dh_carry, dpre_in, dn_buf, drz, drh))
         W_hh = _contiguous(xp, w.W_hh)
         W_rz = _contiguous(xp, w.W_hh[gate_slice(spec, "r", "z")])
         W_n = _contiguous(xp, w.W_hh[gate_slice(spec, "n")])
@@ -261,15 +261,15 @@ class GpuKernel:
             if not n:
                 continue
             dev.launch(ck.gru_backward_step, n * H, t, n, one, reset_after, k_gates, k_hn_all, k_h_prev, k_dy,
-                       k_dh_gemm, k_dh_carry, k_d_ih, k_d_hh, k_dn, k_drz)
+                       k_dh_gemm, k_dh_carry, k_dpre_in, k_dpre_rec, k_dn, k_drz)
             if reset_after:
-                xp.matmul(d_hh[t, :n], W_hh, out=dh_gemm[:n])
+                xp.matmul(dpre_rec[t, :n], W_hh, out=dh_gemm[:n])
                 continue
             xp.matmul(dn_buf[:n], W_n, out=drh[:n])
-            dev.launch(ck.gru_r_backward_step, n * H, t, n, one, k_gates, k_h_prev, k_drh, k_d_ih, k_dh_carry,
-                       k_drz)
+            dev.launch(ck.gru_r_backward_step, n * H, t, n, one, k_gates, k_h_prev, k_drh, k_dpre_in,
+                       k_dh_carry, k_drz)
             xp.matmul(drz[:n], W_rz, out=dh_gemm[:n])
-        return DirectionGrads(d_ih, d_hh if reset_after else d_ih, None, dh_gemm + dh_carry, None)
+        return DirectionGrads(dpre_in, dpre_rec if reset_after else dpre_in, None, dh_gemm + dh_carry, None)
 
 
 class CupyEngine(StackEngine):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numba
 
-from ..spec import GATE_NAMES
+from ..core.spec import GATE_NAMES
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy", inline="always")
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import RNNSpec
+from ..core.spec import RNNSpec
 from . import numba_kernels as nk
 from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .numba_blas import BlasNotFoundError, blas_binding, flipped_scratch, transposed
@@ -104,22 +104,22 @@ class NumbaKernel:
         if spec.mode == "lstm":
             dc = np.array(dc_n, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
-            d_ih = np.empty((T, B, spec.gate_size), dtype)
+            dpre_in = np.empty((T, B, spec.gate_size), dtype)
             d_h = np.empty((T, B, spec.output_size), dtype) if project else _absent(dtype, 3)
             use_clip = spec.cell_clip is not None
             lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
             self._run(nk.lstm_backward_loop, B, _c(cache.gates), _c(cache.c),
                       _c(c_prev), _c(cache.tanh_c) if project else _absent(dtype, 3), bs, reverse, W_hh,
-                      _c(w.W_hr) if project else _absent(dtype, 2), project, dy, dh, dc, d_ih, d_h,
+                      _c(w.W_hr) if project else _absent(dtype, 2), project, dy, dh, dc, dpre_in, d_h,
                       np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi))
-            return DirectionGrads(d_ih, d_ih, d_h if project else None, dh, dc)
+            return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
-            d_ih = np.empty((T, B, spec.gate_size), dtype)
-            d_hh = np.empty_like(d_ih) if spec.reset_after else _absent(dtype, 3)
+            dpre_in = np.empty((T, B, spec.gate_size), dtype)
+            dpre_rec = np.empty_like(dpre_in) if spec.reset_after else _absent(dtype, 3)
             hn_all = _c(cache.hn) if spec.reset_after else _absent(dtype, 3)
             self._run(nk.gru_backward_loop, B, _c(cache.gates), hn_all, _c(h_prev), bs,
-                      reverse, W_hh, spec.reset_after, dy, dh, d_ih, d_hh, np.empty((B, H), dtype))
-            return DirectionGrads(d_ih, d_hh if spec.reset_after else d_ih, None, dh, None)
+                      reverse, W_hh, spec.reset_after, dy, dh, dpre_in, dpre_rec, np.empty((B, H), dtype))
+            return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
         self._run(nk.rnn_backward_loop, B, _c(fwd.y), bs, reverse, W_hh,
                   spec.mode == "rnn_relu", dy, dh, d_pre)

@@ -196,10 +196,10 @@ def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, 
 
 @numba.njit(**_JIT)
 def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh, W_hr, project,
-                       dy, dh, dc, d_ih, d_h, dm, use_clip, clip_lo, clip_hi):
+                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi):
     """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
     forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
-    (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``d_ih (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
+    (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
     out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection."""
     T = gates.shape[0]
     H = dc.shape[1]
@@ -216,7 +216,7 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
                 gemm(ilp64, d_h[t, r0:n], W_hr, dm[r0:n], 0.0)
             for b in range(r0, n):
                 g = gates[t, b]
-                d = d_ih[t, b]
+                d = dpre_in[t, b]
                 cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
                 dyb, dhb, dmb = dy[t, b], dh[b], dm[b]
                 tcb = tanh_c_all[t, b] if project else cb
@@ -234,8 +234,8 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
                     d[LSTM_G * H + j] = dg
                     d[LSTM_O * H + j] = do
                     dcb[j] = dcp
-            gemm(ilp64, d_ih[t, r0:n], W_hh, dh[r0:n], 0.0)
-        d_ih[t, max(n, r0):r1] = 0.0
+            gemm(ilp64, dpre_in[t, r0:n], W_hh, dh[r0:n], 0.0)
+        dpre_in[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
 
@@ -297,11 +297,11 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
 
 
 @numba.njit(**_JIT)
-def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, reset_after, dy, dh, d_ih,
-                      d_hh, drh):
-    """``d_ih (T,B,3H)`` out; ``d_hh (T,B,3H)`` out for reset-after (the n part is
-    ``d_ih``'s times r), unused for reset-before (equal to ``d_ih``); ``drh (B,H)`` scratch (reset-before:
-    the gradient of ``r*h``)."""
+def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, reset_after, dy, dh, dpre_in,
+                      dpre_rec, drh):
+    """``dpre_in (T,B,3H)`` out; ``dpre_rec (T,B,3H)`` out for reset-after (the n part is ``dpre_in``'s
+    times r), unused for reset-before (equal to ``dpre_in``); ``drh (B,H)`` scratch (reset-before: the
+    gradient of ``r*h``)."""
     T = gates.shape[0]
     H = dh.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -311,7 +311,7 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
         n = min(bs[t], r1)
         if n > r0:
             for b in range(r0, n):
-                g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], d_ih[t, b]
+                g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], dpre_in[t, b]
                 for j in range(H):
                     r, z, nn = g[R + j], g[Z + j], g[N + j]
                     dhj = dyb[j] + dhb[j]
@@ -321,7 +321,7 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
                     dhb[j] = carry
             if reset_after:
                 for b in range(r0, n):
-                    g, hnb, d, e = gates[t, b], hn_all[t, b], d_ih[t, b], d_hh[t, b]
+                    g, hnb, d, e = gates[t, b], hn_all[t, b], dpre_in[t, b], dpre_rec[t, b]
                     for j in range(H):
                         r = g[R + j]
                         dr = gm.sigmoid_grad(one, r, d[N + j] * hnb[j])
@@ -329,19 +329,19 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
                         e[R + j] = dr
                         e[Z + j] = d[Z + j]
                         e[N + j] = d[N + j] * r
-                gemm(ilp64, d_hh[t, r0:n], W_hh, dh[r0:n], 1.0)
+                gemm(ilp64, dpre_rec[t, r0:n], W_hh, dh[r0:n], 1.0)
             else:
-                gemm(ilp64, d_ih[t, r0:n, N:N + H], W_hh[N:N + H], drh[r0:n], 0.0)
+                gemm(ilp64, dpre_in[t, r0:n, N:N + H], W_hh[N:N + H], drh[r0:n], 0.0)
                 for b in range(r0, n):
-                    g, hp, d, q, dhb = gates[t, b], h_prev[t, b], d_ih[t, b], drh[b], dh[b]
+                    g, hp, d, q, dhb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], dh[b]
                     for j in range(H):
                         r = g[R + j]
                         d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
                         dhb[j] += q[j] * r
-                gemm(ilp64, d_ih[t, r0:n, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], dh[r0:n], 1.0)
-        d_ih[t, max(n, r0):r1] = 0.0
+                gemm(ilp64, dpre_in[t, r0:n, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], dh[r0:n], 1.0)
+        dpre_in[t, max(n, r0):r1] = 0.0
         if reset_after:
-            d_hh[t, max(n, r0):r1] = 0.0
+            dpre_rec[t, max(n, r0):r1] = 0.0
 
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import get_xp
-from ..spec import RNNSpec
+from ..core.backend import get_xp
+from ..core.spec import RNNSpec
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import BACKWARD_STEPS, FORWARD_STEPS
 from .stack import StackEngine
@@ -72,8 +72,8 @@ class ReferenceKernel:
         xp = get_xp(dy)
         T, B, _ = dy.shape
         step = BACKWARD_STEPS[spec.mode]
-        d_ih = xp.zeros((T, B, spec.gate_size), dtype=dy.dtype)
-        d_hh = xp.zeros_like(d_ih) if spec.mode == "gru" and spec.reset_after else d_ih
+        dpre_in = xp.zeros((T, B, spec.gate_size), dtype=dy.dtype)
+        dpre_rec = xp.zeros_like(dpre_in) if spec.mode == "gru" and spec.reset_after else dpre_in
         d_h = xp.zeros((T, B, spec.output_size), dtype=dy.dtype) if w.W_hr is not None else None
         dh = dh_n.copy()
         dc = dc_n.copy() if dc_n is not None else None
@@ -86,15 +86,15 @@ class ReferenceKernel:
             g_ih, g_hh, g_h, dh_prev, dc_prev = step(
                 xp, spec, w, dy[t, :n] + dh[:n], dc[:n] if dc is not None else None, residuals,
                 h_prev[t, :n], c_prev[t, :n] if c_prev is not None else None, fwd.y[t, :n])
-            d_ih[t, :n] = g_ih
+            dpre_in[t, :n] = g_ih
             if g_hh is not None:
-                d_hh[t, :n] = g_hh
+                dpre_rec[t, :n] = g_hh
             if g_h is not None:
                 d_h[t, :n] = g_h
             dh[:n] = dh_prev
             if dc is not None:
                 dc[:n] = dc_prev
-        return DirectionGrads(d_ih, d_hh, d_h, dh, dc)
+        return DirectionGrads(dpre_in, dpre_rec, d_h, dh, dc)
 
 
 ENGINE = StackEngine("reference", ReferenceKernel())

@@ -10,13 +10,14 @@
 and backward, from the last layer down::
 
     grads = kernel.backward(...)                        # per step only dgates @ W_hh (and dh @ W_hr)
-    dx_l    += d_ih @ W_ih                              # ONE GEMM each, over all T*B rows;
-    dW_ih    = d_ih.T @ x_l                             # inactive rows have zero d_ih / d_hh
-    dW_hh    = d_hh.T @ h_prev                          # reset-before GRU: n rows use r * h_prev
-    dW_hr    = d_h.T @ (o * tanh(c));  db_ih = d_ih.sum();  db_hh = d_hh.sum()
+    dx_l    += dpre_in @ W_ih                              # ONE GEMM each, over all T*B rows;
+    dW_ih    = dpre_in.T @ x_l                             # inactive rows have zero dpre_in / dpre_rec
+    dW_hh    = dpre_rec.T @ h_prev                          # reset-before GRU: n rows use r * h_prev
+    dW_hr    = d_h.T @ (o * tanh(c));  db_ih = dpre_in.sum();  db_hh = dpre_rec.sum()
 
 The driver owns the row order: it sorts the caller's rows by length (descending, stable) with
-:class:`~arrayrnn.batch_order.BatchOrder`, moves ``batch_first`` input to time-major, hands the kernels
+:class:`~arrayrnn.engines.batch_order.BatchOrder`, moves ``batch_first`` input to time-major, hands the
+kernels
 the packed prefix layout (``batch_sizes``) and puts the results back in the caller's order and layout.
 
 The engine cache keeps the layer-0 input, initial states, masks, batch sizes and each direction's
@@ -34,10 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import get_xp
-from ..batch_order import BatchOrder
-from ..params import PackedParams
-from ..spec import RNNSpec
+from ..core.backend import get_xp
+from ..core.params import PackedParams
+from ..core.spec import RNNSpec
 from .base import (
     Call,
     DirectionForward,
@@ -48,6 +48,7 @@ from .base import (
     StackForward,
     StackGrads,
 )
+from .batch_order import BatchOrder
 from .cells import gate, gate_slice, split_biases
 
 Array = Any
@@ -206,7 +207,7 @@ class StackEngine(Engine):
                     dc0[k] = g.dc0
                 _weight_grads(spec, grads, layer, direction, w, g, fwd, layer_input, h_prev)
                 del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
-                d_input = _add_dx(d_input, g.d_ih, w.W_ih, layer_input.shape)
+                d_input = _add_dx(d_input, g.dpre_in, w.W_ih, layer_input.shape)
                 del g
             if layer > 0 and cache.masks is not None:
                 d_input *= cache.masks[layer - 1]
@@ -224,9 +225,9 @@ class StackEngine(Engine):
         return below * cache.masks[layer - 1] if cache.masks is not None else below
 
 
-def _add_dx(d_input: Array | None, d_ih: Array, W_ih: Array, shape: tuple[int, ...]) -> Array:
-    """``d_input + d_ih @ W_ih`` over all rows; the first direction's product is the buffer itself."""
-    dx = (_rows(d_ih) @ W_ih).reshape(shape)
+def _add_dx(d_input: Array | None, dpre_in: Array, W_ih: Array, shape: tuple[int, ...]) -> Array:
+    """``d_input + dpre_in @ W_ih`` over all rows; the first direction's product is the buffer itself."""
+    dx = (_rows(dpre_in) @ W_ih).reshape(shape)
     if d_input is None:
         return dx
     d_input += dx
@@ -243,21 +244,21 @@ def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int
     def put(name: str, value: Array) -> None:
         grads.view(layer, direction, name)[...] = value
 
-    d_ih, d_hh = _rows(g.d_ih), _rows(g.d_hh)
-    put("W_ih", d_ih.T @ _rows(layer_input))
+    dpre_in, dpre_rec = _rows(g.dpre_in), _rows(g.dpre_rec)
+    put("W_ih", dpre_in.T @ _rows(layer_input))
     if w.b_ih is not None:
-        put("b_ih", d_ih.sum(axis=0))
+        put("b_ih", dpre_in.sum(axis=0))
     if w.b_hh is not None:
-        put("b_hh", d_hh.sum(axis=0))
+        put("b_hh", dpre_rec.sum(axis=0))
     h_prev = _rows(h_prev)
     if spec.mode == "gru" and not spec.reset_after:
         # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
         dW_hh = grads.view(layer, direction, "W_hh")
-        dW_hh[gate_slice(spec, "r", "z")] = gate(spec, d_hh, "r", "z").T @ h_prev
+        dW_hh[gate_slice(spec, "r", "z")] = gate(spec, dpre_rec, "r", "z").T @ h_prev
         r_h = gate(spec, _rows(fwd.cache.gates), "r") * h_prev
-        dW_hh[gate_slice(spec, "n")] = gate(spec, d_hh, "n").T @ r_h
+        dW_hh[gate_slice(spec, "n")] = gate(spec, dpre_rec, "n").T @ r_h
     else:
-        put("W_hh", d_hh.T @ h_prev)
+        put("W_hh", dpre_rec.T @ h_prev)
     if w.W_hr is not None:
         m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
         put("W_hr", _rows(g.d_h).T @ _rows(m))

@@ -12,7 +12,7 @@ import numpy as np
 
 from .backend import as_array, device_of, get_xp, module_for, to_host
 from .layout import Block, Layout, layout_of
-from .spec import RNNSpec
+from .spec import RNNSpec, check_seed
 
 
 class PackedParams:
@@ -58,8 +58,6 @@ class PackedParams:
         every device.
         """
         bound = 1.0 / math.sqrt(spec.hidden_size)
-        from .dropout import check_seed  # the one seed rule; local import keeps the seam's edits apart
-
         host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, layout_of(spec).size)
         xp = module_for(xp)
         return cls(spec, xp.asarray(host.astype(spec.dtype)))
@@ -104,7 +102,7 @@ class PackedParams:
             raise TypeError(f"format has type {type(format).__name__}; expected a str such as 'canonical'")
         if format == self.format:
             return self
-        from .engines import engine_for_format  # engines import this module; resolved at call time
+        from ..engines import engine_for_format  # engines import this module; resolved at call time
 
         target = engine_for_format(format) if format != "canonical" else None
         canonical = self if self.format == "canonical" else engine_for_format(self.format).to_canonical(self)
@@ -117,7 +115,7 @@ class PackedParams:
         engine owning ``format`` (``ValueError`` saying to convert when that format has none)."""
         if self.format == "canonical":
             return layout_of(self.spec)
-        from .engines import engine_for_format  # engines import this module; resolved at call time
+        from ..engines import engine_for_format  # engines import this module; resolved at call time
 
         native = engine_for_format(self.format).native_layout(self.spec, self.data.dtype)
         if native is None:

@@ -186,3 +186,14 @@ class RNNSpec:
 
     def replace(self, **changes: Any) -> RNNSpec:
         return dataclasses.replace(self, **changes)
+
+
+def check_seed(seed: Any) -> int | None:
+    """The one seed rule (``rnn_forward``, ``PackedParams.init``, layers): ``None`` or an int >= 0."""
+    if seed is None:
+        return None
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed has type {type(seed).__name__}; expected None or a non-negative int")
+    if seed < 0:
+        raise ValueError(f"seed = {seed}; expected None or a non-negative int")
+    return int(seed)

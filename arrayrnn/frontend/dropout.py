@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .spec import RNNSpec
+from ..core.spec import RNNSpec
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -73,14 +73,3 @@ def _mix_int(z: int) -> int:
     z = ((z ^ (z >> 30)) * _M1) & _MASK64
     z = ((z ^ (z >> 27)) * _M2) & _MASK64
     return z ^ (z >> 31)
-
-
-def check_seed(seed: Any) -> int | None:
-    """``seed`` as accepted by ``rnn_forward``: ``None`` or a non-negative integer."""
-    if seed is None:
-        return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed has type {type(seed).__name__}; expected None or a non-negative int")
-    if seed < 0:
-        raise ValueError(f"seed = {seed}; expected None or a non-negative int")
-    return int(seed)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import get_xp
+from ..core.backend import get_xp
 
 Array = Any
 

@@ -3,10 +3,10 @@
 This is the frontend every engine shares. It validates the inputs (before an engine is chosen),
 describes the call (:class:`~arrayrnn.engines.base.Call`) to :func:`~arrayrnn.engines.select_engine`,
 converts the params to the chosen engine's weight format if they are in another one (once per call, with
-a one-time :class:`~arrayrnn.errors.FormatConversionWarning`; the gradient is converted back), zeroes the
-padding, draws the dropout masks on the arrays' device (:mod:`arrayrnn.dropout`) and calls the engine with
-the caller's rows and layout (an engine that needs rows sorted by length sorts them itself).
-Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
+a one-time :class:`~arrayrnn.core.errors.FormatConversionWarning`; the gradient is converted back),
+zeroes the padding, draws the dropout masks on the arrays' device (:mod:`arrayrnn.frontend.dropout`) and
+calls the engine with the caller's rows and layout (an engine that needs rows sorted by length sorts them
+itself). Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
 ``pack_padded_sequence(x, lengths, enforce_sorted=False)``; roughly::
 
     for l in layers:                       # input of l > 0: output of l-1 (times the dropout mask)
@@ -22,7 +22,7 @@ Outputs past a row's end are zero; a row of length 0 has zero outputs and ``h_n 
 cache) it first recomputes the forward with the cache from the inputs the result references (``x``,
 ``h0``, ``c0`` and the params), then runs the backward: backward after inference works, at the cost of
 one more forward. The result keeps its own copies of ``x``, ``h0``, ``c0``; updating the params in
-place between forward and backward is detected and raises (:mod:`arrayrnn.guard`), so step the
+place between forward and backward is detected and raises (:mod:`arrayrnn.frontend.guard`), so step the
 optimizer after ``rnn_backward``. Do not write into ``res.y`` before the backward (the engine may keep
 it as its residual).
 """
@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from ..core.backend import as_array, get_xp, to_host
+from ..core.errors import FormatConversionWarning
+from ..core.params import PackedParams
+from ..core.spec import RNNSpec, check_seed
+from ..engines import select_engine
+from ..engines.base import Call, Engine
 from . import guard
-from .backend import as_array, get_xp, to_host
-from .dropout import check_seed, dropout_masks
-from .engines import select_engine
-from .engines.base import Call, Engine
-from .errors import FormatConversionWarning
-from .params import PackedParams
-from .spec import RNNSpec
+from .dropout import dropout_masks
 
 Array = Any
 
@@ -100,7 +100,8 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     device. ``lengths``: optional integers ``(B,)`` in ``0..T``, any order, host or device. ``h0``,
     ``c0``: optional initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)`` (zeros when ``None``).
     ``training=True`` keeps the cache for :func:`rnn_backward` and applies inter-layer dropout with
-    masks drawn from ``seed`` (see :mod:`arrayrnn.dropout`). ``engine``: ``"auto"`` or an engine name.
+    masks drawn from ``seed`` (see :mod:`arrayrnn.frontend.dropout`). ``engine``: ``"auto"`` or an engine
+    name.
     """
     spec = _check_params(params)
     batch_first = _check_flag("batch_first", batch_first)

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.backend import get_xp
 from .activations import Activation
 from .activations import get as get_activation
-from .autodiff.tape import Residuals, primitive, value_of
-from .backend import get_xp
+from .tape import Residuals, primitive, value_of
 
 
 def _check_floating(op: str, **named: Any) -> Any:

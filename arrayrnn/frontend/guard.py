@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backend import get_xp
+from ..core.backend import get_xp
 
 
 class WeightSnapshot:

@@ -2,7 +2,7 @@
 
 The file holds two arrays: ``header`` (the UTF-8 bytes of a JSON object: format name and version, the
 spec, dtype, buffer length and a SHA-256 of the buffer) and ``data`` (the canonical 1-D buffer). Reading
-and the atomic write are :mod:`arrayrnn.npzfile`'s.
+and the atomic write are :mod:`arrayrnn.core.npzfile`'s.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .autodiff import ops
-from .autodiff.tape import value_of
-from .backend import get_xp
+from ..core.backend import get_xp
+from . import ops
+from .tape import value_of
 
 Tree = Any
 

@@ -1,0 +1,317 @@
+"""Optimizers over flat buffers: ``SGD``, ``Adam``, ``AdamW``; ``clip_grad_norm``.
+
+``params`` is a PackedParams, an array, or a list of them; each is updated in place, one vectorised pass
+per array operation over its whole flat buffer (no loop over named weights). ``step(grads)`` takes
+gradients mirroring ``params`` (what ``value_and_grad`` returns). The arithmetic is that of
+``torch.optim`` (single-tensor implementation), so the same problem gives the same numbers.
+
+Optimizer state saves and loads without pickle: ``state_dict()`` / ``load_state_dict()`` (plain arrays,
+numbers and strings) and ``save(path)`` / ``load(path)`` (an ``.npz`` with a JSON header).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+
+from ..core import npzfile
+from ..core.backend import get_xp, to_host
+from ..core.params import PackedParams
+
+FORMAT = "arrayrnn-optimizer"
+FORMAT_VERSION = 1
+
+
+def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
+    """``(single, flat buffers)`` of a PackedParams / array or a list/tuple of them."""
+    single = not isinstance(tree, (list, tuple))
+    items = [tree] if single else list(tree)
+    if not items:
+        raise ValueError(f"{what} is empty; expected a PackedParams, an array, or a non-empty list of them")
+    out = []
+    for i, item in enumerate(items):
+        name = what if single else f"{what}[{i}]"
+        buf = item.data if isinstance(item, PackedParams) else item
+        if not hasattr(buf, "dtype") or not hasattr(buf, "shape"):
+            raise TypeError(f"{name} has type {type(item).__name__}; expected a PackedParams or an array")
+        if np.dtype(buf.dtype).kind != "f":
+            raise TypeError(f"{name} has dtype {buf.dtype}; expected a floating array")
+        out.append(buf)
+    return single, out
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_number(name: str, value: Any, lo: float = 0.0, hi: float = math.inf,
+                  hi_open: bool = False) -> float:
+    ok = _is_real(value) and math.isfinite(value)
+    if not ok or value < lo or value > hi or (hi_open and value == hi):
+        bound = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
+        raise ValueError(f"{name} = {value!r}; expected a number in {bound}")
+    return float(value)
+
+
+class Optimizer:
+    """Shared machinery: buffers, the step counter, gradient checks, state save and load."""
+
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, params: Any, lr: float):
+        self.params = params
+        self._single, self._params = _buffers(params, "params")
+        self.lr = _check_number("lr", lr)
+        self.step_count = 0
+        self.state = [{name: get_xp(p).zeros_like(p) for name in self.state_names} for p in self._params]
+        self._scratch: list[tuple[Any, Any] | None] = [None] * len(self._params)
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {"lr": self.lr}
+
+    def _scratch_for(self, i: int) -> tuple[Any, Any]:
+        if self._scratch[i] is None:
+            p = self._params[i]
+            xp = get_xp(p)
+            self._scratch[i] = (xp.empty_like(p), xp.empty_like(p))
+        return self._scratch[i]
+
+    def step(self, grads: Any) -> None:
+        """Update every buffer in place from ``grads`` (mirroring ``params``)."""
+        single, gs = _buffers(grads, "grads")
+        if single != self._single or len(gs) != len(self._params):
+            raise ValueError(f"grads has {len(gs)} entr{'y' if len(gs) == 1 else 'ies'}"
+                             f"{' (not a list)' if single else ''}; expected the structure of params "
+                             f"({len(self._params)} entr{'y' if len(self._params) == 1 else 'ies'})")
+        for i, (p, g) in enumerate(zip(self._params, gs, strict=True)):
+            label = "grads" if single else f"grads[{i}]"
+            if tuple(g.shape) != tuple(p.shape):
+                raise ValueError(f"{label} has shape {tuple(g.shape)}; expected the shape of its parameter "
+                                 f"{tuple(p.shape)}")
+            get_xp(p, g, names=("parameter", label))
+            if np.dtype(g.dtype) != np.dtype(p.dtype):
+                raise TypeError(f"{label} has dtype {g.dtype}; expected its parameter's dtype {p.dtype}")
+            flags = getattr(p, "flags", None)
+            if flags is not None and not flags.writeable:
+                where = "params" if single else f"params[{i}]"
+                raise ValueError(f"{where} is a read-only buffer; the optimizer updates it in place and "
+                                 "needs a writeable one")
+        self.step_count += 1
+        for i, (p, g) in enumerate(zip(self._params, gs, strict=True)):
+            self._update(i, p, g, self.state[i])
+
+    def _update(self, i: int, p: Any, g: Any, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Host copies of the state plus the hyperparameters and step count (JSON-able but the arrays)."""
+        return {
+            "type": type(self).__name__,
+            "hyperparameters": self._hyperparameters(),
+            "step": self.step_count,
+            "state": [{name: np.array(to_host(a)) for name, a in st.items()} for st in self.state],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (validated against this optimizer's buffers)."""
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"state_dict is a {type(state_dict).__name__}; expected a dict")
+        kind = state_dict.get("type")
+        if kind != type(self).__name__:
+            raise ValueError(f"state_dict is for optimizer {kind!r}; this one is {type(self).__name__!r}")
+        states = state_dict.get("state")
+        if not isinstance(states, list) or len(states) != len(self._params):
+            raise ValueError(f"state_dict has state for {len(states) if isinstance(states, list) else 'no'} "
+                             f"buffers; this optimizer has {len(self._params)}")
+        step = state_dict.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"state_dict['step'] = {step!r}; expected an integer >= 0")
+        fresh = self._fresh_from(state_dict.get("hyperparameters"))
+        for i, (saved, mine) in enumerate(zip(states, fresh.state, strict=True)):
+            if not isinstance(saved, dict) or set(saved) != set(mine):
+                raise ValueError(f"state_dict['state'][{i}] has entries {sorted(saved)}; "
+                                 f"expected {sorted(mine)}")
+            for name, a in saved.items():
+                dtype = getattr(a, "dtype", None)
+                if tuple(np.shape(a)) != tuple(mine[name].shape) or str(dtype) != str(mine[name].dtype):
+                    raise ValueError(f"state_dict['state'][{i}][{name!r}] has shape {tuple(np.shape(a))} "
+                                     f"and dtype {dtype}; expected {tuple(mine[name].shape)} "
+                                     f"{mine[name].dtype}")
+                mine[name][...] = get_xp(mine[name]).asarray(a)
+        fresh.step_count = step
+        self.__dict__.update(fresh.__dict__)
+
+    def _fresh_from(self, hyperparameters: Any) -> Optimizer:
+        """A new optimizer of this type over the same params, or ``ValueError`` for unusable values."""
+        if not isinstance(hyperparameters, dict):
+            raise ValueError(f"state_dict['hyperparameters'] = {hyperparameters!r}; expected a dict like "
+                             f"{self._hyperparameters()}")
+        unknown = sorted(set(hyperparameters) - set(self._hyperparameters()))
+        if unknown:
+            raise ValueError(f"state_dict['hyperparameters'] has unknown entries {unknown}; "
+                             f"{type(self).__name__} takes {sorted(self._hyperparameters())}")
+        try:
+            return type(self)(self.params, **hyperparameters)
+        except TypeError as e:
+            raise ValueError(f"state_dict['hyperparameters'] = {hyperparameters!r}: {e}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state to an ``.npz`` (a JSON header plus arrays; no pickle), atomically."""
+        sd = self.state_dict()
+        header = {"format": FORMAT, "version": FORMAT_VERSION, "type": sd["type"], "step": sd["step"],
+                  "hyperparameters": sd["hyperparameters"], "names": [sorted(st) for st in sd["state"]]}
+        arrays = {f"state/{i}/{name}": a for i, st in enumerate(sd["state"]) for name, a in st.items()}
+        npzfile.write(path, header, arrays)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore the state written by :meth:`save` (a damaged or foreign file is a ``ValueError``; the
+        optimizer is unchanged then)."""
+        header, arrays = npzfile.read(path, "arrayrnn optimizer file")
+        if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: not an arrayrnn optimizer file of version {FORMAT_VERSION} (format = "
+                             f"{header.get('format')!r}, version = {header.get('version')!r})")
+        names = header.get("names")
+        if not isinstance(names, list) or not all(
+                isinstance(n, list) and all(isinstance(k, str) for k in n) for n in names):
+            raise ValueError(f"{path}: header 'names' = {names!r}; expected a list of lists of state names")
+        missing = sorted(f"state/{i}/{k}" for i, n in enumerate(names) for k in n
+                         if f"state/{i}/{k}" not in arrays)
+        if missing:
+            raise ValueError(f"{path}: the header names arrays {missing} that the file does not hold")
+        state = [{k: arrays[f"state/{i}/{k}"] for k in n} for i, n in enumerate(names)]
+        self.load_state_dict({"type": header.get("type"), "hyperparameters": header.get("hyperparameters"),
+                              "step": header.get("step"), "state": state})
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``: ``momentum``, ``dampening``, ``weight_decay`` (L2 added to the gradient),
+    ``nesterov``."""
+
+    state_names = ("momentum_buffer",)
+
+    def __init__(self, params: Any, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        self.momentum = _check_number("momentum", momentum)
+        self.dampening = _check_number("dampening", dampening)
+        self.weight_decay = _check_number("weight_decay", weight_decay)
+        if nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError(f"nesterov=True with momentum = {momentum}, dampening = {dampening}; Nesterov "
+                             "momentum needs momentum > 0 and dampening = 0")
+        self.nesterov = bool(nesterov)
+        super().__init__(params, lr)
+        if not self.momentum:
+            self.state = [{} for _ in self._params]
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    def _update(self, i: int, p: Any, g: Any, state: dict[str, Any]) -> None:
+        xp = get_xp(p)
+        d, spare = self._scratch_for(i)
+        if self.weight_decay:
+            xp.multiply(p, self.weight_decay, out=d)
+            d += g
+        else:
+            d[...] = g
+        if self.momentum:
+            buf = state["momentum_buffer"]
+            if self.step_count == 1:
+                buf[...] = d
+            else:
+                buf *= self.momentum
+                xp.multiply(d, 1 - self.dampening, out=spare)
+                buf += spare
+            if self.nesterov:
+                xp.multiply(buf, self.momentum, out=spare)
+                d += spare
+            else:
+                d[...] = buf
+        d *= -self.lr
+        p += d
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam`` (L2 ``weight_decay`` added to the gradient)."""
+
+    state_names = ("exp_avg", "exp_avg_sq")
+    _decoupled = False
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas = {betas!r}; expected a pair (beta1, beta2)")
+        self.betas = (_check_number("betas[0]", betas[0], 0.0, 1.0, hi_open=True),
+                      _check_number("betas[1]", betas[1], 0.0, 1.0, hi_open=True))
+        self.eps = _check_number("eps", eps)
+        self.weight_decay = _check_number("weight_decay", weight_decay)
+        super().__init__(params, lr)
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+
+    def _update(self, i: int, p: Any, g: Any, state: dict[str, Any]) -> None:
+        xp = get_xp(p)
+        beta1, beta2 = self.betas
+        a, b = self._scratch_for(i)
+        if self.weight_decay and self._decoupled:
+            p *= 1 - self.lr * self.weight_decay
+        elif self.weight_decay:
+            xp.multiply(p, self.weight_decay, out=b)
+            b += g
+            g = b
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        xp.subtract(g, m, out=a)                 # m = lerp(m, g, 1 - beta1)
+        a *= 1 - beta1
+        m += a
+        xp.multiply(g, g, out=a)                 # v = beta2 v + (1 - beta2) g^2
+        a *= 1 - beta2
+        v *= beta2
+        v += a
+        t = self.step_count
+        step_size = self.lr / (1 - beta1 ** t)
+        xp.sqrt(v, out=a)                        # denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+        a /= math.sqrt(1 - beta2 ** t)
+        a += self.eps
+        xp.divide(m, a, out=a)
+        a *= -step_size
+        p += a
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW``: decoupled weight decay (``p *= 1 - lr * weight_decay`` before the step)."""
+
+    _decoupled = True
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+
+def clip_grad_norm(grads: Any, max_norm: float, norm_type: float = 2.0) -> float:
+    """Scale ``grads`` in place so their joint norm is at most ``max_norm``; returns the norm before.
+
+    ``torch.nn.utils.clip_grad_norm_``: ``coef = min(1, max_norm / (norm + 1e-6))``. ``norm_type`` is a
+    positive number or ``math.inf``.
+    """
+    _, gs = _buffers(grads, "grads")
+    max_norm = _check_number("max_norm", max_norm)
+    if not (norm_type == math.inf or (_is_real(norm_type) and norm_type > 0)):
+        raise ValueError(f"norm_type = {norm_type!r}; expected a positive number or math.inf")
+    if norm_type == math.inf:
+        total = max(float(get_xp(g).abs(g).max()) if g.size else 0.0 for g in gs)
+    elif norm_type == 2:
+        total = math.sqrt(sum(float(get_xp(g).vdot(g.reshape(-1), g.reshape(-1))) for g in gs))
+    else:
+        per_buffer = [float((get_xp(g).abs(g) ** norm_type).sum()) ** (1.0 / norm_type) for g in gs]
+        total = float(np.linalg.norm(np.asarray(per_buffer), ord=norm_type))
+    coef = min(1.0, max_norm / (total + 1e-6))
+    if coef < 1.0:
+        for g in gs:
+            g *= g.dtype.type(coef)
+    return total
