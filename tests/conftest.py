@@ -5,7 +5,7 @@ that accept a float64 LSTM on NumPy: ``"reference"`` and ``"numba"`` (when numba
 ``ENGINE_CASES`` adds the array-module dimension: every CPU engine on NumPy always, and, when CuPy sees a
 GPU, every GPU engine (``arrayrnn.engines.GPU_ENGINES``) that accepts the probe on CuPy. The fixture's
 value is an :class:`EngineOnDevice`: a ``str`` equal to the engine's name (so a body passes it as
-``engine=``) that carries ``xp``; ``tests/rnn_helpers.py`` moves a case's arrays to ``engine.xp``.
+``engine=``) that carries ``xp``; ``tests/support/rnn_cases.py`` moves a case's arrays to ``engine.xp``.
 """
 
 from __future__ import annotations

@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from support.cudnn import new_handles, requires_cudnn
 
 import cudnn_bindings as cb
 from cudnn_bindings.config import MATH_PRECISIONS
-
-try:
-    from conftest_cudnn import new_handles, requires_cudnn
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import new_handles, requires_cudnn
 
 pytestmark = requires_cudnn
 

@@ -1,8 +1,8 @@
 """The cuDNN engine: configuration, index map and zero-length fix-ups on CPU; numerics on a GPU.
 
 CPU (CI): descriptor configurations of a grid of specs round-trip through cuDNN; the canonical <-> cudnn
-index map built from cuDNN's real answers (in a subprocess: tests/cudnn_index_probe.py) is bit-exact both
-ways; the zero-length fix-ups give the reference engine's zero-length semantics; without CuPy/GPU
+index map built from cuDNN's real answers (in a subprocess: tests/support/cudnn_index_probe.py) is bit-exact
+both ways; the zero-length fix-ups give the reference engine's zero-length semantics; without CuPy/GPU
 ``engine="cudnn"`` and ``to_format("cudnn")`` say what is missing. GPU (``gpu`` marker): the engine against
 the reference engine on CuPy.
 """
@@ -18,15 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cudnn import gpu_reason, requires_cudnn
 
 import arrayrnn as ar
 import cudnn_bindings as cb
 from arrayrnn.engines import cudnn_format as cf
-
-try:
-    from conftest_cudnn import gpu_reason, requires_cudnn
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import gpu_reason, requires_cudnn
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
@@ -65,7 +61,8 @@ def test_index_map_from_cudnns_answers_is_bit_exact() -> None:
     """Every mode x bias x direction x layers x projection x dtype (240 specs), in a subprocess because
     the host-buffer-as-handle trick is undocumented and a future cuDNN may crash on it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "cudnn_index_probe.py")], cwd=ROOT, env=env,
+    probe = ROOT / "tests" / "support" / "cudnn_index_probe.py"
+    proc = subprocess.run([sys.executable, str(probe)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ok": 240}

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support.cudnn import parse_headers, requires_cudnn, requires_headers, shared_prefix
 
 import cudnn_bindings as cb
 from cudnn_bindings import enums, raw
-
-try:
-    from conftest_cudnn import parse_headers, requires_cudnn, requires_headers, shared_prefix
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import parse_headers, requires_cudnn, requires_headers, shared_prefix
 
 ENUMS = list(enums.C_NAMES.items())
 

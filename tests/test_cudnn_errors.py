@@ -5,15 +5,11 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from support.cudnn import new_handles, requires_cudnn
 
 import cudnn_bindings as cb
 from cudnn_bindings import raw
 from cudnn_bindings.errors import status_name
-
-try:
-    from conftest_cudnn import new_handles, requires_cudnn
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import new_handles, requires_cudnn
 
 
 def test_error_attributes_and_message() -> None:

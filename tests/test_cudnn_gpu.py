@@ -11,13 +11,9 @@ import itertools
 
 import numpy as np
 import pytest
+from support.cudnn import gpu_reason, new_handles
 
 import cudnn_bindings as cb
-
-try:
-    from conftest_cudnn import gpu_reason, new_handles
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import gpu_reason, new_handles
 
 REASON = gpu_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "GPU present")]

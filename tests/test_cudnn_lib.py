@@ -8,14 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cudnn import LIBRARY_ERROR, include_dir, parse_headers, requires_cudnn
 
 import cudnn_bindings as cb
 from cudnn_bindings import _lib
-
-try:
-    from conftest_cudnn import LIBRARY_ERROR, include_dir, parse_headers, requires_cudnn
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import LIBRARY_ERROR, include_dir, parse_headers, requires_cudnn
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTHING = {"wheel": False, "pathfinder": False, "system": False}

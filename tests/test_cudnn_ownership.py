@@ -10,14 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cudnn import requires_cudnn
 
 import cudnn_bindings as cb
 from cudnn_bindings.descriptors import _Owned
-
-try:
-    from conftest_cudnn import requires_cudnn
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import requires_cudnn
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted(p.stem for p in (ROOT / "cudnn_bindings").glob("*.py") if p.stem != "__init__")

@@ -5,14 +5,10 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+from support.cudnn import expected_ctype, parse_headers, requires_cudnn, requires_headers
 
 from cudnn_bindings import _lib
 from cudnn_bindings.prototypes import OPTIONAL, PROTOTYPES
-
-try:
-    from conftest_cudnn import expected_ctype, parse_headers, requires_cudnn, requires_headers
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import expected_ctype, parse_headers, requires_cudnn, requires_headers
 
 pytestmark = [requires_cudnn, requires_headers()]
 

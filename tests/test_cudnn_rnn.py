@@ -7,13 +7,9 @@ argument conversion, so the fake handle address below is never passed to cuDNN.
 from __future__ import annotations
 
 import pytest
+from support.cudnn import new_handles, requires_cudnn
 
 import cudnn_bindings as cb
-
-try:
-    from conftest_cudnn import new_handles, requires_cudnn
-except ImportError:  # tests/ made a package
-    from tests.conftest_cudnn import new_handles, requires_cudnn
 
 pytestmark = requires_cudnn
 FAKE_HANDLE = 0x1000  # never reaches cuDNN

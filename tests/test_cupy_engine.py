@@ -1,5 +1,5 @@
 """The cupy engine: what runs on CPU here (availability, refusal of NumPy arrays, launch shapes) and the
-GPU tests (marker ``gpu``): the shared cases of ``rnn_helpers`` on CuPy arrays with this engine and with
+GPU tests (marker ``gpu``): the shared cases of ``support.rnn_cases`` on CuPy arrays with this engine and with
 the reference engine (the GPU oracle), both against the reference engine on NumPy; float16; dropout masks.
 
 The kernels' numerics are also executed on CPU under numba's CUDA simulator (``tests_cudasim/``) and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rnn_helpers import assert_close, forward_backward, make_case, tolerances
+from support.rnn_cases import assert_close, forward_backward, make_case, tolerances
 
 from arrayrnn import EngineUnavailableError, RNNSpec
 from arrayrnn.core.backend import cupy_module

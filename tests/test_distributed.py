@@ -1,7 +1,7 @@
 """Data-parallel training: 2 ranks on half batches equal 1 process on the whole batch (float64).
 
-Multi-process jobs run tests/dist_workers/train.py in their own process group with a timeout; on timeout
-the whole group is killed and the test fails.
+Multi-process jobs run tests/support/dist_workers/train.py in their own process group with a timeout; on
+timeout the whole group is killed and the test fails.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import arrayrnn as ar
 from arrayrnn.distributed import abort_on_error, allreduce_mean, broadcast_from_root
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "dist_workers" / "train.py"
+WORKER = ROOT / "tests" / "support" / "dist_workers" / "train.py"
 TIMEOUT = 120
 
 _spec = importlib.util.spec_from_file_location("dist_train_worker", WORKER)

@@ -12,7 +12,7 @@ import pytest
 from test_distributed import ROOT, run_job
 
 pytest.importorskip("torch.distributed")
-WORKER = ROOT / "tests" / "dist_workers" / "ddp.py"
+WORKER = ROOT / "tests" / "support" / "dist_workers" / "ddp.py"
 _spec = importlib.util.spec_from_file_location("dist_ddp_worker", WORKER)
 ddp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ddp)

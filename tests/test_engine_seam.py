@@ -1,5 +1,5 @@
 """The engine seam (issue 9), on CPU, through test-only engines whose native weight formats are
-permutations of the canonical one (tests/permuted_engine.py), registered like a built-in engine:
+permutations of the canonical one (tests/support/permuted_engine.py), registered like a built-in engine:
 
 1. a format belongs to its engine: ``to_format`` finds it at call time; views work through the engine's
    layout or are refused (never canonical slices of a foreign buffer);
@@ -12,13 +12,14 @@ permutations of the canonical one (tests/permuted_engine.py), registered like a 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import warnings
 
 import numpy as np
 import pytest
-from rnn_helpers import make_case
+from support.rnn_cases import make_case
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_backward, rnn_forward
@@ -35,10 +36,10 @@ SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, num_layers=2, bidirecti
 @pytest.fixture
 def permuted(monkeypatch):
     """Register the test engines (as a module name and as an object), fresh, and forget warnings."""
-    monkeypatch.delitem(sys.modules, "permuted_engine", raising=False)
-    register_engine("permuted", "permuted_engine")
-    import permuted_engine
-
+    monkeypatch.delitem(sys.modules, "support.permuted_engine", raising=False)
+    register_engine("permuted", "support.permuted_engine")
+    permuted_engine = importlib.import_module("support.permuted_engine")  # the fresh module, not the
+    # package attribute left by an earlier import
     register_engine("reversed", permuted_engine.REVERSED)
     for engine in (permuted_engine.ENGINE, permuted_engine.REVERSED):
         engine.calls.clear()
@@ -52,12 +53,12 @@ def permuted(monkeypatch):
 
 # -- 1. formats belong to engines -----------------------------------------------------------------
 def test_to_format_finds_the_engine_at_call_time(monkeypatch):
-    monkeypatch.delitem(sys.modules, "permuted_engine", raising=False)
-    register_engine("permuted", "permuted_engine")
+    monkeypatch.delitem(sys.modules, "support.permuted_engine", raising=False)
+    register_engine("permuted", "support.permuted_engine")
     try:
         params = PackedParams.init(SPEC, seed=3)
         native = params.to_format("permuted")  # nothing imported the engine's module before
-        assert "permuted_engine" in sys.modules and native.format == "permuted"
+        assert "support.permuted_engine" in sys.modules and native.format == "permuted"
         assert not np.array_equal(native.data, params.data)
         assert sorted(native.data) == sorted(params.data)
         back = native.to_format("canonical")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import ENGINES
-from rnn_helpers import make_case
+from support.rnn_cases import make_case
 
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_forward
 from arrayrnn.engines import engine_unavailable_reason, load_engine, probe_call, select_engine

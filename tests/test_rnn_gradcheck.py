@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rnn_helpers import Case, forward, forward_backward, loss, make_case
+from support.rnn_cases import Case, forward, forward_backward, loss, make_case
 
 from arrayrnn import PackedParams, RNNSpec
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rnn_helpers import forward_backward, make_case
+from support.rnn_cases import forward_backward, make_case
 
 from arrayrnn import RNNSpec, rnn_backward, rnn_forward
 

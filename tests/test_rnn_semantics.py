@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rnn_helpers import assert_close, forward, forward_backward, make_case, tolerances
-from torch_oracle import run_torch
+from support.rnn_cases import assert_close, forward, forward_backward, make_case, tolerances
+from support.torch_oracle import run_torch
 
 from arrayrnn import PackedParams, RNNSpec, rnn_backward
 from arrayrnn.engines.cells import gate

@@ -6,8 +6,8 @@ Variable lengths go through ``pack_padded_sequence(enforce_sorted=False)`` on th
 from __future__ import annotations
 
 import pytest
-from rnn_helpers import assert_close, forward_backward, make_case, tolerances
-from torch_oracle import run_torch
+from support.rnn_cases import assert_close, forward_backward, make_case, tolerances
+from support.torch_oracle import run_torch
 
 from arrayrnn import RNNSpec
 

@@ -1,6 +1,6 @@
 """Shared helpers for the cudnn_bindings tests: skip markers and a small parser of the shipped C headers.
 
-Imported by the tests (``from conftest_cudnn import ...``); not a pytest conftest.
+Imported by the tests (``from support.cudnn import ...``).
 """
 
 from __future__ import annotations

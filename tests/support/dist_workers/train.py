@@ -1,7 +1,7 @@
 """Data-parallel training worker launched by tests/test_distributed.py (not collected by pytest).
 
-    mpiexec -n 2 python tests/dist_workers/train.py mpi   --optimizer adam --steps 3 --out DIR
-    python tests/dist_workers/train.py torch --optimizer sgd --steps 3 --out DIR   # spawns 2 processes
+    mpiexec -n 2 python tests/support/dist_workers/train.py mpi   --optimizer adam --steps 3 --out DIR
+    python tests/support/dist_workers/train.py torch --optimizer sgd --steps 3 --out DIR  # 2 processes
 
 Each rank builds an LSTM stack + Dense head (float64; rank r seeds its weights with ``SEED + r``, so only
 ``broadcast_from_root`` makes them equal), takes its 1/size share of the batch's rows, and runs ``--steps``
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import arrayrnn as ar  # noqa: E402
 from arrayrnn import ops  # noqa: E402

@@ -1,6 +1,6 @@
 """DistributedDataParallel around an arrayrnn.torch.ArrayRNN (gloo, 2 processes); see test_distributed_ddp.py.
 
-    python tests/dist_workers/ddp.py OUT_DIR     # writes OUT_DIR/rank{r}.npy; train() is the oracle
+    python tests/support/dist_workers/ddp.py OUT_DIR     # writes OUT_DIR/rank{r}.npy; train() is the oracle
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from arrayrnn.torch import ArrayRNN  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Test-only engines whose native weight formats are permutations of the canonical one.
 
-Registered exactly like a built-in engine (``register_engine(name, "permuted_engine")``: a module that
+Registered exactly like a built-in engine (``register_engine(name, "support.permuted_engine")``: a module that
 exposes ``ENGINE``), so the tests exercise the real path: ``params.to_format(name)`` finds the engine at
 call time, the frontend converts canonical params for it, and ``dparams`` come back in its format.
 
