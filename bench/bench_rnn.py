@@ -57,7 +57,7 @@ import onnx_peer  # noqa: E402
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import CPU_ENGINES, engine_unavailable_reason, probe_call  # noqa: E402
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 CHART = ROOT / "bench" / "rnn_ratios.png"
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.shapes:
         shapes = tuple(s for s in SHAPES + QUICK_SHAPES if s.name in args.shapes.split(","))
     probe = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2)
-    engines = [e for e in CPU_ENGINES if engine_unavailable_reason(e, probe_call(probe)) is None]
+    engines = [e for e in engines_for("cpu") if engine_unavailable_reason(e, probe_call(probe)) is None]
     engines = sorted(engines, key=lambda e: e != "numba")
     if args.engines:
         engines = [e for e in engines if e in args.engines.split(",")]

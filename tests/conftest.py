@@ -1,9 +1,9 @@
 """Shared fixtures: the ``engine`` fixture runs a numeric test body on every engine and array module.
 
-``ENGINES`` lists the registered CPU engines (``arrayrnn.engines.CPU_ENGINES``) whose module imports and
-that accept a float64 LSTM on NumPy: ``"reference"`` and ``"numba"`` (when numba is installed).
+``ENGINES`` lists the registered CPU engines (``arrayrnn.engines.engines_for("cpu")``) whose module imports
+and that accept a float64 LSTM on NumPy: ``"reference"`` and ``"numba"`` (when numba is installed).
 ``ENGINE_CASES`` adds the array-module dimension: every CPU engine on NumPy always, and, when CuPy sees a
-GPU, every GPU engine (``arrayrnn.engines.GPU_ENGINES``) that accepts the probe on CuPy. The fixture's
+GPU, every GPU engine (``engines_for("gpu")``) that accepts the probe on CuPy. The fixture's
 value is an :class:`EngineOnDevice`: a ``str`` equal to the engine's name (so a body passes it as
 ``engine=``) that carries ``xp``; ``tests/support/rnn_cases.py`` moves a case's arrays to ``engine.xp``.
 """
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from arrayrnn import RNNSpec
-from arrayrnn.engines import CPU_ENGINES, GPU_ENGINES, engine_unavailable_reason, probe_call
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call
 
 _PROBE = RNNSpec(mode="lstm", input_size=2, hidden_size=3, dtype="float64")
-ENGINES = tuple(name for name in CPU_ENGINES if engine_unavailable_reason(name, probe_call(_PROBE)) is None)
+ENGINES = tuple(name for name in engines_for("cpu")
+                if engine_unavailable_reason(name, probe_call(_PROBE)) is None)
 
 
 class EngineOnDevice(str):
@@ -52,7 +53,7 @@ def _engine_cases() -> tuple[EngineOnDevice, ...]:
     cases = [EngineOnDevice(name, np) for name in ENGINES]
     cp = _gpu_module()
     if cp is not None:
-        cases += [EngineOnDevice(name, cp) for name in GPU_ENGINES
+        cases += [EngineOnDevice(name, cp) for name in engines_for("gpu")
                   if engine_unavailable_reason(name, probe_call(_PROBE, cp)) is None]
     return tuple(cases)
 

@@ -16,6 +16,7 @@ import importlib
 import inspect
 import sys
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from support.rnn_cases import make_case
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_backward, rnn_forward
 from arrayrnn.core.errors import FormatConversionWarning
-from arrayrnn.engines import AUTO_ORDER, probe_call, register_engine, select_engine, unregister_engine
+from arrayrnn.engines import probe_call, register_engine, select_engine, unregister_engine
 from arrayrnn.engines.base import Call, Engine
 from arrayrnn.frontend import rnn as rnn_module
 from arrayrnn.frontend.dropout import dropout_masks
@@ -241,7 +242,9 @@ def test_explicit_engine_says_exactly_what_it_cannot_run(permuted):
 
 
 def test_auto_error_lists_every_candidate_with_its_reason(permuted, monkeypatch):
-    monkeypatch.setitem(AUTO_ORDER, "cpu", ("permuted", "reversed", "reference"))
+    register_engine("permuted", "support.permuted_engine", auto_rank=0)
+    register_engine("reversed", permuted.REVERSED, auto_rank=1)
+    monkeypatch.setitem(engines.REGISTRY, "numba", replace(engines.REGISTRY["numba"], auto_rank=None))
     permuted.ENGINE.prefer_not = "T = 4 is below the permuted engine's threshold"
     permuted.REVERSED.refuse = "the reversed engine is switched off"
     reference = engines.load_engine("reference")
@@ -258,7 +261,8 @@ def test_auto_error_lists_every_candidate_with_its_reason(permuted, monkeypatch)
 
 
 def test_auto_takes_the_first_candidate_that_accepts(permuted, monkeypatch):
-    monkeypatch.setitem(AUTO_ORDER, "cpu", ("reversed", "permuted", "reference"))
+    register_engine("reversed", permuted.REVERSED, auto_rank=0)
+    register_engine("permuted", "support.permuted_engine", auto_rank=1)
     permuted.REVERSED.prefer_not = "not by preference"
     case = make_case(SPEC, 4, 3)
     native = case.params.to_format("permuted")
@@ -342,7 +346,7 @@ def test_every_cpu_engine_runs_the_shared_bodies_on_numpy(engine):
     from conftest import ENGINE_CASES, ENGINES
 
     assert {(str(c), c.xp) for c in ENGINE_CASES} >= {(name, np) for name in ENGINES}
-    assert engine.xp.__name__ in ("numpy", "cupy") and str(engine) in engines.ENGINE_MODULES
+    assert engine.xp.__name__ in ("numpy", "cupy") and str(engine) in engines.REGISTRY
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -193,6 +194,7 @@ def test_format_whose_engine_module_is_missing_is_a_clear_error(monkeypatch):
     # an installation without the cudnn engine's module (a trimmed wheel, say)
     from arrayrnn import engines
 
-    monkeypatch.setitem(engines.ENGINE_MODULES, "cudnn", "arrayrnn.engines._not_installed")
+    record = replace(engines.REGISTRY["cudnn"], source="arrayrnn.engines._not_installed")
+    monkeypatch.setitem(engines.REGISTRY, "cudnn", record)
     with pytest.raises(EngineUnavailableError, match="engine = 'cudnn' is not part of this installation"):
         PackedParams.zeros(RNNSpec("lstm", 3, 4)).to_format("cudnn")

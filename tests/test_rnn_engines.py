@@ -3,6 +3,8 @@ size of the residual cache."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import ENGINES
@@ -37,7 +39,8 @@ def test_auto_on_cpu_picks_numba_when_available_else_reference():
 
 
 def test_missing_engine_module_is_unavailable_and_auto_falls_back(monkeypatch):
-    monkeypatch.setitem(engines.ENGINE_MODULES, "numba", "arrayrnn.engines._not_installed")
+    record = replace(engines.REGISTRY["numba"], source="arrayrnn.engines._not_installed")
+    monkeypatch.setitem(engines.REGISTRY, "numba", record)
     message = r"engine = 'numba' is not part of this installation \(module arrayrnn.engines._not_installed"
     with pytest.raises(EngineUnavailableError, match=message):
         load_engine("numba")
@@ -51,10 +54,61 @@ def test_engine_whose_dependency_is_missing_names_it(monkeypatch, tmp_path):
     (package / "__init__.py").write_text("")
     (package / "broken.py").write_text("import numba_that_is_not_installed\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(engines.ENGINE_MODULES, "numba", "fake_engines.broken")
+    record = replace(engines.REGISTRY["numba"], source="fake_engines.broken")
+    monkeypatch.setitem(engines.REGISTRY, "numba", record)
     message = r"engine = 'numba' cannot be imported .*numba_that_is_not.*it needs the numba package"
     with pytest.raises(EngineUnavailableError, match=message):
         select_engine("numba", probe_call(SPEC))
+
+
+def test_a_module_without_an_engine_is_unavailable(monkeypatch, tmp_path):
+    (tmp_path / "no_engine_here.py").write_text("ENGINE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engines.register_engine("empty", "no_engine_here")
+    try:
+        with pytest.raises(EngineUnavailableError, match=r"engine = 'empty': module no_engine_here has no "
+                                                         r"ENGINE .*it has int"):
+            select_engine("empty", probe_call(SPEC))
+        assert "empty" not in engines.available_engines(SPEC)
+    finally:
+        engines.unregister_engine("empty")
+
+
+@pytest.mark.parametrize("name", ["reference", "numba", "cupy", "cudnn"])
+def test_built_in_engines_cannot_be_replaced_or_removed(name):
+    before = engines.REGISTRY[name]
+    with pytest.raises(ValueError, match=rf"name = '{name}' is a built-in engine; register yours under"):
+        engines.register_engine(name, "somewhere.else")
+    with pytest.raises(ValueError, match=rf"name = '{name}' is a built-in engine; only registered"):
+        engines.unregister_engine(name)
+    assert engines.REGISTRY[name] is before
+
+
+@pytest.mark.parametrize("devices, message", [
+    (("tpu",), r"devices = \('tpu',\); expected a non-empty tuple drawn from \('cpu', 'gpu'\)"),
+    ((), r"devices = \(\); expected a non-empty tuple"),
+    ("cpu", r"devices = 'cpu'; expected a non-empty tuple"),
+])
+def test_register_engine_checks_the_devices(devices, message):
+    with pytest.raises(ValueError, match=message):
+        engines.register_engine("mine", "somewhere.else", devices=devices)
+    assert "mine" not in engines.REGISTRY
+
+
+def test_auto_order_is_the_ranks_of_the_records():
+    assert engines.auto_order("cpu") == ("numba", "reference")
+    assert engines.auto_order("gpu") == ("cudnn", "cupy", "reference")
+    engines.register_engine("first", load_engine("reference"), auto_rank=0)
+    try:
+        assert engines.auto_order("cpu") == ("first", "numba", "reference")
+        assert engines.auto_order("gpu") == ("cudnn", "cupy", "reference")
+    finally:
+        engines.unregister_engine("first")
+
+
+def test_canonical_is_not_an_engine_format():
+    with pytest.raises(ValueError, match=r"format = 'canonical' belongs to no engine: every engine reads it"):
+        engines.engine_for_format("canonical")
 
 
 def test_float16_runs_with_float32_math_in_the_driver():

@@ -112,9 +112,8 @@ _COMPARE = {"less", "less_equal", "greater", "greater_equal"}
 
 
 def _ops_hint(name: str) -> str:
-    from . import ops  # at error time only: ops imports this module
-
-    return f"use arrayrnn.ops.{name}" if hasattr(ops, name) else "use the arrayrnn.ops functions"
+    known = name in _PRIMITIVE_NAMES  # arrayrnn.ops names its primitives after the NumPy functions
+    return f"use arrayrnn.ops.{name}" if known else "use the arrayrnn.ops functions"
 
 
 def _cut_message(what: str, becomes: str) -> str:
@@ -202,12 +201,16 @@ def _raw_argument(a: Any) -> Any:
     return a
 
 
+_PRIMITIVE_NAMES: set[str] = set()  # every primitive made so far, for error hints
+
+
 class Primitive:
     """A differentiable operation: a forward on raw arrays plus a VJP rule registered with ``defvjp``."""
 
     def __init__(self, forward: Callable, keep: Sequence[str] | None = None, name: str | None = None):
         self.forward = forward
         self.name = name or forward.__name__.lstrip("_")
+        _PRIMITIVE_NAMES.add(self.name)
         self.rule: Callable | None = None
         self._rule_extras: tuple[str, ...] = ()
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

@@ -4,15 +4,43 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .backend import as_array, device_of, get_xp, module_for, to_host
 from .layout import Block, Layout, layout_of
 from .spec import RNNSpec, check_seed
+
+
+class FormatOwner(Protocol):
+    """The engine that owns a weight format (what ``to_format`` and ``layout`` ask of it)."""
+
+    native_format: str
+
+    def to_native(self, params: PackedParams) -> PackedParams: ...
+
+    def to_canonical(self, params: PackedParams) -> PackedParams: ...
+
+    def native_layout(self, spec: RNNSpec, dtype: Any) -> Layout | None: ...
+
+
+_format_lookup: Callable[[str], FormatOwner] | None = None
+
+
+def set_format_lookup(lookup: Callable[[str], FormatOwner]) -> None:
+    """Install the name -> owning engine lookup (``arrayrnn.engines`` does, when it is imported), so this
+    module reaches a format's engine without importing the engines."""
+    global _format_lookup
+    _format_lookup = lookup
+
+
+def _format_owner(format: str) -> FormatOwner:
+    if _format_lookup is None:  # only if arrayrnn.core.params is used without the arrayrnn package
+        raise RuntimeError("no weight format other than 'canonical' is known: import arrayrnn first")
+    return _format_lookup(format)
 
 
 class PackedParams:
@@ -26,13 +54,13 @@ class PackedParams:
     without copying; its size and dtype are checked against the spec.
     """
 
-    __slots__ = ("spec", "data", "format", "_backend_state")
+    __slots__ = ("spec", "data", "format")
 
     def __init__(self, spec: RNNSpec, buffer: Any, format: str = "canonical"):
         if not isinstance(spec, RNNSpec):
             raise TypeError(f"spec has type {type(spec).__name__}; expected an arrayrnn.RNNSpec")
         if format != "canonical":
-            # A backend format's size and offsets come from the backend, which wraps its own buffers.
+            # an engine's own format: its size and offsets come from that engine, which wraps its buffers
             raise ValueError(f"format = {format!r}; PackedParams(spec, buffer) wraps canonical buffers only; "
                              "use params.to_format(...) to get another format")
         data = as_array(buffer, "buffer")
@@ -40,13 +68,12 @@ class PackedParams:
         self.spec = spec
         self.data = data
         self.format = format
-        self._backend_state = None
 
     @classmethod
-    def _wrap(cls, spec: RNNSpec, data: Any, format: str, backend_state: Any = None) -> PackedParams:
-        """Internal: wrap a buffer in any format without the canonical size check."""
+    def _wrap(cls, spec: RNNSpec, data: Any, format: str) -> PackedParams:
+        """For engines: wrap a buffer of any format (its engine checked it), without the canonical check."""
         self = object.__new__(cls)
-        self.spec, self.data, self.format, self._backend_state = spec, data, format, backend_state
+        self.spec, self.data, self.format = spec, data, format
         return self
 
     # -- construction ---------------------------------------------------------------------------
@@ -69,10 +96,10 @@ class PackedParams:
 
     def zeros_like(self) -> PackedParams:
         xp = get_xp(self.data)
-        return PackedParams._wrap(self.spec, xp.zeros_like(self.data), self.format, self._backend_state)
+        return PackedParams._wrap(self.spec, xp.zeros_like(self.data), self.format)
 
     def copy(self) -> PackedParams:
-        return PackedParams._wrap(self.spec, self.data.copy(), self.format, self._backend_state)
+        return PackedParams._wrap(self.spec, self.data.copy(), self.format)
 
     def astype(self, dtype: Any) -> PackedParams:
         """Same values (rounded), same format, new dtype; a new buffer."""
@@ -94,19 +121,16 @@ class PackedParams:
     def to_format(self, format: str) -> PackedParams:
         """The same weights in another format: ``"canonical"`` or an engine's own (such as ``"cudnn"``).
 
-        A format other than canonical is named after the engine that owns it; that engine is found (and
-        imported) now, and converts: ``engine.to_native(canonical)`` / ``engine.to_canonical(native)``.
-        Returns ``self`` when already in ``format``, else a new buffer.
+        A format other than canonical is named after the engine that owns it; that engine is looked up by
+        name (and imported) now, and converts: ``engine.to_native(canonical)`` /
+        ``engine.to_canonical(native)``. Returns ``self`` when already in ``format``, else a new buffer.
         """
         if not isinstance(format, str):
             raise TypeError(f"format has type {type(format).__name__}; expected a str such as 'canonical'")
         if format == self.format:
             return self
-        from ..engines import engine_for_format  # engines import this module; resolved at call time
-
-        target = engine_for_format(format) if format != "canonical" else None
-        canonical = self if self.format == "canonical" else engine_for_format(self.format).to_canonical(self)
-        return canonical if target is None else target.to_native(canonical)
+        canonical = self if self.format == "canonical" else _format_owner(self.format).to_canonical(self)
+        return canonical if format == "canonical" else _format_owner(format).to_native(canonical)
 
     # -- views ----------------------------------------------------------------------------------
     @property
@@ -115,9 +139,7 @@ class PackedParams:
         engine owning ``format`` (``ValueError`` saying to convert when that format has none)."""
         if self.format == "canonical":
             return layout_of(self.spec)
-        from ..engines import engine_for_format  # engines import this module; resolved at call time
-
-        native = engine_for_format(self.format).native_layout(self.spec, self.data.dtype)
+        native = _format_owner(self.format).native_layout(self.spec, self.data.dtype)
         if native is None:
             raise ValueError(f"params.format = {self.format!r} has no per-block layout (its blocks are not "
                              "contiguous row-major regions); convert first: params.to_format('canonical')")

@@ -105,7 +105,7 @@ class Call:
     dropout: bool             # inter-layer dropout active (training, spec.dropout > 0, num_layers > 1)
     params_format: str        # params.format
     has_zero_length: bool     # some row has length 0
-    explicit: bool            # True: the user named this engine; False: "auto" is asking
+    explicit: bool = False    # True: the user named this engine; False: "auto" asks (set by select_engine)
 
 
 # -- stack level --------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     dropout = training and spec.dropout > 0 and spec.num_layers > 1
     call = Call(spec=spec, xp=xp, device=_device_id(params.data), seq_len=T, batch=B, training=training,
                 dropout=dropout, params_format=params.format,
-                has_zero_length=bool((host_lengths == 0).any()), explicit=engine != "auto")
+                has_zero_length=bool((host_lengths == 0).any()))
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
 
@@ -167,7 +167,8 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
                                      saved.masks, batch_first=saved.batch_first, keep_cache=True).cache
     g = saved.engine.backward(cache, xp.ascontiguousarray(dy), dh_n, dc_n)
-    dparams = g.dparams if saved.run_params is res.params else g.dparams.to_format(res.params.format)
+    dparams = g.dparams if saved.run_params is res.params else _back_to_format(g.dparams, saved.engine,
+                                                                                 res.params.format)
     return RNNGrads(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=dparams)
 
 
@@ -307,7 +308,8 @@ _WARNED: set[tuple[str, str]] = set()
 
 
 def _in_format(params: PackedParams, engine: Engine) -> PackedParams:
-    """``params`` in ``engine``'s native format: themselves, or a converted copy (warned once per pair)."""
+    """``params`` in ``engine``'s native format: themselves, or a copy converted by ``engine`` itself (warned
+    once per pair of formats)."""
     target = engine.native_format
     if params.format == target:
         return params
@@ -317,4 +319,11 @@ def _in_format(params: PackedParams, engine: Engine) -> PackedParams:
                       f"{params.format!r}: the params are converted on every call (and their gradient "
                       f"converted back). Convert once with params = params.to_format({target!r}) (or, for a "
                       f"layer, layer.to_format({target!r}))", FormatConversionWarning, stacklevel=3)
-    return params.to_format(target)
+    canonical = params if params.format == "canonical" else params.to_format("canonical")
+    return canonical if target == "canonical" else engine.to_native(canonical)
+
+
+def _back_to_format(grads: PackedParams, engine: Engine, format: str) -> PackedParams:
+    """The engine's gradient (in its native format) in the params' ``format``."""
+    canonical = grads if grads.format == "canonical" else engine.to_canonical(grads)
+    return canonical if format == "canonical" else canonical.to_format(format)
