@@ -40,8 +40,8 @@ def _inputs(spec: RNNSpec, T: int, lengths: list[int], seed: int):
 
 def _run(engine: StackEngine, params: PackedParams, inputs):
     x, lens, h0, c0, masks, (dy, dh_n, dc_n) = inputs
-    out = engine.forward(params, x.copy(), lens, h0.copy(), None if c0 is None else c0.copy(), masks,
-                         batch_first=False, keep_cache=True)
+    out = engine.forward(params, engine.take_input(x, lens, False), lens, h0.copy(),
+                         None if c0 is None else c0.copy(), masks, batch_first=False, keep_cache=True)
     return out, engine.backward(out.cache, dy, dh_n, dc_n)
 
 

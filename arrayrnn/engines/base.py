@@ -13,8 +13,11 @@ hands the
 engine
 
 - ``params`` in the engine's ``native_format`` (the frontend converts canonical params for the call);
-- ``x`` in the caller's layout, ``(T, B, I)`` or ``(B, T, I)`` when ``batch_first``; contiguous, zero at
-  padding (``t >= lengths[b]``), owned by the frontend (the engine may keep it);
+- ``x``: what the engine's own ``take_input(x, lengths, batch_first)`` returned for the caller's ``x``.
+  That is the ONE copy of ``x`` a call makes: a gather into the order the engine computes in, zero at
+  padding (``t >= lengths[b]``), owned by the engine (its cache may keep it; the frontend keeps it for the
+  recompute after an inference forward, so ``forward`` must not write into it). The default is a
+  contiguous copy in the caller's layout, ``(T, B, I)`` or ``(B, T, I)`` when ``batch_first``;
 - ``lengths``: host ``numpy.int64`` ``(B,)`` in the caller's row order, each in ``0..T``. Rows of length 0
   are never active: their outputs are zero and their final state is their initial state;
 - ``h0`` ``(L*D, B, H_out)`` and, for LSTM, ``c0`` ``(L*D, B, H)``: never ``None`` (zeros by default),
@@ -85,6 +88,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..core.backend import get_xp
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 
@@ -158,8 +162,15 @@ class Engine(ABC):
         """
         return None
 
+    def take_input(self, x: Array, lengths: np.ndarray, batch_first: bool) -> Any:
+        """The engine's own copy of the caller's ``x``, zero at padding, in the order its ``forward`` wants.
+
+        The default keeps the caller's rows and layout (a whole-stack engine such as cuDNN takes them so).
+        """
+        return copy_zero_padded(x, lengths, batch_first)
+
     @abstractmethod
-    def forward(self, params: PackedParams, x: Array, lengths: np.ndarray, h0: Array, c0: Array | None,
+    def forward(self, params: PackedParams, x: Any, lengths: np.ndarray, h0: Array, c0: Array | None,
                 masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward: ...
 
     @abstractmethod
@@ -167,6 +178,17 @@ class Engine(ABC):
 
     def __repr__(self) -> str:
         return f"<arrayrnn engine {self.name!r}>"
+
+
+def copy_zero_padded(x: Array, lengths: np.ndarray, batch_first: bool) -> Array:
+    """A contiguous copy of ``x`` in its own layout, zero where ``t >= lengths[b]``."""
+    xp = get_xp(x)
+    out = xp.array(x, order="C", copy=True)
+    T = x.shape[1] if batch_first else x.shape[0]
+    if int(lengths.min(initial=T)) < T:
+        padding = lengths[None, :] <= np.arange(T)[:, None]            # (T, B)
+        out[xp.asarray(padding.T if batch_first else padding)] = 0
+    return out
 
 
 # -- direction level ----------------------------------------------------------------------------

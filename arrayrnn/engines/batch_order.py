@@ -46,6 +46,21 @@ class BatchOrder:
     def batch(self) -> int:
         return int(self.lengths.size) if self.lengths is not None else int(self.batch_sizes[0])
 
+    def gather_time_major(self, x: Array, batch_first: bool) -> Array:
+        """A new contiguous ``(T, B, F)`` array: ``x`` (caller's rows, time- or batch-major) with its rows
+        sorted and zero at padding, made in one gather."""
+        xp = get_xp(x)
+        time_major = xp.swapaxes(x, 0, 1) if batch_first else x
+        if self.perm is None:
+            out = xp.array(time_major, order="C", copy=True)
+        else:  # row by row: fancy indexing of a strided view would copy twice (a strided temporary first)
+            out = xp.empty(time_major.shape, dtype=x.dtype)
+            for row, source in enumerate(self.perm):
+                out[:, row] = time_major[:, source]
+        if self.has_padding:
+            out[~self.active(xp)[:, :, 0]] = 0
+        return out
+
     def sort(self, a: Array | None, axis: int = 1) -> Array | None:
         """Rows of ``a`` (along ``axis``) in sorted order."""
         return _take(a, self.perm, axis)

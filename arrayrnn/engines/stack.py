@@ -55,6 +55,14 @@ Array = Any
 
 
 @dataclass(frozen=True, eq=False)
+class SortedInput:
+    """The driver's copy of ``x`` (what :meth:`StackEngine.take_input` returns)."""
+
+    x: Array                          # (T, B, I) rows sorted by length, time-major, zero at padding
+    order: BatchOrder                 # the caller's rows <-> sorted rows
+
+
+@dataclass(frozen=True, eq=False)
 class StackCache:
     params: PackedParams              # the params the math ran with (float32 copies for float16)
     x: Array                          # (T, B, I) layer-0 input, sorted, zero at padding
@@ -124,13 +132,16 @@ class StackEngine(Engine):
         return None
 
     # -- forward --------------------------------------------------------------------------------
-    def forward(self, params: PackedParams, x: Array, lengths: np.ndarray, h0: Array, c0: Array | None,
+    def take_input(self, x: Array, lengths: np.ndarray, batch_first: bool) -> SortedInput:
+        """ONE gather of the caller's ``x``: rows sorted by length, time-major, zero at padding."""
+        order = BatchOrder.from_lengths(lengths, x.shape[1 if batch_first else 0])
+        return SortedInput(order.gather_time_major(x, batch_first), order)
+
+    def forward(self, params: PackedParams, x: SortedInput, lengths: np.ndarray, h0: Array, c0: Array | None,
                 masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward:
-        xp = get_xp(x)
-        order = BatchOrder.from_lengths(np.asarray(lengths, dtype=np.int64), x.shape[1 if batch_first else 0])
-        x = xp.ascontiguousarray(order.sort(xp.swapaxes(x, 0, 1) if batch_first else x))
+        xp, order = get_xp(x.x), x.order
         masks = tuple(order.sort(m) for m in masks) if masks is not None else None
-        out = self.forward_sorted(params, x, order.batch_sizes, order.sort(h0), order.sort(c0), masks,
+        out = self.forward_sorted(params, x.x, order.batch_sizes, order.sort(h0), order.sort(c0), masks,
                                   keep_cache)
         cache = out.cache
         if cache is not None:

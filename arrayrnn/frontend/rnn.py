@@ -2,11 +2,11 @@
 
 This is the frontend every engine shares. It validates the inputs (before an engine is chosen),
 describes the call (:class:`~arrayrnn.engines.base.Call`) to :func:`~arrayrnn.engines.select_engine`,
-converts the params to the chosen engine's weight format if they are in another one (once per call, with
-a one-time :class:`~arrayrnn.core.errors.FormatConversionWarning`; the gradient is converted back),
-zeroes the padding, draws the dropout masks on the arrays' device (:mod:`arrayrnn.frontend.dropout`) and
-calls the engine with the caller's rows and layout (an engine that needs rows sorted by length sorts them
-itself). Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
+has that engine convert the params to its weight format if they are in another one (once per call, with
+a one-time :class:`~arrayrnn.core.errors.FormatConversionWarning`; the gradient is converted back), has
+it take its one copy of ``x`` (``engine.take_input``: a gather into the order it computes in, zero at
+padding), draws the dropout masks on the arrays' device (:mod:`arrayrnn.frontend.dropout`) and runs the
+engine. Semantics per row ``b`` with ``len_b >= 1`` equal PyTorch's ``nn.LSTM/GRU/RNN`` on
 ``pack_padded_sequence(x, lengths, enforce_sorted=False)``; roughly::
 
     for l in layers:                       # input of l > 0: output of l-1 (times the dropout mask)
@@ -55,7 +55,7 @@ class _Saved:
     engine: Engine
     run_params: PackedParams  # the params in the engine's native format (a converted copy, or the params)
     batch_first: bool
-    x: Array | None  # the frontend's copy, for the recompute after an inference forward; else None
+    x: Any  # the engine's take_input, for the recompute after an inference forward; else None
     lengths: np.ndarray
     h0: Array
     c0: Array | None
@@ -123,8 +123,8 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     run_params = _in_format(params, chosen)
 
     with _on_device(xp, call.device):
-        x = _frontend_copy(xp, x, host_lengths, batch_first)
-        # the result owns what its backward reads: the caller may refill h0 / c0 (x is copied above)
+        x = chosen.take_input(x, host_lengths, batch_first)  # the one copy of x, in the engine's order
+        # the result owns what its backward reads: the caller may refill h0 / c0
         h0 = xp.array(h0, copy=True) if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
         if c0 is not None:
             c0 = xp.array(c0, copy=True)
@@ -133,7 +133,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
     out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
                          keep_cache=training)
-    # with a cache the engine holds its own (sorted) input: a second copy of x would only cost memory
+    # with a cache the engine holds its input itself; without one, the recompute needs it
     saved = _Saved(chosen, run_params, batch_first, x if out.cache is None else None, host_lengths, h0, c0,
                    masks, out.cache, guard.WeightSnapshot(params.data))
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
@@ -292,16 +292,6 @@ def _device_id(a: Array) -> int | None:
 
 def _on_device(xp: Any, device: int | None):
     return xp.cuda.Device(device) if device is not None else contextlib.nullcontext()
-
-
-def _frontend_copy(xp: Any, x: Array, lengths: np.ndarray, batch_first: bool) -> Array:
-    """A contiguous copy of ``x`` (the engine may keep it), zero at padding (padding never reaches a GEMM)."""
-    T = x.shape[1] if batch_first else x.shape[0]
-    if int(lengths.min()) == T:
-        return xp.array(x, order="C", copy=True)
-    active = lengths[None, :] > np.arange(T)[:, None]            # (T, B)
-    active = active.T if batch_first else active
-    return xp.ascontiguousarray(xp.where(xp.asarray(active[:, :, None]), x, 0).astype(x.dtype, copy=False))
 
 
 _WARNED: set[tuple[str, str]] = set()

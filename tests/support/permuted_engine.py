@@ -86,8 +86,10 @@ class _PermutationEngine(Engine):
         assert params.format == self.native_format, params.format
         self.calls.append(Seen(params, x, lengths, h0, c0, masks, batch_first, keep_cache))
         canonical = self.to_canonical(params)
-        out = load_engine("reference").forward(canonical, x, lengths, h0, c0, masks, batch_first=batch_first,
-                                               keep_cache=keep_cache)
+        reference = load_engine("reference")
+        taken = reference.take_input(x, lengths, batch_first)
+        out = reference.forward(canonical, taken, lengths, h0, c0, masks, batch_first=batch_first,
+                                keep_cache=keep_cache)
         cache = _Cache(out.cache, params) if keep_cache else None
         return StackForward(out.y, out.h_n, out.c_n, cache)
 
