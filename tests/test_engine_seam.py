@@ -1,4 +1,4 @@
-"""The engine seam (issue 9), on CPU, through test-only engines whose native weight formats are
+"""The engine seam, on CPU, through test-only engines whose native weight formats are
 permutations of the canonical one (tests/support/permuted_engine.py), registered like a built-in engine:
 
 1. a format belongs to its engine: ``to_format`` finds it at call time; views work through the engine's

@@ -5,6 +5,7 @@ import torch
 import arrayrnn as ar
 from arrayrnn.core.interop import spec_from_torch
 
+SMALL = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3)
 MODULES = [
     lambda: torch.nn.LSTM(4, 5),
     lambda: torch.nn.LSTM(4, 5, num_layers=3, bidirectional=True, proj_size=2),
@@ -63,3 +64,42 @@ def test_exported_tensors_do_not_alias_the_buffer():
     exported = ar.to_torch_state_dict(params)
     exported["weight_ih_l0"].zero_()
     assert params.view(0, 0, "W_ih").any()
+
+
+@pytest.mark.parametrize("where", ["x", "h0"])
+def test_torch_tensors_that_require_grad_say_detach(where):
+    params = ar.PackedParams.init(SMALL, seed=0)
+    args = {"x": torch.zeros(4, 1, 2), "h0": torch.zeros(1, 1, 3)}
+    args[where].requires_grad_(True)
+    message = rf"{where} is a torch tensor that requires grad; pass {where}.detach\(\)"
+    with pytest.raises(TypeError, match=message):
+        ar.rnn_forward(params, **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex64])
+def test_from_torch_of_unsupported_dtypes_is_a_type_error(dtype):
+    with pytest.raises(TypeError, match="expected one of torch.float16, float32, float64"):
+        ar.from_torch(torch.nn.LSTM(2, 3).to(dtype))
+
+
+def test_from_torch_of_a_meta_module():
+    with pytest.raises(ValueError, match="meta device"):
+        ar.from_torch(torch.nn.LSTM(2, 3, device="meta"))
+
+
+def test_from_torch_of_a_weight_normed_module():
+    module = torch.nn.utils.parametrizations.weight_norm(torch.nn.GRU(2, 3), "weight_hh_l0")
+    with pytest.raises(ValueError, match="has no 'weight_hh_l0'.*re-parametrised"):
+        ar.from_torch(module)
+
+
+def test_from_torch_of_a_wrong_shaped_weight():
+    module = torch.nn.LSTM(2, 3)
+    module.weight_hh_l0.data = torch.zeros(12, 4)
+    with pytest.raises(ValueError, match=r"weight_hh_l0 has shape \(12, 4\); expected \(12, 3\)"):
+        ar.from_torch(module)
+
+
+def test_to_torch_state_dict_of_an_array():
+    with pytest.raises(TypeError, match="params has type ndarray; expected an arrayrnn.PackedParams"):
+        ar.to_torch_state_dict(np.zeros(3))

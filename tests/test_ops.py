@@ -226,3 +226,10 @@ def test_rnn_errors():
     params = ar.PackedParams.init(ar.RNNSpec("lstm", 3, 4))
     with pytest.raises(ValueError):
         ops.rnn(params, np.ones((2, 3), np.float32))  # 2-D x: rnn_forward refuses it
+
+
+def test_numpy_integer_argnums_and_axis():
+    value, grad = ar.value_and_grad(lambda a, b: ar.ops.sum(a * b, axis=np.int64(0)), argnums=np.int64(1))(
+        np.array(2.0), np.array([1.0, 3.0]))
+    np.testing.assert_allclose(value, 8.0)
+    np.testing.assert_allclose(grad, [2.0, 2.0])

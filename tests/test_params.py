@@ -8,9 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import arrayrnn as ar
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, layout_of
 from arrayrnn.core.interop import torch_key
 
+SMALL = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3)
 TORCH_CLASSES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN,
                  "rnn_relu": torch.nn.RNN}
 
@@ -198,3 +200,18 @@ def test_format_whose_engine_module_is_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(engines.REGISTRY, "cudnn", record)
     with pytest.raises(EngineUnavailableError, match="engine = 'cudnn' is not part of this installation"):
         PackedParams.zeros(RNNSpec("lstm", 3, 4)).to_format("cudnn")
+
+
+def test_init_seed_errors_name_seed():
+    with pytest.raises(ValueError, match="seed = -1"):
+        ar.PackedParams.init(SMALL, seed=-1)
+    with pytest.raises(TypeError, match="seed has type str"):
+        ar.PackedParams.init(SMALL, seed="abc")
+    np.testing.assert_array_equal(ar.PackedParams.init(SMALL, seed=np.int64(3)).data,
+                                  ar.PackedParams.init(SMALL, seed=3).data)
+
+
+def test_a_torch_buffer_that_requires_grad_says_detach():
+    buffer = torch.zeros(ar.PackedParams.init(SMALL).data.size, requires_grad=True)
+    with pytest.raises(TypeError, match=r"requires grad; pass .*\.detach\(\)"):
+        ar.PackedParams(SMALL, buffer)

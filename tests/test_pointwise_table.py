@@ -10,6 +10,7 @@ import torch
 from arrayrnn import RNNSpec, activations, ops
 from arrayrnn.core.params import PackedParams
 from arrayrnn.engines import cells
+from arrayrnn.engines import numba_kernels as nk
 from arrayrnn.engines.pointwise import POINTWISE
 
 TORCH = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
@@ -59,7 +60,6 @@ def test_the_fused_bias_op_the_ops_and_the_cells_use_the_table(name):
 
 
 # -- the numba kernels against the table ----------------------------------------------------------
-nk = pytest.importorskip("arrayrnn.engines.numba_kernels", reason="numba is not installed")
 
 
 @pytest.mark.parametrize("dtype, ulps", [(np.float64, 4), (np.float32, 8)])

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import arrayrnn as ar
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, rnn_backward, rnn_forward
 
 T, B = 12, 4
+SMALL = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3)
 GRU = RNNSpec(mode="gru", input_size=3, hidden_size=5, num_layers=2, dtype="float64")
 LSTM = RNNSpec(mode="lstm", input_size=3, hidden_size=5, proj_size=2, bidirectional=True, dtype="float64")
 
@@ -135,3 +137,10 @@ def test_errors_leave_inputs_untouched(gru):
         rnn_forward(gru, x, lengths=[1, 2, 3, 13])
     np.testing.assert_array_equal(gru.data, before)
     np.testing.assert_array_equal(x, _x())
+
+
+def test_ragged_lengths_name_lengths():
+    params = ar.PackedParams.init(SMALL, seed=0)
+    ragged = r"lengths = \[\[1\], \[2, 3\]\] is ragged; expected .* shape \(2,\)"
+    with pytest.raises(ValueError, match=ragged):
+        ar.rnn_forward(params, np.zeros((4, 2, 2), np.float32), lengths=[[1], [2, 3]])

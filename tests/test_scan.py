@@ -101,3 +101,20 @@ def test_errors():
         ar.scan(lambda c, x: (c, None), np.ones(1), None)
     with pytest.raises(ValueError, match="scalar leaf"):
         ar.scan(lambda c, x: (c, None), np.ones(1), np.ones(()))
+
+
+def test_scan_over_zero_steps_returns_empty_outputs_shaped_like_the_cell_outputs():
+    W = np.arange(6.0).reshape(2, 3)
+
+    def cell(h, x):
+        h = ar.ops.tanh(x @ W + h)
+        return h, (h, ar.ops.sum(h))
+
+    carry = np.ones(3)
+    final, (ys, sums) = ar.scan(cell, carry, np.zeros((0, 2)))
+    assert final is carry
+    assert ys.shape == (0, 3) and ys.dtype == np.float64 and sums.shape == (0,)
+    final, ys = ar.scan(lambda c, x: (c, None), carry, None, length=0)
+    assert ys is None
+    grad = ar.grad(lambda h: ar.ops.sum(ar.scan(cell, h, np.zeros((0, 2)))[0] * 2.0))(carry)
+    np.testing.assert_array_equal(grad, np.full(3, 2.0))

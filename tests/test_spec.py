@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+import arrayrnn as ar
 from arrayrnn import RNNSpec
 
 
@@ -94,3 +95,33 @@ def test_from_dict_rejects_unknown_fields_and_non_dicts():
         RNNSpec.from_dict({"mode": "lstm", "input_size": 3, "hiden_size": 4})
     with pytest.raises(ValueError, match="expected a dict"):
         RNNSpec.from_dict(["lstm"])
+
+
+def test_numpy_scalars_are_accepted_in_the_spec():
+    spec = ar.RNNSpec(mode="lstm", input_size=np.int64(8), hidden_size=np.int32(4), num_layers=np.int64(2),
+                      bidirectional=np.True_, cell_clip=np.float32(3), dropout=np.float64(0.5))
+    assert spec == ar.RNNSpec(mode="lstm", input_size=8, hidden_size=4, num_layers=2, bidirectional=True,
+                              cell_clip=3.0, dropout=0.5)
+    assert type(spec.input_size) is int and type(spec.bidirectional) is bool
+    assert ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2,
+                      cell_clip=(np.float32(-1), np.int8(2))).cell_clip == (-1.0, 2.0)
+
+
+@pytest.mark.parametrize("clip", [("a", "b"), (None, 1.0), (1.0, "x")])
+def test_cell_clip_pairs_of_non_numbers_name_cell_clip(clip):
+    with pytest.raises(ValueError, match=r"cell_clip = .*expected None, a positive float c, or a pair"):
+        ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2, cell_clip=clip)
+
+
+def test_a_huge_hidden_size_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"hidden_size = 1000000000000"):
+        ar.RNNSpec(mode="lstm", input_size=2, hidden_size=10**12)
+    with pytest.raises(ValueError, match=r"hidden_size = 100000 with input_size = 8: a weight matrix"):
+        ar.RNNSpec(mode="lstm", input_size=8, hidden_size=100_000)
+
+
+def test_bool_like_numpy_values_are_not_sizes():
+    with pytest.raises(ValueError, match="input_size = np.True_"):
+        ar.RNNSpec(mode="lstm", input_size=np.True_, hidden_size=2)
+    with pytest.raises(ValueError, match="bidirectional = 1"):
+        ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2, bidirectional=1)
