@@ -160,6 +160,32 @@ def test_padding_is_never_read(engine):
     np.testing.assert_array_equal(grads.dparams.data, clean.dparams.data)
 
 
+@pytest.mark.parametrize("fields", [dict(mode="lstm"), dict(mode="gru"), dict(mode="gru", reset_after=False),
+                                    dict(mode="rnn_relu")],
+                         ids=["lstm", "gru", "gru-reset-before", "rnn_relu"])
+def test_initial_states_of_empty_rows_are_never_read(fields, engine):
+    """inf and NaN in h0 / c0 of rows of length 0 come back in h_n / c_n and change nothing else (rows are
+    independent: a state no step reads must not reach the weight gradient as 0 * inf)."""
+    spec = RNNSpec(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, dtype="float64", **fields)
+    case = make_case(spec, 6, 4, lengths="zeros")
+    clean_res, clean = forward_backward(case, engine)
+    zero = case.lengths == 0
+    h0 = case.h0.copy()
+    h0[:, zero] = np.inf
+    c0 = None
+    if spec.has_cell:
+        c0 = case.c0.copy()
+        c0[:, zero] = np.nan
+    res, grads = forward_backward(case.with_(h0=h0, c0=c0), engine)
+    np.testing.assert_array_equal(res.y, clean_res.y)
+    np.testing.assert_array_equal(res.h_n, np.where(zero[None, :, None], np.inf, clean_res.h_n))
+    if spec.has_cell:
+        np.testing.assert_array_equal(res.c_n, np.where(zero[None, :, None], np.nan, clean_res.c_n))
+    for name in ("dx", "dh0", "dc0"):
+        np.testing.assert_array_equal(getattr(grads, name), getattr(clean, name), err_msg=name)
+    np.testing.assert_array_equal(grads.dparams.data, clean.dparams.data)
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_relu"])
 def test_backward_after_inference_forward(mode, engine):
     spec = RNNSpec(mode=mode, input_size=3, hidden_size=4, num_layers=2, bidirectional=True, dropout=0.3,
