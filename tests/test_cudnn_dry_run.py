@@ -51,6 +51,7 @@ def test_batch_major_without_padding(cp, spec):
     """Every row full length: cuDNN gets batch-major input with no padding (validated through its twin)."""
     from support import cudnn_dry_run
 
+    cudnn_dry_run.VALIDATED.clear()  # validate afresh, not from a cache filled by another test
     twins = cudnn_dry_run.STATS["twin"]
     check(cp, spec, lengths=[5, 5, 5], batch_first=True)
     assert cudnn_dry_run.STATS["twin"] == twins + 3  # forward, backward data, backward weights

@@ -177,12 +177,18 @@ class Seq:
 WeightRegions = Callable[[int, int], cb.WeightParams]  # (pseudo_layer, linLayerID) -> regions
 
 
-def _region(memory: Memory, base: int, region: cb.WeightRegion, dtype: Any, what: str) -> np.ndarray:
-    """The region's tensor ``(1, rows, cols)`` as a writable 2-D view ``(rows, cols)`` (never a copy)."""
-    itemsize = np.dtype(dtype).itemsize
+def _region(space: np.ndarray, region: cb.WeightRegion) -> np.ndarray:
+    """The region's tensor ``(1, rows, cols)`` in the typed weight space ``space``, as a writable 2-D view
+    ``(rows, cols)`` (never a copy)."""
+    itemsize = space.itemsize
+    if region.offset % itemsize:
+        raise EmulationError(f"cudnnGetRNNWeightParams places a region at byte {region.offset}, not on an "
+                             f"element of {itemsize} bytes")
     span = 1 + sum((d - 1) * s for d, s in zip(region.dims, region.strides, strict=True))
-    flat = memory.view(base + region.offset, span, dtype, what)
-    full = np.lib.stride_tricks.as_strided(flat, region.dims, [s * itemsize for s in region.strides])
+    start = region.offset // itemsize
+    if start + span > space.size:
+        raise EmulationError(f"cudnnGetRNNWeightParams places {region} past the weight space's end")
+    full = np.lib.stride_tricks.as_strided(space[start:], region.dims, [s * itemsize for s in region.strides])
     return full[(0,) * (full.ndim - 2)]
 
 
@@ -206,15 +212,16 @@ class PseudoLayer:
 def weights(net: Net, regions: WeightRegions, memory: Memory, base: int, nbytes: int,
             what: str) -> list[PseudoLayer]:
     """Views of every linear layer of the weight space at ``base`` (``nbytes`` long)."""
-    memory.check(base, nbytes, what)
+    itemsize = np.dtype(net.dtype).itemsize
+    space = memory.view(base, nbytes // itemsize, net.dtype, what)
     out = []
     for pseudo in range(net.layers * net.directions):
         def linear(lin: int, pseudo: int = pseudo) -> Linear:
             params, where = regions(pseudo, lin), f"{what} (pseudo-layer {pseudo}, linLayerID {lin})"
             if params.matrix is None:
                 raise EmulationError(f"cudnnGetRNNWeightParams reports no matrix for {where}")
-            bias = None if params.bias is None else _region(memory, base, params.bias, net.dtype, where)[:, 0]
-            return Linear(_region(memory, base, params.matrix, net.dtype, where), bias)
+            bias = None if params.bias is None else _region(space, params.bias)[:, 0]
+            return Linear(_region(space, params.matrix), bias)
 
         g = net.gates
         proj = None

@@ -12,8 +12,8 @@ so ``import cupy`` and ``arrayrnn.core.backend.get_xp`` find it. Its :class:`nda
   host); ``a[...] = numpy_array`` with basic indexing is CuPy's ``ValueError``; NumPy arrays are accepted
   where CuPy accepts them (``cupy.asarray``, ``cupy.array``, indices);
 - reductions and scalar indexing give 0-d arrays, not NumPy scalars;
-- ``empty`` / ``empty_like`` / ``ndarray(shape)`` are filled with NaN (floats) or a bit pattern (integers),
-  like stale device memory, so code that reads memory it never wrote sees garbage, not zeros.
+- floating ``empty`` / ``empty_like`` / ``ndarray(shape)`` are filled with NaN, like stale device memory, so
+  code that reads memory it never wrote sees garbage, not zeros.
 
 :func:`device_memory_covers` says whether ``[ptr, ptr + nbytes)`` lies inside one live array of this module
 (the dry run's check that a library is only ever handed "device" memory of the right size).
@@ -29,9 +29,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-
-_POISON_BYTE = 0xA5
-
 
 # -- memory ---------------------------------------------------------------------------------------
 _LIVE: dict[int, weakref.ref] = {}  # id of a root buffer -> the buffer (the "device allocations")
@@ -64,11 +61,11 @@ def device_memory_covers(ptr: int, nbytes: int) -> bool:
 
 
 def _poisoned(shape: Any, dtype: Any, order: str = "C") -> np.ndarray:
+    """Uninitialised memory: NaN for floating arrays, untouched for the rest (cuDNN's byte-typed work and
+    reserve spaces, tens of megabytes each, are scratch space nobody reads before writing)."""
     out = np.empty(shape, dtype, order=order)
     if out.dtype.kind in "fc":
         out.fill(np.nan)
-    else:
-        out.view(np.uint8).fill(_POISON_BYTE)
     return out
 
 
