@@ -1,8 +1,8 @@
 """Central-difference gradient checks (float64) for what PyTorch lacks: reset-before GRU, single-bias modes,
 cell clipping, zero-length rows, dropout with a fixed seed. Every entry of every gradient is checked.
 
-On an engine run on a CPU stand-in for a GPU (the cuDNN dry run, the cupy engine in the CUDA simulator),
-where one forward costs milliseconds instead of microseconds, every gradient is checked along
+On GPU array modules (a GPU, or its CPU stand-ins: the cuDNN dry run, the cupy engine in the CUDA
+simulator), where one forward costs milliseconds instead of microseconds, every gradient is checked along
 ``DIRECTIONS`` random directions instead of entry by entry: ``<analytic, v>`` against the central
 difference along ``v`` (every entry enters each of them, so a wrong entry fails the test)."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.rnn_cases import Case, forward, forward_backward, host, loss, make_case
+from support.rnn_cases import Case, forward, forward_backward, host, loss, make_case, xp_of
 
 from arrayrnn import PackedParams, RNNSpec
 
@@ -93,7 +93,7 @@ def test_central_differences(case_id, fields, T, B, lengths, kw, engine):
     if spec.has_cell:
         checks["c0"] = grads.dc0
     for name, analytic in checks.items():
-        if getattr(engine, "stand_in", None) is not None:
+        if xp_of(engine) is not np:
             check_directions(analytic, case, engine, name, **kw)
             continue
         numeric = numeric_gradient(case, engine, name, **kw)
