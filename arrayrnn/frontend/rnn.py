@@ -160,7 +160,7 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
 
-    saved.weights.check(res.params.data)
+    saved.weights.assert_unchanged(res.params.data)
     cache = saved.cache
     if cache is None:  # inference forward: recompute it with the cache
         cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
