@@ -25,6 +25,8 @@ from .autodiff import value_and_grad
 from .core import npzfile
 from .training import distributed, nn, optim
 
+MODEL_KIND = "arrayrnn-demo"  # the kind of file save_model writes (see arrayrnn.core.npzfile)
+
 LN2 = math.log(2.0)
 
 
@@ -180,15 +182,13 @@ def sample(model: CharModel, vocab: Vocabulary, prompt: str, n: int, seed: int,
 
 def save_model(path: str, model: CharModel, vocab: Vocabulary, cfg: Config) -> None:
     """An ``.npz`` with a JSON header (config, vocabulary) and the three parameter buffers; no pickle."""
-    header = {"format": "arrayrnn-demo", "version": 1, "config": asdict(cfg), "chars": vocab.chars}
+    header = {"config": asdict(cfg), "chars": vocab.chars}
     emb, lstm, head = model.params
-    npzfile.write(path, header, {"embedding": emb, "lstm": lstm.data, "head": head})
+    npzfile.write(path, MODEL_KIND, 1, header, {"embedding": emb, "lstm": lstm.data, "head": head})
 
 
 def load_model(path: str) -> tuple[CharModel, Vocabulary, Config]:
-    header, arrays = npzfile.read(path, "arrayrnn demo model")
-    if header.get("format") != "arrayrnn-demo":
-        raise ValueError(f"{path} is not an arrayrnn demo model")
+    header, arrays = npzfile.read(path, MODEL_KIND, range(1, 2))  # version 1, the only one
     try:
         cfg = Config(**header["config"])
         vocab = Vocabulary("".join(header["chars"]))

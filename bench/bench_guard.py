@@ -40,7 +40,7 @@ def main() -> None:
         ar.rnn_backward(res, dy=np.ones_like(res.y))
 
     def guard() -> None:
-        WeightSnapshot(params.data).check(params.data)
+        WeightSnapshot(params.data).assert_unchanged(params.data)
 
     def copy_x() -> None:
         np.array(x, copy=True)

@@ -62,7 +62,7 @@ def test_truncated_file(saved):
     path = saved[0]
     raw = path.read_bytes()
     path.write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(ValueError, match="not a readable arrayrnn file"):
+    with pytest.raises(ValueError, match="not a readable arrayrnn.PackedParams file"):
         ar.load(path)
 
 
@@ -87,9 +87,10 @@ def test_tampered_buffer_fails_the_checksum(saved):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (dict(version=2), r"format version = 2; this arrayrnn reads versions 1..1"),
-    (dict(version="1"), r"format version = '1'"),
-    (dict(format="other"), r"format = 'other'; expected 'arrayrnn.PackedParams'"),
+    (dict(version=2), r"arrayrnn.PackedParams file version = 2; this arrayrnn reads versions 1..1"),
+    (dict(version="1"), r"file version = '1'"),
+    (dict(version=True), r"file version = True"),
+    (dict(format="other"), r"file kind = 'other'; expected 'arrayrnn.PackedParams'"),
     (dict(spec={"mode": "lstm"}), r"invalid spec in header"),
     (dict(spec=dict(mode="lstm", input_size=3, hidden_size=0)), r"invalid spec in header: hidden_size = 0"),
     (dict(dtype="float64"), r"header dtype = 'float64' and data dtype = float32"),

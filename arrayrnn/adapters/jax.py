@@ -45,15 +45,14 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     params, x = jnp.asarray(params), jnp.asarray(x)
     _check_static(spec, params, x)
     T, B = x.shape[:2]
-    states = spec.num_layers * spec.num_directions
     lengths = jnp.full((B,), T, jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) \
         if lengths is None else jnp.asarray(lengths)
-    h0 = jnp.zeros((states, B, spec.output_size), x.dtype) if h0 is None else jnp.asarray(h0)
-    _check_state("h0", h0, (states, B, spec.output_size), x.dtype)
+    h0 = jnp.zeros(spec.state_shape(B), x.dtype) if h0 is None else jnp.asarray(h0)
+    _check_state("h0", h0, spec.state_shape(B), x.dtype)
     _check_lengths(lengths, B)
     if spec.mode == "lstm":
-        c0 = jnp.zeros((states, B, spec.hidden_size), x.dtype) if c0 is None else jnp.asarray(c0)
-        _check_state("c0", c0, (states, B, spec.hidden_size), x.dtype)
+        c0 = jnp.zeros(spec.state_shape(B, cell=True), x.dtype) if c0 is None else jnp.asarray(c0)
+        _check_state("c0", c0, spec.state_shape(B, cell=True), x.dtype)
         return _rnn(spec, params, x, lengths, h0, c0)
     if c0 is not None:
         raise ValueError(f"c0 was given for mode = {spec.mode!r}; only an LSTM has a cell state")

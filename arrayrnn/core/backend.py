@@ -1,11 +1,15 @@
-"""The one backend switch: which array module (NumPy or CuPy) a call's arrays live in.
+"""The backend: which array module (NumPy or CuPy) a call's arrays live in, and on which device.
 
-Only this module asks whether CuPy is installed. Everything else calls :func:`get_xp` and
-:func:`as_array`, and writes array-generic code against the module it returns.
+:func:`get_xp` answers for a group of arrays (and refuses mixed devices or dtypes), :func:`as_array` views
+any array-like (DLPack, ``__cuda_array_interface__``, ``__array_interface__``) as NumPy or CuPy, and the
+device helpers (:func:`device_of`, :func:`device_id`, :func:`on_device`, :func:`to_host`,
+:func:`module_for`) live here and nowhere else. The library asks :func:`cupy_module` whether CuPy is
+installed; math code is written against the module :func:`get_xp` returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from types import ModuleType
 from typing import Any
@@ -33,6 +37,16 @@ def device_of(a: Any) -> str:
     if is_cupy_array(a):
         return f"cuda:{a.device.id}"
     return "cpu"
+
+
+def device_id(a: Any) -> int | None:
+    """The CUDA device index of a CuPy array, ``None`` for a host array."""
+    return int(a.device.id) if is_cupy_array(a) else None
+
+
+def on_device(xp: ModuleType, index: int | None) -> contextlib.AbstractContextManager:
+    """A context that makes CUDA device ``index`` current (``xp`` is CuPy), or nothing (``None``)."""
+    return xp.cuda.Device(index) if index is not None else contextlib.nullcontext()
 
 
 def _describe(name: str, a: Any) -> str:

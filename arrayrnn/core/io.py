@@ -20,8 +20,8 @@ from .layout import layout_of
 from .params import PackedParams
 from .spec import RNNSpec
 
-FORMAT_NAME = "arrayrnn.PackedParams"
-FORMAT_VERSION = 1
+KIND = "arrayrnn.PackedParams"
+VERSIONS = range(1, 2)  # the file versions this code reads; it writes the last
 _MEMBERS = {"header", "data"}
 
 
@@ -31,14 +31,12 @@ def save(path: str | os.PathLike, params: PackedParams) -> None:
         raise TypeError(f"params has type {type(params).__name__}; expected an arrayrnn.PackedParams")
     data = np.ascontiguousarray(to_host(params.to_format("canonical").data))
     header = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
         "spec": params.spec.to_dict(),
         "dtype": str(data.dtype),
         "length": int(data.size),
         "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
     }
-    npzfile.write(path, header, {"data": data})
+    npzfile.write(path, KIND, VERSIONS[-1], header, {"data": data})
 
 
 def load(path: str | os.PathLike) -> PackedParams:
@@ -50,19 +48,13 @@ def load(path: str | os.PathLike) -> PackedParams:
 
 
 def _read_members(path: Path) -> tuple[dict[str, Any], np.ndarray]:
-    header, members = npzfile.read(path, "arrayrnn file")
+    header, members = npzfile.read(path, KIND, VERSIONS)
     if set(members) != {"data"}:
         raise ValueError(f"{path}: holds members {sorted(members) + ['header']}; expected {sorted(_MEMBERS)}")
     return header, members["data"]
 
 
 def _validate_header(path: Any, header: dict[str, Any]) -> RNNSpec:
-    if header.get("format") != FORMAT_NAME:
-        raise ValueError(f"{path}: format = {header.get('format')!r}; expected {FORMAT_NAME!r}")
-    version = header.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
-        raise ValueError(f"{path}: format version = {version!r}; this arrayrnn reads versions "
-                         f"1..{FORMAT_VERSION} (a newer arrayrnn wrote it? upgrade to read it)")
     try:
         return RNNSpec.from_dict(header.get("spec"))
     except (TypeError, ValueError) as e:

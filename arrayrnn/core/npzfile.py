@@ -2,9 +2,14 @@
 
 ``write(path, header, arrays)`` writes a temporary file beside ``path``, flushes and fsyncs it, gives it the
 mode of the file it replaces (or the umask default for a new file) and renames it over ``path``: a crash or
-a failing write leaves the old file intact. ``read(path)`` returns ``(header, arrays)`` and turns every way a
-file can be damaged or foreign (truncation, flipped bytes, a bad zip, bad JSON, JSON nested too deep, a
-header that is not an object) into a ``ValueError`` naming the file and what is wrong.
+a failing write leaves the old file intact. ``read(path, kind, versions)`` returns ``(header, arrays)`` and
+turns every way a file can be damaged or foreign (truncation, flipped bytes, a bad zip, bad JSON, JSON
+nested too deep, a header that is not an object, another kind of file, a version this code cannot read)
+into a ``ValueError`` naming the file and what is wrong.
+
+Every header names the file's kind and version: ``{"format": kind, "version": n, ...}`` (the key is
+``"format"`` for the files written before this module had a name for it; it is the kind of FILE, not a
+weight format).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import numpy as np
 
 HEADER = "header"
+_KIND = "format"  # the header key naming the kind of file (see the module docstring)
 _MAX_HEADER_BYTES = 1 << 24
 # Everything zipfile/zlib/numpy raise on a damaged archive (byte flips reach NotImplementedError for an
 # unknown compression method and RuntimeError for a "encrypted" flag).
@@ -30,10 +36,13 @@ _READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, K
                 NotImplementedError, RuntimeError, UnicodeDecodeError, OverflowError, IndexError)
 
 
-def write(path: str | os.PathLike, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Write ``header`` (JSON) and ``arrays`` to ``path`` atomically (see the module docstring)."""
+def write(path: str | os.PathLike, kind: str, version: int, header: dict[str, Any],
+          arrays: dict[str, np.ndarray]) -> None:
+    """Write a file of ``kind`` and ``version`` with ``header`` (more JSON fields) and ``arrays`` to ``path``
+    atomically (see the module docstring)."""
     if HEADER in arrays:
         raise ValueError(f"arrays has a member named {HEADER!r}; that name is reserved for the header")
+    header = {_KIND: kind, "version": version, **header}
     header_bytes = np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8)
     members = {HEADER: header_bytes, **{k: np.ascontiguousarray(v) for k, v in arrays.items()}}
     atomic_write(Path(path), lambda f: np.savez(f, **members))
@@ -80,9 +89,25 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-def read(path: str | os.PathLike, what: str = "arrayrnn file"
+def read(path: str | os.PathLike, kind: str, versions: range
          ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read a file written by :func:`write`: ``(header dict, {name: array})``; damaged -> ``ValueError``."""
+    """Read a file of ``kind`` written by :func:`write` with a version in ``versions``: ``(header dict,
+    {name: array})``. A damaged or foreign file, another kind or another version is a ``ValueError``."""
+    header, members = _read_any(path, f"{kind} file")
+    _check_kind(path, header, kind, versions)
+    return header, members
+
+
+def _check_kind(path: Any, header: dict[str, Any], kind: str, versions: range) -> None:
+    if header.get(_KIND) != kind:
+        raise ValueError(f"{path}: file kind = {header.get(_KIND)!r}; expected {kind!r}")
+    version = header.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version not in versions:
+        raise ValueError(f"{path}: {kind} file version = {version!r}; this arrayrnn reads versions "
+                         f"{versions.start}..{versions.stop - 1} (written by a newer arrayrnn? upgrade)")
+
+
+def _read_any(path: str | os.PathLike, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     try:
         loaded = np.load(path, allow_pickle=False)
     except FileNotFoundError:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -10,7 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .backend import as_array, device_of, get_xp, module_for, to_host
+from .backend import as_array, device_of, get_xp, module_for, on_device, to_host
 from .layout import Block, Layout, layout_of
 from .spec import RNNSpec, check_seed
 
@@ -64,7 +63,7 @@ class PackedParams:
             raise ValueError(f"format = {format!r}; PackedParams(spec, buffer) wraps canonical buffers only; "
                              "use params.to_format(...) to get another format")
         data = as_array(buffer, "buffer")
-        _check_buffer(spec, data, layout_of(spec).size)
+        _check_canonical_buffer(spec, data, layout_of(spec).size)
         self.spec = spec
         self.data = data
         self.format = format
@@ -114,8 +113,8 @@ class PackedParams:
         xp = module_for(target)
         if xp is np:
             return PackedParams(self.spec, np.array(to_host(canonical.data), copy=True))
-        device_id = int(target.split(":")[1]) if isinstance(target, str) and ":" in target else None
-        with xp.cuda.Device(device_id) if device_id is not None else contextlib.nullcontext():
+        index = int(target.split(":")[1]) if isinstance(target, str) and ":" in target else None
+        with on_device(xp, index):
             return PackedParams(self.spec, xp.array(canonical.data, copy=True))
 
     def to_format(self, format: str) -> PackedParams:
@@ -187,7 +186,7 @@ class PackedParams:
                 f"dtype={self.data.dtype}, device={self.device!r})")
 
 
-def _check_buffer(spec: RNNSpec, data: Any, size: int) -> None:
+def _check_canonical_buffer(spec: RNNSpec, data: Any, size: int) -> None:
     if data.ndim != 1:
         raise ValueError(f"buffer has shape {tuple(data.shape)}; expected a 1-D buffer of {size} elements")
     if data.shape[0] != size:

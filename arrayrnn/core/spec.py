@@ -162,6 +162,11 @@ class RNNSpec:
     def has_cell(self) -> bool:
         return self.mode == "lstm"
 
+    def state_shape(self, batch: int, cell: bool = False) -> tuple[int, int, int]:
+        """Shape of ``h0``/``h_n``: ``(L*D, B, H_out)``; with ``cell``, of ``c0``/``c_n``: ``(L*D, B, H)``."""
+        width = self.hidden_size if cell else self.output_size
+        return (self.num_layers * self.num_directions, batch, width)
+
     def layer_input_size(self, layer: int) -> int:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer = {layer!r}; expected 0 <= layer < num_layers = {self.num_layers}")

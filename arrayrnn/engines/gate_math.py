@@ -7,7 +7,7 @@ CUDA target when a kernel calls it; the CUDA simulator calls it as is). The acti
 (sigmoid, tanh) stay per target: vectorisable polynomials on the CPU, the CUDA math library on the GPU.
 
 ``one`` is 1 in the compute dtype, passed in so float32 math never promotes to float64. Semantics
-equal :mod:`arrayrnn.cells` (the oracle), per element::
+equal :mod:`arrayrnn.engines.cells` (the oracle), per element::
 
     lstm:  c = clip(f*c_prev + i*g);  h = o * tanh(c)
     gru:   n = tanh(x_n + r * hn) (reset-after) ;  h = (1-z)*n + z*h_prev

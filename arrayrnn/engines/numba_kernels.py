@@ -8,7 +8,7 @@ The engine passes ``r0, r1 = 0, B``. The row range stays a run-time argument on 
 known at compile time (0 and ``xw.shape[1]``) LLVM's code for the gate loop ran 3.5x slower here
 (S1 LSTM forward time loop without GEMMs: 57 vs 12 ms).
 
-Semantics equal :mod:`arrayrnn.cells` (the oracle); per active row of step ``t`` of an LSTM, roughly::
+Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of step ``t`` of an LSTM, roughly::
 
     xw[t] += h @ W_hh.T                              # per-step GEMM, in place
     i, f, g, o = sig(xw_i), sig(xw_f), tanh(xw_g), sig(xw_o)   # stored over xw[t] (the cache)

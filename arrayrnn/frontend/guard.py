@@ -15,12 +15,12 @@ from ..core.backend import get_xp
 
 
 class WeightSnapshot:
-    """A private copy of a flat buffer; :meth:`check` raises if the buffer changed since."""
+    """A private copy of a flat buffer; :meth:`assert_unchanged` raises if the buffer changed since."""
 
     def __init__(self, data: Any):
         self._copy = get_xp(data).array(data, copy=True)
 
-    def check(self, data: Any) -> None:
+    def assert_unchanged(self, data: Any) -> None:
         xp = get_xp(data)
         # the plain comparison is 10x cheaper; only a buffer holding NaN needs the NaN-aware one
         if not bool(xp.array_equal(self._copy, data)) and not bool(

@@ -29,14 +29,13 @@ it as its residual).
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..core.backend import as_array, get_xp, to_host
+from ..core.backend import as_array, device_id, get_xp, on_device, to_host
 from ..core.errors import FormatConversionWarning
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec, check_seed
@@ -112,24 +111,24 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     c0 = as_array(c0, "c0") if c0 is not None else None
     xp = get_xp(params.data, x, h0, c0, names=("params.data", "x", "h0", "c0"))
     T, B = _check_x(spec, params, x, batch_first, xp)
-    _check_state("h0", h0, (spec.num_layers * spec.num_directions, B, spec.output_size), params)
+    _check_state("h0", h0, spec.state_shape(B), params)
     _check_c0(spec, c0, B, params)
     host_lengths = _lengths(lengths, T, B)
     dropout = training and spec.dropout > 0 and spec.num_layers > 1
-    call = Call(spec=spec, xp=xp, device=_device_id(params.data), seq_len=T, batch=B, training=training,
+    call = Call(spec=spec, xp=xp, device=device_id(params.data), seq_len=T, batch=B, training=training,
                 dropout=dropout, params_format=params.format,
                 has_zero_length=bool((host_lengths == 0).any()))
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
 
-    with _on_device(xp, call.device):
+    with on_device(xp, call.device):
         x = chosen.take_input(x, host_lengths, batch_first)  # the one copy of x, in the engine's order
         # the result owns what its backward reads: the caller may refill h0 / c0
-        h0 = xp.array(h0, copy=True) if h0 is not None else _zero_state(xp, spec, B, spec.output_size)
+        h0 = xp.array(h0, copy=True) if h0 is not None else _zero_state(xp, spec, B)
         if c0 is not None:
             c0 = xp.array(c0, copy=True)
         elif spec.has_cell:
-            c0 = _zero_state(xp, spec, B, spec.hidden_size)
+            c0 = _zero_state(xp, spec, B, cell=True)
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
     out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
                          keep_cache=training)
@@ -161,7 +160,7 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
 
-    saved.weights.check(res.params.data)
+    saved.weights.assert_unchanged(res.params.data)
     cache = saved.cache
     if cache is None:  # inference forward: recompute it with the cache
         cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
@@ -221,7 +220,7 @@ def _check_state(name: str, state: Array | None, shape: tuple[int, ...], params:
 def _check_c0(spec: RNNSpec, c0: Array | None, B: int, params: PackedParams) -> None:
     if c0 is not None and not spec.has_cell:
         raise ValueError(f"c0 was given but mode = {spec.mode!r} has no cell state; pass c0=None")
-    _check_state("c0", c0, (spec.num_layers * spec.num_directions, B, spec.hidden_size), params)
+    _check_state("c0", c0, spec.state_shape(B, cell=True), params)
 
 
 def _lengths(lengths: Any, T: int, B: int) -> np.ndarray:
@@ -281,17 +280,8 @@ def _check_cotangent(name: str, value: Any, like: Array, like_name: str) -> Arra
 
 
 # -- layout helpers -----------------------------------------------------------------------------
-def _zero_state(xp: Any, spec: RNNSpec, B: int, width: int) -> Array:
-    return xp.zeros((spec.num_layers * spec.num_directions, B, width), dtype=spec.dtype)
-
-
-def _device_id(a: Array) -> int | None:
-    device = getattr(a, "device", None)
-    return int(device.id) if hasattr(device, "id") else None
-
-
-def _on_device(xp: Any, device: int | None):
-    return xp.cuda.Device(device) if device is not None else contextlib.nullcontext()
+def _zero_state(xp: Any, spec: RNNSpec, B: int, cell: bool = False) -> Array:
+    return xp.zeros(spec.state_shape(B, cell), dtype=spec.dtype)
 
 
 _WARNED: set[tuple[str, str]] = set()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -142,12 +143,12 @@ def _flat_buffers(tree: Any, what: str, backend: _Backend) -> list[Any]:
     for i, item in enumerate(items):
         name = what if not isinstance(tree, (list, tuple)) else f"{what}[{i}]"
         buf = item.data if isinstance(item, PackedParams) else as_array(item, name)
-        _check_buffer(name, buf, backend)
+        _check_reducible(name, buf, backend)
         out.append(buf)
     return out
 
 
-def _check_buffer(name: str, buf: Any, backend: _Backend) -> None:
+def _check_reducible(name: str, buf: Any, backend: _Backend) -> None:
     on_gpu = is_cupy_array(buf)
     if backend.buffer_kind == "numpy" and on_gpu:
         raise TypeError(f"{name} is a CuPy array; an {backend.name} communicator takes NumPy buffers "
@@ -216,7 +217,7 @@ def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[Any], list[tuple
         buffers += _flat_buffers(item._params, f"tree[{i}].params", backend)
         for j, state in enumerate(item.state):
             for key in sorted(state):
-                _check_buffer(f"tree[{i}].state[{j}][{key!r}]", state[key], backend)
+                _check_reducible(f"tree[{i}].state[{j}][{key!r}]", state[key], backend)
                 buffers.append(state[key])
         counter = np.array([item.step_count], dtype=np.int64)
         if backend.buffer_kind == "cupy":
@@ -241,8 +242,11 @@ def abort_on_error(comm: Any, errorcode: int = 1) -> Iterator[None]:
     try:
         yield
     except Exception:
-        print(f"rank {comm.Get_rank()}: aborting the MPI job after an exception:", file=sys.stderr)
-        traceback.print_exc()
+        # one write, then a moment for mpiexec to forward it: MPI_Abort may kill this rank's output stream
+        # before a traceback written line by line gets through (seen as a lone first line, ~1 run in 10)
+        sys.stderr.write(f"rank {comm.Get_rank()}: aborting the MPI job after an exception:\n"
+                         f"{traceback.format_exc()}")
         sys.stderr.flush()
+        time.sleep(0.2)
         comm.Abort(errorcode)
         raise

@@ -30,7 +30,7 @@ from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 
 
-def _check_buffer(name: str, params: Any, shape: tuple[int, ...], dtype: str) -> None:
+def _check_layer_params(name: str, params: Any, shape: tuple[int, ...], dtype: str) -> None:
     value = value_of(params)
     if not hasattr(value, "shape") or tuple(value.shape) != shape:
         raise ValueError(f"{name}: params has shape {tuple(getattr(value, 'shape', ()))}; expected {shape}")
@@ -68,7 +68,7 @@ class Dense:
 
     def unpack(self, params: Any) -> tuple[Any, Any]:
         """``(W, b)`` views of a flat buffer (traced views of a traced one); ``b`` is None without bias."""
-        _check_buffer("Dense", params, value_of(self.params).shape, self.dtype)
+        _check_layer_params("Dense", params, value_of(self.params).shape, self.dtype)
         n_weight = self.out_features * self.in_features
         if self.bias:
             flat_w, b = ops.split(params, [n_weight])
@@ -103,7 +103,7 @@ class Embedding:
         self.params = module_for(xp).asarray(host)
 
     def apply(self, params: Any, ids: Any) -> Any:
-        _check_buffer("Embedding", params, (self.num_embeddings, self.embedding_dim), self.dtype)
+        _check_layer_params("Embedding", params, (self.num_embeddings, self.embedding_dim), self.dtype)
         return ops.take(params, ids, axis=0)
 
     def __call__(self, ids: Any) -> Any:
@@ -149,9 +149,8 @@ class _Recurrent:
         """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` None unless LSTM)."""
         xp = get_xp(self.params.data)
         s = self.spec
-        rows = s.num_layers * s.num_directions
-        h0 = xp.zeros((rows, batch_size, s.output_size), dtype=s.dtype)
-        c0 = xp.zeros((rows, batch_size, s.hidden_size), dtype=s.dtype) if s.has_cell else None
+        h0 = xp.zeros(s.state_shape(batch_size), dtype=s.dtype)
+        c0 = xp.zeros(s.state_shape(batch_size, cell=True), dtype=s.dtype) if s.has_cell else None
         return h0, c0
 
     def __repr__(self) -> str:

@@ -22,8 +22,8 @@ from ..core import npzfile
 from ..core.backend import get_xp, to_host
 from ..core.params import PackedParams
 
-FORMAT = "arrayrnn-optimizer"
-FORMAT_VERSION = 1
+KIND = "arrayrnn-optimizer"
+VERSIONS = range(1, 2)  # the file versions this code reads; it writes the last
 
 
 def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
@@ -163,18 +163,15 @@ class Optimizer:
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to an ``.npz`` (a JSON header plus arrays; no pickle), atomically."""
         sd = self.state_dict()
-        header = {"format": FORMAT, "version": FORMAT_VERSION, "type": sd["type"], "step": sd["step"],
+        header = {"type": sd["type"], "step": sd["step"],
                   "hyperparameters": sd["hyperparameters"], "names": [sorted(st) for st in sd["state"]]}
         arrays = {f"state/{i}/{name}": a for i, st in enumerate(sd["state"]) for name, a in st.items()}
-        npzfile.write(path, header, arrays)
+        npzfile.write(path, KIND, VERSIONS[-1], header, arrays)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore the state written by :meth:`save` (a damaged or foreign file is a ``ValueError``; the
         optimizer is unchanged then)."""
-        header, arrays = npzfile.read(path, "arrayrnn optimizer file")
-        if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: not an arrayrnn optimizer file of version {FORMAT_VERSION} (format = "
-                             f"{header.get('format')!r}, version = {header.get('version')!r})")
+        header, arrays = npzfile.read(path, KIND, VERSIONS)
         names = header.get("names")
         if not isinstance(names, list) or not all(
                 isinstance(n, list) and all(isinstance(k, str) for k in n) for n in names):
