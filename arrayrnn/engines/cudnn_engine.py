@@ -28,6 +28,7 @@ import numpy as np
 
 import cudnn_bindings as cb
 
+from ..core.backend import device_id
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from . import cudnn_format as cf
@@ -89,10 +90,6 @@ def _layer_maps(spec: RNNSpec, dtype: str, device: int, version: int) -> cf.Laye
                          np.dtype(dtype).itemsize)
     with cupy.cuda.Device(device):
         return maps.to(cupy)
-
-
-def _device_of(a: Any) -> int:
-    return int(a.device.id)
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,12 +165,12 @@ class CudnnEngine(Engine):
 
     def to_native(self, params: PackedParams) -> PackedParams:
         data = self._gpu(params.data, "to_format('cudnn')")
-        idx, size = _index(params.spec, str(data.dtype), _device_of(data), cb.version())
+        idx, size = _index(params.spec, str(data.dtype), device_id(data), cb.version())
         return PackedParams._wrap(params.spec, cf.to_cudnn(cupy, data, idx, size), "cudnn")
 
     def to_canonical(self, params: PackedParams) -> PackedParams:
         data = self._checked_native(params)
-        idx, _ = _index(params.spec, str(data.dtype), _device_of(data), cb.version())
+        idx, _ = _index(params.spec, str(data.dtype), device_id(data), cb.version())
         return PackedParams._wrap(params.spec, cf.to_canonical(data, idx), "canonical")
 
     @staticmethod
@@ -186,7 +183,7 @@ class CudnnEngine(Engine):
     def _checked_native(self, params: PackedParams) -> Any:
         """``params.data`` after checking it is this spec's weight space on this cuDNN."""
         data = self._gpu(params.data, "the 'cudnn' format")
-        _, size = _index(params.spec, str(data.dtype), _device_of(data), cb.version())
+        _, size = _index(params.spec, str(data.dtype), device_id(data), cb.version())
         if data.ndim != 1 or data.size != size:
             raise ValueError(f"params.data has shape {tuple(data.shape)}; the 'cudnn' format of "
                              f"{params.spec} in {data.dtype} is a 1-D weight space of {size} elements "
@@ -208,7 +205,7 @@ class CudnnEngine(Engine):
         spec, data, tf32 = params.spec, self._checked_native(params), cf.allow_tf32
         if not dropout:
             return [_Segment(0, spec.num_layers, _descriptor(spec, dtype, tf32), data)]
-        maps = _layer_maps(spec, dtype, _device_of(data), cb.version())
+        maps = _layer_maps(spec, dtype, device_id(data), cb.version())
         stacked = data[maps.gather]
         if maps.holes.size:
             stacked[maps.holes] = 0
@@ -218,7 +215,7 @@ class CudnnEngine(Engine):
 
     def _run(self, params, x, lengths, rows, h0, c0, masks, batch_first, training):
         spec, dtype = params.spec, str(x.dtype)
-        h = handle(_device_of(x))
+        h = handle(device_id(x))
         t = x.shape[1] if batch_first else x.shape[0]
         d, lstm = spec.num_directions, spec.mode == "lstm"
         h0, c0 = rows.states_in(cupy, h0, c0)
@@ -256,7 +253,7 @@ class CudnnEngine(Engine):
         params, bf, spec, rows = cache.params, cache.batch_first, cache.params.spec, cache.rows
         runs = cache.runs or self._run(params, cache.x, cache.lengths, rows, cache.h0, cache.c0, cache.masks,
                                        bf, True)[3]
-        h, d, lstm = handle(_device_of(dy)), spec.num_directions, spec.mode == "lstm"
+        h, d, lstm = handle(device_id(dy)), spec.num_directions, spec.mode == "lstm"
         g, dhy_all, dcy_all = rows.cotangents_in(cupy, dy, dh_n, dc_n)
         dh0, dc0 = cupy.empty_like(dh_n), (cupy.empty_like(dc_n) if lstm else None)
         grad_space, dweights = self._weight_grads(params, runs)
@@ -302,14 +299,14 @@ class CudnnEngine(Engine):
         if len(runs) == 1:
             whole = cupy.zeros_like(runs[0].segment.weights)
             return whole, [whole]
-        maps = _layer_maps(params.spec, str(params.data.dtype), _device_of(params.data), cb.version())
+        maps = _layer_maps(params.spec, str(params.data.dtype), device_id(params.data), cb.version())
         stacked = cupy.zeros(maps.size + 1, params.data.dtype)
         return stacked, [stacked[off:off + size] for off, size in zip(maps.offsets, maps.sizes, strict=True)]
 
     def _dparams(self, params: PackedParams, runs: list[_Run], grad_space: Any) -> PackedParams:
         """The gradient in the whole stack's weight space (under dropout: ONE gather from the layers')."""
         if len(runs) > 1:
-            maps = _layer_maps(params.spec, str(params.data.dtype), _device_of(params.data), cb.version())
+            maps = _layer_maps(params.spec, str(params.data.dtype), device_id(params.data), cb.version())
             grad_space = grad_space[maps.back]
         return PackedParams._wrap(params.spec, grad_space, "cudnn")
 
