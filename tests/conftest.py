@@ -13,17 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.engine_cases import EngineOnDevice, as_params, cpu_engines, dry_run_cases, gpu_cases
+from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
 
 ENGINES = cpu_engines()
 ENGINE_CASES = (*(EngineOnDevice(name, np) for name in ENGINES), *gpu_cases(), *dry_run_cases())
-
-
-@pytest.fixture(params=as_params(list(ENGINE_CASES)))
-def engine(request: pytest.FixtureRequest):
-    """An engine name on an array module; every numeric test takes it so it runs on each engine."""
-    with request.param.activate():
-        yield request.param
+engine = engine_fixture(list(ENGINE_CASES))
 
 
 @pytest.fixture

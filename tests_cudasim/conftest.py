@@ -35,17 +35,13 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "start a fresh process")
 
 
-def _engine_params():
-    from support.engine_cases import as_params, cudasim_cases
+def _engine():
+    from support.engine_cases import cudasim_cases, engine_fixture
 
-    return as_params(cudasim_cases())
+    return engine_fixture(cudasim_cases())
 
 
-@pytest.fixture(params=_engine_params())
-def engine(request: pytest.FixtureRequest):
-    """The cupy engine on stand-in CuPy arrays, its kernels in the simulator."""
-    with request.param.activate():
-        yield request.param
+engine = _engine()  # the cupy engine on stand-in CuPy arrays, its kernels in the simulator
 
 
 @pytest.fixture

@@ -342,6 +342,9 @@ class Emulator:
 
     # -- helpers ----------------------------------------------------------------------------------
     def _net(self, rnn_desc: Any) -> Net:
+        if cb.RNNDescriptor.dropout_address(SimpleNamespace(ptr=_ptr(rnn_desc))):
+            raise EmulationError("the RNN descriptor holds a dropout descriptor: cuDNN's own dropout (its "
+                                 "RNG) is not emulated")
         return Net.of(rnn_config(rnn_desc))
 
     def _lengths(self, seq: Seq, dev_seq_lengths: int) -> np.ndarray:

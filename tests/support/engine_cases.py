@@ -97,3 +97,15 @@ def as_params(cases: list[EngineOnDevice]) -> list[Any]:
     return [pytest.param(case, id=case.label,
                          marks=[pytest.mark.gpu] if case.xp is not np and case.stand_in is None else [])
             for case in cases]
+
+
+def engine_fixture(cases: list[EngineOnDevice]) -> Any:
+    """The ``engine`` fixture over ``cases`` (a conftest assigns it to the name ``engine``)."""
+    @pytest.fixture(params=as_params(cases), name="engine")
+    def engine(request: pytest.FixtureRequest):
+        """An engine name on an array module (its stand-in entered for the test, if any); every numeric test
+        takes it so it runs on each engine."""
+        with request.param.activate():
+            yield request.param
+
+    return engine
