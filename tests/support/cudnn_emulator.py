@@ -40,7 +40,7 @@ import ctypes
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -254,7 +254,7 @@ class Step:
     rec: list[np.ndarray]               # the recurrent linear layers' outputs (GRU needs R_h h' + bR_h)
     c: np.ndarray | None = None
     m: np.ndarray | None = None         # LSTM o * tanh(c), before the projection
-    h: np.ndarray = field(default=None)  # type: ignore[assignment]
+    h: np.ndarray | None = None         # the new hidden state (the output)
 
 
 def cell_forward(net: Net, p: PseudoLayer, t: int, rows: np.ndarray, x: np.ndarray, h: np.ndarray,
