@@ -1,10 +1,13 @@
-"""The cuDNN engine: configuration, index map and zero-length fix-ups on CPU; numerics on a GPU.
+"""The cuDNN engine's host-side parts on CPU; the engine on a GPU (marker ``gpu``).
 
-CPU (CI): descriptor configurations of a grid of specs round-trip through cuDNN; the canonical <-> cudnn
-index map built from cuDNN's real answers (in a subprocess: tests/support/cudnn_index_probe.py) is bit-exact
-both ways; the zero-length fix-ups give the reference engine's zero-length semantics; without CuPy/GPU
-``engine="cudnn"`` and ``to_format("cudnn")`` say what is missing. GPU (``gpu`` marker): the engine against
-the reference engine on CuPy.
+CPU (CI): descriptor configurations of a grid of specs round-trip through cuDNN (with their math types); the
+canonical <-> cudnn index map built from cuDNN's real answers (in a subprocess:
+tests/support/cudnn_index_probe.py) is bit-exact both ways, and so is the layer-by-layer map composed from it;
+the padding / empty-row masks give the reference engine's semantics with hostile inputs; ``check`` asks the
+bindings whether libcudnn loads; without CuPy ``engine="cudnn"`` and ``to_format("cudnn")`` say what is
+missing. The whole engine runs without a GPU in tests/test_cudnn_dry_run.py.
+
+GPU: the dry run's checks (tests/support/cudnn_cases.py) on real CuPy and cuDNN.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.cudnn import gpu_reason, requires_cudnn
+from support.cudnn_cases import GRID, check
 
 import arrayrnn as ar
 import cudnn_bindings as cb
@@ -50,6 +54,8 @@ def test_descriptor_configurations_round_trip(dtype: str) -> None:
         assert config.proj_size == (spec.proj_size or spec.hidden_size)
         assert config.aux_flags == cf.PADDED_IO_ENABLED
         assert config.math_prec == (cb.DataType.DOUBLE if dtype == "float64" else cb.DataType.FLOAT)
+        assert config.math_type == {"float16": cb.MathType.TENSOR_OP_MATH, "float32": cb.MathType.FMA_MATH,
+                                    "float64": cb.MathType.DEFAULT_MATH}[dtype]
         n += 1
         if spec.cell_clip is not None:
             assert (config.clip_mode, config.lclip, config.rclip) == (cb.RNNClipMode.MINMAX, -0.5, 0.7)
@@ -129,54 +135,94 @@ def test_refusals_say_why() -> None:
     assert cf.refusal(ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3, proj_size=2)) is None
 
 
-# ---------------------------------------------------------------- zero-length rows (pure, on NumPy)
+# ---------------------------------------------------------------- padding and empty rows (pure, on NumPy)
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_zero_length_fixups_give_the_contract(mode: str, batch_first: bool) -> None:
-    """Run the reference engine as cuDNN would (zero lengths as 1), apply the fix-ups, and compare with
-    the reference engine's own zero-length semantics: outputs, final states and every gradient."""
+def test_row_masks_give_the_contract_with_hostile_inputs(mode: str, batch_first: bool) -> None:
+    """Run the reference engine as cuDNN would (empty rows as one step, from what ``Rows`` lets in), apply
+    ``Rows``' restorations, and compare with the reference engine's own semantics, bit for bit where the
+    contract fixes values: inf/NaN in the padding of dy and in h0/c0 of empty rows must not leak."""
     spec = ar.RNNSpec(mode=mode, input_size=3, hidden_size=4, num_layers=2, bidirectional=True,
                       dtype="float64")
     rng = np.random.default_rng(1)
     params = ar.PackedParams.init(spec, seed=3, xp=np)
-    t, b = 5, 4
+    t, b, lstm = 5, 4, mode == "lstm"
     lengths = np.array([3, 0, 5, 0])
-    x = rng.standard_normal((b, t, 3) if batch_first else (t, b, 3))
-    mask = (np.arange(t)[None, :] < lengths[:, None]) if batch_first else (np.arange(t)[:, None] < lengths)
-    x *= mask[..., None]
-    lstm = mode == "lstm"
+    valid = np.arange(t)[:, None] < lengths
+    valid = (valid.T if batch_first else valid)[..., None]
+    x = np.where(valid, rng.standard_normal((b, t, 3) if batch_first else (t, b, 3)), np.nan)
     h0 = rng.standard_normal((4, b, 4))
+    h0[:, lengths == 0] = np.inf
     c0 = rng.standard_normal((4, b, 4)) if lstm else None
-    dy = rng.standard_normal(x.shape[:2] + (8,)) * mask[..., None]
+    if lstm:
+        c0[:, lengths == 0] = np.nan
+    dy = np.where(valid, rng.standard_normal(x.shape[:2] + (8,)), np.inf)
     dh_n = rng.standard_normal((4, b, 4))
     dc_n = rng.standard_normal((4, b, 4)) if lstm else None
-    kw = dict(h0=h0, c0=c0, batch_first=batch_first, training=True, engine="reference")
-    want = ar.rnn_forward(params, x, lengths=lengths, **kw)
+    kw = dict(batch_first=batch_first, training=True, engine="reference")
+    want = ar.rnn_forward(params, x, lengths, h0, c0, **kw)
     want_g = ar.rnn_backward(want, dy, dh_n, dc_n)
 
-    got = ar.rnn_forward(params, x, lengths=cf.stand_in_lengths(lengths), **kw)
-    zero = lengths == 0
-    y, h_n, c_n = got.y.copy(), got.h_n.copy(), None if got.c_n is None else got.c_n.copy()
-    assert not np.array_equal(h_n[:, zero], h0[:, zero])  # the stand-in step did change them
-    cf.restore_forward(np, zero, y, h_n, c_n, h0, c0, batch_first)
+    rows = cf.Rows.of(np, lengths, t, batch_first)
+    h0_in, c0_in = rows.states_in(np, h0, c0)
+    assert np.isfinite(h0_in).all() and (c0_in is None or np.isfinite(c0_in).all())
+    x_in = np.where(valid, x, 0.0)  # the engine's input: zero at the padding of the true lengths
+    got = ar.rnn_forward(params, x_in, cf.stand_in_lengths(lengths), h0_in, c0_in, **kw)
+    assert not np.array_equal(got.h_n[:, lengths == 0], h0_in[:, lengths == 0])  # the stand-in step ran
+    y, h_n, c_n = rows.forward_out(np, got.y, got.h_n, got.c_n, h0, c0)
     np.testing.assert_array_equal(y, want.y)
     np.testing.assert_array_equal(h_n, want.h_n)
     if lstm:
         np.testing.assert_array_equal(c_n, want.c_n)
-    mdy, mdh, mdc = cf.mask_cotangents(np, zero, dy, dh_n, dc_n, batch_first)
-    g = ar.rnn_backward(got, mdy, mdh, mdc)
-    dx, dh0, dc0 = g.dx.copy(), g.dh0.copy(), None if g.dc0 is None else g.dc0.copy()
-    cf.restore_backward(np, zero, dx, dh0, dc0, dh_n, dc_n, batch_first)
+    g = ar.rnn_backward(got, *rows.cotangents_in(np, dy, dh_n, dc_n))
+    dx, dh0, dc0 = rows.backward_out(np, g.dx, g.dh0, g.dc0, dh_n, dc_n)
     np.testing.assert_allclose(dx, want_g.dx, rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(dh0[:, lengths == 0], dh_n[:, lengths == 0])
     np.testing.assert_allclose(dh0, want_g.dh0, rtol=1e-12, atol=1e-13)
     if lstm:
         np.testing.assert_allclose(dc0, want_g.dc0, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(g.dparams.data, want_g.dparams.data, rtol=1e-12, atol=1e-13)
 
 
+def test_rows_without_padding_or_empty_rows_touch_nothing() -> None:
+    rows = cf.Rows.of(np, np.array([4, 4]), 4, batch_first=False)
+    assert rows.valid is None and rows.empty is None
+    y, dy = np.full((4, 2, 3), np.nan), np.full((4, 2, 3), np.inf)
+    assert rows.forward_out(np, y, y, None, y, None)[0] is y
+    assert rows.cotangents_in(np, dy, dy, None)[0] is dy
+
+
 def test_stand_in_lengths() -> None:
     out = cf.stand_in_lengths(np.array([0, 3, 0, 1], np.int64))
     assert out.dtype == np.int32 and out.tolist() == [1, 3, 1, 1]
+
+
+# ---------------------------------------------------------------- layer by layer (dropout): one gather
+@pytest.mark.parametrize("mode, bidir", [("lstm", True), ("gru", False)])
+def test_layer_maps_compose_the_whole_stacks_map_with_each_layers(mode: str, bidir: bool) -> None:
+    spec = ar.RNNSpec(mode=mode, input_size=3, hidden_size=2, num_layers=3, bidirectional=bidir,
+                      dtype="float64")
+    whole_query, whole_bytes = _fake_query(spec, 8)
+    whole_idx = cf.index_map(spec, 8, whole_bytes, whole_query)
+    layers = []
+    for layer in range(spec.num_layers):
+        sub = cf.layer_spec(spec, layer)
+        query, nbytes = _fake_query(sub, 8)
+        layers.append((cf.index_map(sub, 8, nbytes, query), nbytes // 8))
+    maps = cf.layer_maps(spec, whole_idx, whole_bytes // 8, [i for i, _ in layers], [n for _, n in layers], 8)
+    assert all(off * 8 % cf.WEIGHT_ALIGN_BYTES == 0 for off in maps.offsets)
+    canonical = np.random.default_rng(0).standard_normal(whole_idx.size)
+    whole = cf.to_cudnn(np, canonical, whole_idx, whole_bytes // 8)
+    stacked = whole[maps.gather]
+    stacked[maps.holes] = 0
+    layout, last = ar.layout_of(spec), spec.num_directions - 1
+    for layer, ((idx, size), off) in enumerate(zip(layers, maps.offsets, strict=True)):
+        start, stop = layout.layer_direction_span(layer, 0)[0], layout.layer_direction_span(layer, last)[1]
+        np.testing.assert_array_equal(cf.to_canonical(stacked[off:off + size], idx), canonical[start:stop])
+    assert maps.holes.size and not stacked[maps.holes].any()  # alignment gaps between the layers
+    grads = np.append(stacked, 0.0)  # the extra zero element the whole stack's holes read
+    np.testing.assert_array_equal(grads[maps.back], whole)
+    assert {a.dtype for a in (whole_idx, maps.gather, maps.holes, maps.back)} == {np.dtype(np.int32)}
 
 
 # ---------------------------------------------------------------- without a GPU
@@ -201,69 +247,66 @@ def test_without_cupy_cudnn_says_what_is_missing() -> None:
 
 
 # ---------------------------------------------------------------- GPU
+# The dry run's checks (tests/support/cudnn_cases.py: hostile padding, inf/NaN states of empty rows, non-zero
+# dh_n/dc_n, results kept on the device) on real CuPy and cuDNN.
 GPU_REASON = gpu_reason() or ("CuPy is not installed" if _cupy_missing() else "")
-TOLERANCE = {"float64": 1e-9, "float32": 2e-4, "float16": 3e-2}  # max abs error relative to max |ref| + 1
+needs_gpu = pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
 
 
-def _compare(spec: ar.RNNSpec, batch_first: bool, lengths, dtype: str, dropout_seed=None) -> None:
+def _cupy():
     import cupy
 
-    rng = np.random.default_rng(0)
-    spec = spec.replace(dtype=dtype)
-    params = ar.PackedParams.init(spec, seed=1, xp=cupy)
-    t, b = 7, len(lengths)
-    lengths = np.asarray(lengths)
-    shape = (b, t, spec.input_size) if batch_first else (t, b, spec.input_size)
-    valid = (np.arange(t)[None, :] < lengths[:, None]) if batch_first else (np.arange(t)[:, None] < lengths)
-    x = cupy.asarray((rng.standard_normal(shape) * valid[..., None]).astype(dtype))
-    n = spec.num_layers * spec.num_directions
-    h0 = cupy.asarray(rng.standard_normal((n, b, spec.output_size)).astype(dtype))
-    c0 = cupy.asarray(rng.standard_normal((n, b, spec.hidden_size)).astype(dtype)) if spec.has_cell else None
-    kw = dict(lengths=lengths, h0=h0, c0=c0, batch_first=batch_first, training=True, seed=dropout_seed)
-    ref = ar.rnn_forward(params, x, engine="reference", **kw)
-    native = params.to_format("cudnn")
-    got = ar.rnn_forward(native, x, engine="cudnn", **kw)
-    dy = cupy.asarray(rng.standard_normal(ref.y.shape).astype(dtype))
-    g_ref, g = ar.rnn_backward(ref, dy), ar.rnn_backward(got, dy)
-    tol = TOLERANCE[dtype]
-    pairs = [(got.y, ref.y), (got.h_n, ref.h_n), (g.dx, g_ref.dx), (g.dh0, g_ref.dh0),
-             (g.dparams.to_format("canonical").data, g_ref.dparams.data)]
-    if spec.has_cell:
-        pairs += [(got.c_n, ref.c_n), (g.dc0, g_ref.dc0)]
-    for a, r in pairs:
-        a, r = cupy.asnumpy(a).astype(np.float64), cupy.asnumpy(r).astype(np.float64)
-        assert np.max(np.abs(a - r)) <= tol * (1 + np.max(np.abs(r))), spec
+    return cupy
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-major"])
 def test_gpu_grid_against_reference(dtype: str, batch_first: bool) -> None:
-    for spec in _grid():
-        _compare(spec, batch_first, [7, 0, 3, 5], dtype)
+    """float32 within 2e-4: also shows FMA math (TF32 would be about 1e-3 off)."""
+    for spec in GRID:
+        check(_cupy(), spec, batch_first=batch_first, dtype=dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
-def test_gpu_dropout_masks_match_reference() -> None:
-    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=4, num_layers=3, dropout=0.4)
-    _compare(spec, False, [7, 2, 0, 5], "float64", dropout_seed=11)
+@needs_gpu
+def test_gpu_batch_major_without_padding() -> None:
+    for spec in GRID:
+        check(_cupy(), spec, lengths=[5, 5, 5], batch_first=True)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
+@needs_gpu
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-major"])
+def test_gpu_dropout_masks_match_reference(batch_first: bool) -> None:
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5, num_layers=3, bidirectional=True,
+                      proj_size=3, dropout=0.4, dtype="float64")
+    check(_cupy(), spec, batch_first=batch_first, seed=11)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_long_sequences_through_auto() -> None:
+    spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=6, num_layers=2, bidirectional=True,
+                      dtype="float64")
+    T = cf.AUTO_MIN_SEQ_LEN + 1
+    assert check(_cupy(), spec, lengths=[T, 0, 4, T - 3], engine="auto")["engine"] == "cudnn"
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_cell_clip(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check that lifts cf.refusal's clip refusal once it passes on a GPU: cudnnRNNSetClip_v9 (MINMAX)
     against the reference engine's clip (before tanh(c) and before carrying; zero gradient where clipped)."""
     monkeypatch.setattr(cf, "refusal", lambda spec: None)
-    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=4, num_layers=2, bidirectional=True,
-                      cell_clip=(-0.3, 0.2))
-    _compare(spec, False, [7, 0, 3, 5], "float64")
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
+                      cell_clip=(-0.3, 0.2), dtype="float64")
+    check(_cupy(), spec)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
+@needs_gpu
 def test_gpu_adam_step_on_cudnn_format_equals_canonical() -> None:
     import cupy
 
@@ -288,7 +331,7 @@ def test_layer_to_format_converts_in_place() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
+@needs_gpu
 def test_gpu_layer_holds_cudnn_params() -> None:
     import cupy
 
@@ -322,3 +365,33 @@ def test_check_answers_each_call() -> None:
     assert cf.check(call(seq_len=2, params_format="cudnn")) is None
     gru = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4, reset_after=False)
     assert "reset-before GRU" in cf.check(call(spec=gru, explicit=True))
+
+
+def test_check_asks_the_bindings_whether_libcudnn_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where libcudnn cannot load, neither "auto" nor a named "cudnn" takes the call, and the reason is the
+    bindings' own (which places were searched)."""
+    import types
+
+    from arrayrnn.engines.base import Call
+
+    def missing() -> int:
+        raise cb.CudnnLibraryError("no libcudnn.so.9; searched: $CUDNN_PATH (unset), the wheel (absent)")
+
+    monkeypatch.setattr(cb, "version", missing)
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
+    for explicit in (False, True):
+        call = Call(spec=spec, xp=types.ModuleType("cupy"), device=0, seq_len=64, batch=2, training=False,
+                    dropout=False, params_format="cudnn", has_zero_length=False, explicit=explicit)
+        assert cf.check(call) == ("libcudnn cannot be loaded (no libcudnn.so.9; searched: $CUDNN_PATH "
+                                  "(unset), the wheel (absent))")
+
+
+def test_precision_fma_for_float32_unless_tf32_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4)
+    assert cf.rnn_config(spec, "float32").math_type == cb.MathType.FMA_MATH
+    assert cf.rnn_config(spec, "float16").math_type == cb.MathType.TENSOR_OP_MATH
+    assert cf.rnn_config(spec, "float64").math_type == cb.MathType.DEFAULT_MATH
+    assert cf.rnn_config(spec, "float32", tf32=True).math_type == cb.MathType.DEFAULT_MATH
+    monkeypatch.setattr(cf, "allow_tf32", True)  # the documented switch, read at every call
+    assert cf.rnn_config(spec, "float32").math_type == cb.MathType.DEFAULT_MATH
+    assert cf.rnn_config(spec, "float16").math_type == cb.MathType.TENSOR_OP_MATH

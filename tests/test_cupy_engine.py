@@ -2,8 +2,9 @@
 GPU tests (marker ``gpu``): the shared cases of ``support.rnn_cases`` on CuPy arrays with this engine and with
 the reference engine (the GPU oracle), both against the reference engine on NumPy; float16; dropout masks.
 
-The kernels' numerics are also executed on CPU under numba's CUDA simulator (``tests_cudasim/``) and
-compiled for sm_90 (``test_cuda_kernels_ptx.py``).
+The kernels' numerics are also executed on CPU under numba's CUDA simulator (``tests_cudasim/``), where the
+shared suites also run the engine's CuPy branch end to end on a NumPy-backed CuPy stand-in
+(``tests_cudasim/test_shared_suites.py``), and compiled for sm_90 (``test_cuda_kernels_ptx.py``).
 """
 
 from __future__ import annotations

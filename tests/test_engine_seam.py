@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from support.rnn_cases import make_case
+from support.rnn_cases import host, make_case, on_device
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError, PackedParams, RNNSpec, engines, rnn_backward, rnn_forward
@@ -320,9 +320,10 @@ def test_whole_stack_engine_gets_the_callers_rows_layout_and_host_lengths(permut
 def test_dropout_masks_are_the_same_on_a_whole_stack_engine_and_the_driver(permuted, engine):
     spec = SPEC.replace(dropout=0.4, num_layers=3)
     case = make_case(spec, 5, 3, lengths="unsorted")
-    out = [rnn_forward(p, case.x, case.lengths, case.h0, case.c0, training=True, seed=11, engine=name)
-           for p, name in ((case.params.to_format("permuted"), "permuted"), (case.params, engine))]
-    np.testing.assert_allclose(out[0].y, out[1].y, rtol=1e-12, atol=1e-14)
+    out = [rnn_forward(c.params, c.x, c.lengths, c.h0, c.c0, training=True, seed=11, engine=name).y
+           for c, name in ((case.with_(params=case.params.to_format("permuted")), "permuted"),
+                           (on_device(case, engine), engine))]
+    np.testing.assert_allclose(out[0], host(out[1]), rtol=1e-12, atol=1e-14)
 
 
 def test_dropout_masks_are_drawn_with_the_arrays_module():
@@ -347,6 +348,9 @@ def test_every_cpu_engine_runs_the_shared_bodies_on_numpy(engine):
 
     assert {(str(c), c.xp) for c in ENGINE_CASES} >= {(name, np) for name in ENGINES}
     assert engine.xp.__name__ in ("numpy", "cupy") and str(engine) in engines.REGISTRY
+    if engine.xp is not np:  # on a device (or its stand-in), the engine's own arrays come back
+        res = rnn_forward(PackedParams.init(SPEC, xp=engine.xp), engine.xp.zeros((2, 1, 3)), engine=engine)
+        assert isinstance(res.y, engine.xp.ndarray) and res.engine == engine
 
 
 @pytest.mark.gpu

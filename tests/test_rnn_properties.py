@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.rnn_cases import forward_backward, make_case
+from support.rnn_cases import forward_backward, host, make_case, on_device
 
 from arrayrnn import RNNSpec, rnn_backward, rnn_forward
 
@@ -42,14 +42,14 @@ def test_rows_are_independent(engine, data, spec, T, B, seed):
     """Each row's outputs and gradients equal those of a batch holding only that row; the batched
     parameter gradient is the sum of the per-row ones."""
     case = make_case(spec, T, B, seed=seed).with_(lengths=data.draw(lengths_for(T, B)))
-    res, grads = forward_backward(case, engine)
+    res, grads = map(host, forward_backward(case, engine))
     dparams_sum = np.zeros_like(grads.dparams.data)
     for b in range(B):
         rows = slice(b, b + 1)
         one = case.with_(x=case.x[:, rows], lengths=case.lengths[rows], h0=case.h0[:, rows],
                          c0=case.c0[:, rows] if spec.has_cell else None, dy=case.dy[:, rows],
                          dh_n=case.dh_n[:, rows], dc_n=case.dc_n[:, rows] if spec.has_cell else None)
-        r1, g1 = forward_backward(one, engine)
+        r1, g1 = map(host, forward_backward(one, engine))
         np.testing.assert_allclose(res.y[:, rows], r1.y, **CLOSE)
         np.testing.assert_allclose(res.h_n[:, rows], r1.h_n, **CLOSE)
         np.testing.assert_allclose(grads.dx[:, rows], g1.dx, **CLOSE)
@@ -68,7 +68,7 @@ def test_zero_length_rows_pass_state_through(engine, data, spec, T, B, seed):
     zero = data.draw(st.lists(st.integers(0, B - 1), min_size=1, max_size=B))
     lengths[zero] = 0
     case = make_case(spec, T, B, seed=seed).with_(lengths=lengths)
-    res, grads = forward_backward(case, engine)
+    res, grads = map(host, forward_backward(case, engine))
     z = lengths == 0
     assert not res.y[:, z].any() and not grads.dx[:, z].any()
     np.testing.assert_array_equal(res.h_n[:, z], case.h0[:, z])
@@ -91,29 +91,29 @@ def test_chunks_equal_whole_sequence(engine, data, spec, T, B, seed):
     lengths = data.draw(lengths_for(T, B))
     cuts = sorted(data.draw(st.sets(st.integers(1, T - 1), min_size=1, max_size=3)))
     bounds = list(zip([0, *cuts], [*cuts, T], strict=True))
-    case = make_case(spec, T, B, seed=seed).with_(lengths=lengths)
-    whole, whole_grads = forward_backward(case, engine)
+    case = on_device(make_case(spec, T, B, seed=seed).with_(lengths=lengths), engine)
+    whole, whole_grads = map(host, forward_backward(case, engine))
 
-    results, state = [], (case.h0, case.c0)
+    results, state = [], (case.h0, case.c0)  # on the engine's device, chained as a user would
     for start, stop in bounds:
         chunk_lengths = np.clip(lengths - start, 0, stop - start)
         res = rnn_forward(case.params, case.x[start:stop], chunk_lengths, *state, training=True,
                           engine=engine)
         results.append(res)
         state = (res.h_n, res.c_n)
-    np.testing.assert_allclose(np.concatenate([r.y for r in results]), whole.y, **CLOSE)
-    np.testing.assert_allclose(state[0], whole.h_n, **CLOSE)
+    np.testing.assert_allclose(np.concatenate([host(r.y) for r in results]), whole.y, **CLOSE)
+    np.testing.assert_allclose(host(state[0]), whole.h_n, **CLOSE)
     if spec.has_cell:
-        np.testing.assert_allclose(state[1], whole.c_n, **CLOSE)
+        np.testing.assert_allclose(host(state[1]), whole.c_n, **CLOSE)
 
     dxs, dparams, carry = [], np.zeros_like(whole_grads.dparams.data), (case.dh_n, case.dc_n)
     for (start, stop), res in reversed(list(zip(bounds, results, strict=True))):
         g = rnn_backward(res, case.dy[start:stop], *carry)
-        dxs.insert(0, g.dx)
-        dparams += g.dparams.data
+        dxs.insert(0, host(g.dx))
+        dparams += host(g.dparams.data)
         carry = (g.dh0, g.dc0)
     np.testing.assert_allclose(np.concatenate(dxs), whole_grads.dx, **CLOSE)
-    np.testing.assert_allclose(carry[0], whole_grads.dh0, **CLOSE)
+    np.testing.assert_allclose(host(carry[0]), whole_grads.dh0, **CLOSE)
     if spec.has_cell:
-        np.testing.assert_allclose(carry[1], whole_grads.dc0, **CLOSE)
+        np.testing.assert_allclose(host(carry[1]), whole_grads.dc0, **CLOSE)
     np.testing.assert_allclose(dparams, whole_grads.dparams.data, rtol=1e-9, atol=1e-11)

@@ -7,7 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.rnn_cases import assert_close, forward, forward_backward, make_case, tolerances
+from support.rnn_cases import (
+    assert_close,
+    forward,
+    forward_backward,
+    host,
+    make_case,
+    on_device,
+    tolerances,
+    xp_of,
+)
 from support.torch_oracle import run_torch
 
 from arrayrnn import PackedParams, RNNSpec, rnn_backward
@@ -62,7 +71,7 @@ def loop_oracle(params: PackedParams, x: np.ndarray, h0: np.ndarray, c0: np.ndar
 def test_forward_matches_loop_oracle(fields, engine):
     spec = RNNSpec(input_size=3, hidden_size=4, dtype="float64", **fields)
     case = make_case(spec, 6, 3, lengths="full", scale=2.0)
-    res = forward(case, engine)
+    res = host(forward(case, engine))
     y, h, c = loop_oracle(case.params, case.x, case.h0, case.c0)
     np.testing.assert_allclose(res.y, y, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(res.h_n[0], h, rtol=1e-12, atol=1e-14)
@@ -113,7 +122,7 @@ def test_dropout_is_the_documented_mask_between_layers(mode, engine):
                    dtype="float64")
     T, B = 5, 4
     case = make_case(spec, T, B)
-    res = forward(case, engine, training=True, seed=seed)
+    res = host(forward(case, engine, training=True, seed=seed))
     F = spec.num_directions * spec.output_size
     masks = (documented_uniforms(seed, (spec.num_layers - 1) * T * B * F).reshape(-1, T, B, F) >= p) / (1 - p)
 
@@ -137,11 +146,12 @@ def test_dropout_is_the_documented_mask_between_layers(mode, engine):
 def test_dropout_seed_and_mode(engine):
     spec = RNNSpec(mode="gru", input_size=3, hidden_size=8, num_layers=2, dropout=0.5, dtype="float64")
     case = make_case(spec, 6, 5)
-    same = [forward(case, engine, training=True, seed=5).y for _ in range(2)]
+    same = [host(forward(case, engine, training=True, seed=5).y) for _ in range(2)]
     np.testing.assert_array_equal(same[0], same[1])
-    assert not np.allclose(forward(case, engine, training=True, seed=6).y, same[0])
+    assert not np.allclose(host(forward(case, engine, training=True, seed=6).y), same[0])
     no_dropout = make_case(spec.replace(dropout=0.0), 6, 5)
-    np.testing.assert_allclose(forward(case, engine, seed=5).y, forward(no_dropout, engine).y, rtol=1e-14)
+    np.testing.assert_allclose(host(forward(case, engine, seed=5).y), host(forward(no_dropout, engine).y),
+                               rtol=1e-14)
 
 
 def test_padding_is_never_read(engine):
@@ -149,14 +159,40 @@ def test_padding_is_never_read(engine):
     spec = RNNSpec(mode="lstm", input_size=3, hidden_size=4, num_layers=2, bidirectional=True,
                    dtype="float64")
     case = make_case(spec, 6, 4, lengths="zeros")
-    clean_res, clean = forward_backward(case, engine)
+    clean_res, clean = map(host, forward_backward(case, engine))
     x, dy = case.x.copy(), case.dy.copy()
     for b, n in enumerate(case.lengths):
         x[n:, b] = np.nan
         dy[n:, b] = np.inf
-    res, grads = forward_backward(case.with_(x=x, dy=dy), engine)
+    res, grads = map(host, forward_backward(case.with_(x=x, dy=dy), engine))
     np.testing.assert_array_equal(res.y, clean_res.y)
     np.testing.assert_array_equal(grads.dx, clean.dx)
+    np.testing.assert_array_equal(grads.dparams.data, clean.dparams.data)
+
+
+@pytest.mark.parametrize("fields", [dict(mode="lstm"), dict(mode="gru"), dict(mode="gru", reset_after=False),
+                                    dict(mode="rnn_relu")],
+                         ids=["lstm", "gru", "gru-reset-before", "rnn_relu"])
+def test_initial_states_of_empty_rows_are_never_read(fields, engine):
+    """inf and NaN in h0 / c0 of rows of length 0 come back in h_n / c_n and change nothing else (rows are
+    independent: a state no step reads must not reach the weight gradient as 0 * inf)."""
+    spec = RNNSpec(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, dtype="float64", **fields)
+    case = make_case(spec, 6, 4, lengths="zeros")
+    clean_res, clean = map(host, forward_backward(case, engine))
+    zero = case.lengths == 0
+    h0 = case.h0.copy()
+    h0[:, zero] = np.inf
+    c0 = None
+    if spec.has_cell:
+        c0 = case.c0.copy()
+        c0[:, zero] = np.nan
+    res, grads = map(host, forward_backward(case.with_(h0=h0, c0=c0), engine))
+    np.testing.assert_array_equal(res.y, clean_res.y)
+    np.testing.assert_array_equal(res.h_n, np.where(zero[None, :, None], np.inf, clean_res.h_n))
+    if spec.has_cell:
+        np.testing.assert_array_equal(res.c_n, np.where(zero[None, :, None], np.nan, clean_res.c_n))
+    for name in ("dx", "dh0", "dc0"):
+        np.testing.assert_array_equal(getattr(grads, name), getattr(clean, name), err_msg=name)
     np.testing.assert_array_equal(grads.dparams.data, clean.dparams.data)
 
 
@@ -164,12 +200,12 @@ def test_padding_is_never_read(engine):
 def test_backward_after_inference_forward(mode, engine):
     spec = RNNSpec(mode=mode, input_size=3, hidden_size=4, num_layers=2, bidirectional=True, dropout=0.3,
                    dtype="float64")
-    case = make_case(spec, 5, 3)
-    inference = forward(case, engine, training=False)
+    dev = on_device(make_case(spec, 5, 3), engine)
+    inference = forward(dev, engine, training=False)
     assert not inference.training
-    g = rnn_backward(inference, case.dy, case.dh_n, case.dc_n)
-    _, expected = forward_backward(case.with_(params=PackedParams(spec.replace(dropout=0.0),
-                                                                  case.params.data)), engine)
+    g = host(rnn_backward(inference, dev.dy, dev.dh_n, dev.dc_n))
+    expected = host(forward_backward(dev.with_(params=PackedParams(spec.replace(dropout=0.0),
+                                                                   dev.params.data)), engine)[1])
     for name in ("dx", "dh0", "dc0"):
         if getattr(expected, name) is not None:
             np.testing.assert_allclose(getattr(g, name), getattr(expected, name), rtol=1e-13, atol=1e-15)
@@ -179,34 +215,39 @@ def test_backward_after_inference_forward(mode, engine):
 def test_lengths_from_any_integer_container(engine):
     spec = RNNSpec(mode="gru", input_size=3, hidden_size=4, bidirectional=True, dtype="float64")
     case = make_case(spec, 5, 4)
-    expected = forward(case, engine).y
-    for lengths in (list(case.lengths), tuple(case.lengths), case.lengths.astype(np.int32),
-                    case.lengths.astype(np.uint8), torch.tensor(case.lengths)):
-        np.testing.assert_array_equal(forward(case.with_(lengths=lengths), engine).y, expected)
+    expected = host(forward(case, engine).y)
+    containers = [list(case.lengths), tuple(case.lengths), case.lengths.astype(np.int32),
+                  case.lengths.astype(np.uint8), torch.tensor(case.lengths)]
+    if xp_of(engine) is not np:
+        containers.append(xp_of(engine).asarray(case.lengths))  # lengths on the device
+    for lengths in containers:
+        np.testing.assert_array_equal(host(forward(case.with_(lengths=lengths), engine).y), expected)
 
 
 def test_default_states_and_cotangents_are_zeros(engine):
     spec = RNNSpec(mode="lstm", input_size=3, hidden_size=4, proj_size=2, num_layers=2, dtype="float64")
-    case = make_case(spec, 4, 3)
-    zeros = case.with_(h0=np.zeros_like(case.h0), c0=np.zeros_like(case.c0))
-    none = case.with_(h0=None, c0=None)
-    np.testing.assert_array_equal(forward(none, engine).y, forward(zeros, engine).y)
+    dev, xp = on_device(make_case(spec, 4, 3), engine), xp_of(engine)
+    zeros = dev.with_(h0=xp.zeros_like(dev.h0), c0=xp.zeros_like(dev.c0))
+    none = dev.with_(h0=None, c0=None)
+    np.testing.assert_array_equal(host(forward(none, engine).y), host(forward(zeros, engine).y))
     res = forward(none, engine, training=True)
-    g = rnn_backward(res, case.dy)
-    g_zero = rnn_backward(res, case.dy, np.zeros_like(case.dh_n), np.zeros_like(case.dc_n))
+    g = host(rnn_backward(res, dev.dy))
+    g_zero = host(rnn_backward(res, dev.dy, xp.zeros_like(dev.dh_n), xp.zeros_like(dev.dc_n)))
     np.testing.assert_array_equal(g.dparams.data, g_zero.dparams.data)
     np.testing.assert_array_equal(g.dh0, g_zero.dh0)
-    assert not rnn_backward(res).dparams.data.any()
+    assert not host(rnn_backward(res).dparams).data.any()
 
 
 def test_result_and_grads_types(engine):
     spec = RNNSpec(mode="gru", input_size=3, hidden_size=4, dtype="float32")
-    case = make_case(spec, 4, 2, batch_first=True)
+    case = on_device(make_case(spec, 4, 2, batch_first=True), engine)
     res, g = forward_backward(case, engine)
+    xp = xp_of(engine)
     assert res.engine == engine and res.training and res.params is case.params
+    assert all(isinstance(a, xp.ndarray) for a in (res.y, res.h_n, g.dx, g.dh0, g.dparams.data))
     assert res.y.shape == (2, 4, 4) and res.y.flags.c_contiguous and res.y.dtype == np.float32
     assert g.dx.shape == case.x.shape and g.dx.dtype == np.float32 and g.dc0 is None
     assert g.dparams.spec == spec and g.dparams.data.shape == case.params.data.shape
-    assert gate(spec, g.dparams.view(0, 0, "b_hh"), "n").any()
+    assert gate(spec, host(g.dparams).view(0, 0, "b_hh"), "n").any()
     rnn_backward(res, params=case.params)  # the same params are accepted
     rnn_backward(res, params=PackedParams(spec, case.params.data))  # so is another wrapper of its buffer

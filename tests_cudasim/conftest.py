@@ -6,13 +6,22 @@ Run in its OWN pytest process, with the simulator switched on before numba's CUD
 
 (the main ``python -m pytest`` collects only ``tests/``). Without the variable this suite refuses to run,
 rather than compiling for a GPU that is not there or silently testing nothing.
+
+The ``engine`` fixture here is the cupy engine on the CuPy stand-in under the simulator
+(:func:`support.engine_cases.cudasim_cases`), for the shared suites of ``tests/`` that
+``test_shared_suites.py`` collects again; ``tests/`` is put on ``sys.path`` for their ``support`` helpers.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,3 +33,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if not numba.config.ENABLE_CUDASIM:
         raise pytest.UsageError("NUMBA_ENABLE_CUDASIM=1 is set but numba was configured before it; "
                                 "start a fresh process")
+
+
+def _engine():
+    from support.engine_cases import cudasim_cases, engine_fixture
+
+    return engine_fixture(cudasim_cases())
+
+
+engine = _engine()  # the cupy engine on stand-in CuPy arrays, its kernels in the simulator
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)

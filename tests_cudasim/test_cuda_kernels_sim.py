@@ -183,3 +183,22 @@ def test_through_rnn_forward_batch_first_registered_engine() -> None:
     for a, b in ((sim.y, ref.y), (sim.h_n, ref.h_n), (sim.c_n, ref.c_n), (grads[0].dx, grads[1].dx),
                  (grads[0].dparams.data, grads[1].dparams.data)):
         np.testing.assert_allclose(a, b, **TOL)
+
+
+def test_launches_do_not_warn_about_low_occupancy() -> None:
+    """A step launches B x H threads by design; numba-cuda's warning for grids under 128 blocks is off for
+    our launches only (the setting is back as it was after each one)."""
+    import numba
+
+    from arrayrnn.engines.cupy_engine import Device
+
+    seen = []
+
+    class Kernel:  # records the setting when the launch is configured (where numba-cuda warns)
+        def __getitem__(self, config):
+            seen.append(numba.config.CUDA_LOW_OCCUPANCY_WARNINGS)
+            return lambda *args: seen.append(args)
+
+    before = numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 1
+    Device(np).launch(Kernel(), 12, "arg")
+    assert seen == [0, ("arg",)] and numba.config.CUDA_LOW_OCCUPANCY_WARNINGS == before

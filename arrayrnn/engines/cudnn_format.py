@@ -1,12 +1,20 @@
-"""The parts of the cuDNN engine that need no GPU: spec -> cuDNN configuration, the canonical <-> cudnn
-index map, the configurations cuDNN refuses, and the zero-length-row fix-ups (pure array functions).
+"""The parts of the cuDNN engine that need no GPU: spec -> cuDNN configuration (and its precision), the
+canonical <-> cudnn index maps, the configurations cuDNN refuses, and the masks that keep padding and
+empty rows out of cuDNN's arithmetic (pure array functions).
 
 Kept apart from ``cudnn_engine`` (which needs CuPy and a device) so that CI tests every line of it.
+
+**Precision.** float32 runs with ``CUDNN_FMA_MATH``: ``CUDNN_DEFAULT_MATH`` lets cuDNN use TF32 tensor cores
+on Ampere and later GPUs (10-bit mantissa products, about 1e-3 relative error). Setting
+``arrayrnn.engines.cudnn_format.allow_tf32 = True`` (read at every call, like
+``torch.backends.cudnn.allow_tf32``) allows it, for speed. float16 runs with ``CUDNN_TENSOR_OP_MATH``
+(float32 accumulation), float64 with ``CUDNN_DEFAULT_MATH``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,13 +30,16 @@ Array = Any
 # this was written; 16 is a placeholder to be replaced by bench/bench_gpu.py's crossover on a GPU.
 AUTO_MIN_SEQ_LEN = 16
 
+allow_tf32 = False  # float32 on TF32 tensor cores (CUDNN_DEFAULT_MATH) instead of CUDNN_FMA_MATH
+
 _MODES = {"rnn_tanh": cb.RNNMode.RNN_TANH, "rnn_relu": cb.RNNMode.RNN_RELU, "lstm": cb.RNNMode.LSTM,
           "gru": cb.RNNMode.GRU}
 _BIAS = {"double": cb.RNNBiasMode.DOUBLE_BIAS, "single_inp": cb.RNNBiasMode.SINGLE_INP_BIAS,
          "single_rec": cb.RNNBiasMode.SINGLE_REC_BIAS, "none": cb.RNNBiasMode.NO_BIAS}
-_DATA = {"float16": cb.DataType.HALF, "float32": cb.DataType.FLOAT, "float64": cb.DataType.DOUBLE}
-_MATH = {"float16": cb.DataType.FLOAT, "float32": cb.DataType.FLOAT, "float64": cb.DataType.DOUBLE}
+DATA_TYPES = {"float16": cb.DataType.HALF, "float32": cb.DataType.FLOAT, "float64": cb.DataType.DOUBLE}
+_MATH_PREC = {"float16": cb.DataType.FLOAT, "float32": cb.DataType.FLOAT, "float64": cb.DataType.DOUBLE}
 PADDED_IO_ENABLED = 1  # CUDNN_RNN_PADDED_IO_ENABLED (cudnn_adv.h)
+WEIGHT_ALIGN_BYTES = 256  # where each layer's weight space starts inside one buffer (dropout: layer by layer)
 
 
 def refusal(spec: RNNSpec) -> str | None:
@@ -38,8 +49,17 @@ def refusal(spec: RNNSpec) -> str | None:
     if spec.cell_clip is not None:
         return ("cell_clip is not accepted yet: cudnnRNNSetClip_v9's semantics have not been checked "
                 "against the reference engine on a GPU (tests/test_cudnn_engine.py::test_gpu_cell_clip)")
-    if spec.dtype not in _DATA:
+    if spec.dtype not in DATA_TYPES:
         return f"dtype = {spec.dtype!r}; cuDNN runs float16, float32 and float64"
+    return None
+
+
+def library_reason() -> str | None:
+    """Why libcudnn cannot be used here (the bindings' own answer), or ``None``."""
+    try:
+        cb.version()
+    except cb.CudnnLibraryError as err:
+        return f"libcudnn cannot be loaded ({' '.join(str(err).split())})"
     return None
 
 
@@ -49,7 +69,7 @@ def check(call: Any) -> str | None:
     another engine would cost more than cuDNN's fixed overhead)."""
     if call.xp is np:
         return "cuDNN runs on CuPy (GPU) arrays; these are NumPy arrays"
-    reason = refusal(call.spec)
+    reason = library_reason() or refusal(call.spec)
     if (reason is None and not call.explicit and call.params_format != "cudnn"
             and call.seq_len < AUTO_MIN_SEQ_LEN):
         reason = (f"T = {call.seq_len} is below cuDNN's threshold of {AUTO_MIN_SEQ_LEN} steps "
@@ -57,7 +77,17 @@ def check(call: Any) -> str | None:
     return reason
 
 
-def rnn_config(spec: RNNSpec, dtype: str | None = None) -> cb.RNNConfig:
+def math_type(dtype: str, tf32: bool | None = None) -> cb.MathType:
+    """``cudnnMathType_t`` for ``dtype``: float32 FMA_MATH (DEFAULT_MATH, which permits TF32, only when
+    ``tf32`` or, when ``None``, the module's ``allow_tf32``), float16 TENSOR_OP_MATH, float64 DEFAULT_MATH."""
+    if dtype == "float16":
+        return cb.MathType.TENSOR_OP_MATH
+    if dtype == "float32" and not (allow_tf32 if tf32 is None else tf32):
+        return cb.MathType.FMA_MATH
+    return cb.MathType.DEFAULT_MATH
+
+
+def rnn_config(spec: RNNSpec, dtype: str | None = None, tf32: bool | None = None) -> cb.RNNConfig:
     """The cuDNN RNN configuration of ``spec`` (in ``dtype``, default ``spec.dtype``; float16 computes in
     float32). cuDNN means "no projection" by proj_size = hidden_size."""
     dtype = dtype or spec.dtype
@@ -66,11 +96,18 @@ def rnn_config(spec: RNNSpec, dtype: str | None = None) -> cb.RNNConfig:
     return cb.RNNConfig(
         cell_mode=_MODES[spec.mode], bias_mode=_BIAS[spec.bias],
         dir_mode=cb.DirectionMode.BIDIRECTIONAL if spec.bidirectional else cb.DirectionMode.UNIDIRECTIONAL,
-        data_type=_DATA[dtype], math_prec=_MATH[dtype], input_size=spec.input_size,
-        hidden_size=spec.hidden_size, proj_size=spec.proj_size or spec.hidden_size,
-        num_layers=spec.num_layers, aux_flags=PADDED_IO_ENABLED, clip_mode=clip, lclip=lo, rclip=hi)
+        data_type=DATA_TYPES[dtype], math_prec=_MATH_PREC[dtype], math_type=math_type(dtype, tf32),
+        input_size=spec.input_size, hidden_size=spec.hidden_size,
+        proj_size=spec.proj_size or spec.hidden_size, num_layers=spec.num_layers,
+        aux_flags=PADDED_IO_ENABLED, clip_mode=clip, lclip=lo, rclip=hi)
 
 
+def layer_spec(spec: RNNSpec, layer: int) -> RNNSpec:
+    """The one-layer spec of ``spec``'s layer ``layer`` (its input is the previous layer's output)."""
+    return spec.replace(num_layers=1, input_size=spec.layer_input_size(layer), dropout=0.0)
+
+
+# ---------------------------------------------------------------- canonical <-> cudnn
 def _lin_ids(spec: RNNSpec, name: str) -> tuple[list[int], str]:
     """cuDNN's linLayerIDs holding canonical block ``name`` (gate order i,f,g,o / r,z,n = cuDNN's), and
     whether the block is the region's matrix or bias."""
@@ -84,7 +121,7 @@ Query = Callable[[int, int], cb.WeightParams]  # (pseudo_layer, lin_layer_id) ->
 
 
 def index_map(spec: RNNSpec, itemsize: int, native_bytes: int, query: Query) -> np.ndarray:
-    """``idx`` (int64, canonical size): canonical element ``k`` lives at cudnn element ``idx[k]``.
+    """``idx`` (int32, canonical size): canonical element ``k`` lives at cudnn element ``idx[k]``.
 
     Every region cuDNN reports is checked: a contiguous row-major region of exactly the canonical block's
     per-gate shape, element-aligned, inside the weight space, and no element claimed twice.
@@ -92,7 +129,10 @@ def index_map(spec: RNNSpec, itemsize: int, native_bytes: int, query: Query) -> 
     if native_bytes % itemsize:
         raise ValueError(f"weight space of {native_bytes} bytes is not a whole number of "
                          f"{itemsize}-byte items")
-    idx = np.empty(layout_of(spec).size, np.int64)
+    if native_bytes // itemsize >= 2**31:
+        raise ValueError(f"weight space of {native_bytes // itemsize} elements; the int32 index map holds "
+                         "fewer than 2**31")
+    idx = np.empty(layout_of(spec).size, np.int32)
     for block in layout_of(spec).blocks:
         ids, part = _lin_ids(spec, block.name)
         rows = block.shape[0] // len(ids)
@@ -137,45 +177,113 @@ def to_canonical(native: Array, idx: Array) -> Array:
     return native[idx]
 
 
-# ---------------------------------------------------------------- zero-length rows (cuDNN fails on them)
+@dataclass(frozen=True, eq=False)
+class LayerMaps:
+    """The whole-stack weight space <-> one buffer holding every layer's own weight space (for running the
+    stack layer by layer, as inter-layer dropout needs), composed once per (spec, dtype):
+
+        stacked = whole[gather];  stacked[holes] = 0       # forward: ONE gather
+        whole_grad = stacked_grad[back]                    # backward: ONE gather; stacked_grad has one
+                                                           # extra zero element at the end, for whole's holes
+    Layer ``l``'s weight space is ``stacked[offsets[l]:offsets[l] + sizes[l]]`` (each start 256-byte aligned).
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    gather: Array     # int32 (size,)
+    holes: Array      # int32: positions of ``stacked`` no weight maps to
+    back: Array       # int32 (whole size,)
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1] + self.sizes[-1]
+
+    def to(self, xp: Any) -> LayerMaps:
+        return LayerMaps(self.offsets, self.sizes, xp.asarray(self.gather), xp.asarray(self.holes),
+                         xp.asarray(self.back))
+
+
+def layer_maps(spec: RNNSpec, whole_idx: np.ndarray, whole_size: int, layer_idx: list[np.ndarray],
+               layer_sizes: list[int], itemsize: int) -> LayerMaps:
+    """Compose the whole stack's index map with each layer's (host, int32; see :class:`LayerMaps`)."""
+    align = max(WEIGHT_ALIGN_BYTES // itemsize, 1)
+    offsets, cursor = [], 0
+    for size in layer_sizes:
+        offsets.append(cursor)
+        cursor = -(-(cursor + size) // align) * align
+    total = offsets[-1] + layer_sizes[-1]
+    gather, covered = np.zeros(total, np.int32), np.zeros(total, bool)
+    back = np.full(whole_size, total, np.int32)  # whole's holes read the extra zero element
+    layout, last = layout_of(spec), spec.num_directions - 1
+    for layer, (offset, idx) in enumerate(zip(offsets, layer_idx, strict=True)):
+        start, stop = layout.layer_direction_span(layer, 0)[0], layout.layer_direction_span(layer, last)[1]
+        dest, src = offset + idx, whole_idx[start:stop]
+        gather[dest], covered[dest], back[src] = src, True, dest
+    return LayerMaps(tuple(offsets), tuple(layer_sizes), gather, np.flatnonzero(~covered).astype(np.int32),
+                     back)
+
+
+# ---------------------------------------------------------------- padding and empty rows
 def stand_in_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Host int32 lengths for cuDNN: every 0 run as 1 (the stand-in step reads x = 0 at padding)."""
+    """Host int32 lengths for cuDNN: every 0 run as 1 (cuDNN has no empty sequences; see :class:`Rows`)."""
     return np.maximum(np.asarray(lengths), 1).astype(np.int32)
 
 
-def restore_forward(xp: Any, zero: Array, y: Array, h_n: Array, c_n: Array | None, h0: Array,
-                    c0: Array | None, batch_first: bool) -> None:
-    """In place: rows where ``zero`` (bool (B,)) get zero outputs and final states equal to the initial."""
-    y *= _row_keep(xp, zero, y.dtype, batch_first)
-    state_zero = xp.asarray(zero)[None, :, None]
-    h_n[...] = xp.where(state_zero, h0, h_n)
-    if c_n is not None:
-        c_n[...] = xp.where(state_zero, c0, c_n)
+@dataclass(frozen=True, eq=False)
+class Rows:
+    """Where a call's sequences have padding and empty rows, as device masks for ``xp.where``.
 
+    cuDNN runs an empty row as one step from a zero state on zero input (:func:`stand_in_lengths`), and
+    everything it reads or writes for that row, like everything at padding, is kept out of the results
+    with ``where``, never by multiplying (``inf * 0`` is NaN): the row's ``h0``/``c0`` and cotangents go in
+    as zeros; its outputs come back as zero, its final states as its initial ones, its ``dx`` as zero and
+    its ``dh0``/``dc0`` as ``dh_n``/``dc_n``; ``dy`` is zero at every padding position before cuDNN sees it
+    and ``dx`` is zero there after."""
 
-def mask_cotangents(xp: Any, zero: Array, dy: Array, dh_n: Array, dc_n: Array | None,
-                    batch_first: bool) -> tuple[Array, Array, Array | None]:
-    """New cotangents with zero-length rows zeroed, so the stand-in step adds exactly nothing to dW
-    (every product in its backward has a zero factor)."""
-    dy = dy * _row_keep(xp, zero, dy.dtype, batch_first)
-    keep_state = _row_keep(xp, zero, dh_n.dtype, batch_first=False)
-    dh = dh_n * keep_state
-    dc = None if dc_n is None else dc_n * keep_state
-    return dy, dh, dc
+    valid: Array | None   # (T, B, 1) / (B, T, 1) bool, True at t < len[b]; None without padding
+    empty: Array | None   # (1, B, 1) bool, True for rows of length 0; None without empty rows
 
+    @classmethod
+    def of(cls, xp: Any, lengths: np.ndarray, seq_len: int, batch_first: bool) -> Rows:
+        lengths = np.asarray(lengths)
+        valid = empty = None
+        if (lengths < seq_len).any():
+            mask = np.arange(seq_len)[:, None] < lengths[None, :]
+            valid = xp.asarray((mask.T if batch_first else mask)[:, :, None])
+        if (lengths == 0).any():
+            empty = xp.asarray((lengths == 0)[None, :, None])
+        return cls(valid, empty)
 
-def restore_backward(xp: Any, zero: Array, dx: Array, dh0: Array, dc0: Array | None, dh_n: Array,
-                     dc_n: Array | None, batch_first: bool) -> None:
-    """In place: zero-length rows get zero ``dx`` and ``dh0``/``dc0`` equal to ``dh_n``/``dc_n``."""
-    dx *= _row_keep(xp, zero, dx.dtype, batch_first)
-    state_zero = xp.asarray(zero)[None, :, None]
-    dh0[...] = xp.where(state_zero, dh_n, dh0)
-    if dc0 is not None:
-        dc0[...] = xp.where(state_zero, dc_n, dc0)
+    def states_in(self, xp: Any, h0: Array, c0: Array | None) -> tuple[Array, Array | None]:
+        """Initial states for cuDNN: zero for empty rows."""
+        return self._zero_empty(xp, h0), self._zero_empty(xp, c0)
 
+    def forward_out(self, xp: Any, y: Array, h_n: Array, c_n: Array | None, h0: Array,
+                    c0: Array | None) -> tuple[Array, Array, Array | None]:
+        """cuDNN's outputs with the contract restored for empty rows."""
+        if self.empty is None:
+            return y, h_n, c_n
+        y = xp.where(self.valid, y, 0).astype(y.dtype, copy=False)
+        h_n = xp.where(self.empty, h0, h_n)
+        return y, h_n, None if c_n is None else xp.where(self.empty, c0, c_n)
 
-def _row_keep(xp: Any, zero: Array, dtype: Any, batch_first: bool) -> Array:
-    """1 for rows with a length, 0 for zero-length rows, shaped to broadcast over ``(T, B, .)`` arrays
-    (``(B, T, .)`` with ``batch_first``; the states' ``(L*D, B, .)`` share the time-major shape)."""
-    keep = xp.asarray(~zero, dtype=dtype)
-    return keep[:, None, None] if batch_first else keep[None, :, None]
+    def cotangents_in(self, xp: Any, dy: Array, dh_n: Array, dc_n: Array | None):
+        """Cotangents for cuDNN: ``dy`` zero at padding, ``dh_n``/``dc_n`` zero for empty rows."""
+        if self.valid is not None:
+            dy = xp.where(self.valid, dy, 0).astype(dy.dtype, copy=False)
+        return dy, self._zero_empty(xp, dh_n), self._zero_empty(xp, dc_n)
+
+    def backward_out(self, xp: Any, dx: Array, dh0: Array, dc0: Array | None, dh_n: Array,
+                     dc_n: Array | None) -> tuple[Array, Array, Array | None]:
+        """cuDNN's gradients with ``dx`` zero at padding and the contract restored for empty rows."""
+        if self.valid is not None:
+            dx = xp.where(self.valid, dx, 0).astype(dx.dtype, copy=False)
+        if self.empty is None:
+            return dx, dh0, dc0
+        dh0 = xp.where(self.empty, dh_n, dh0)
+        return dx, dh0, None if dc0 is None else xp.where(self.empty, dc_n, dc0)
+
+    def _zero_empty(self, xp: Any, state: Array | None) -> Array | None:
+        if state is None or self.empty is None:
+            return state
+        return xp.where(self.empty, 0, state).astype(state.dtype, copy=False)

@@ -26,6 +26,7 @@ per-step launch cost against).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -65,15 +66,27 @@ class Device:
         return cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=a, sync=False)
 
     def launch(self, kernel: Callable, elements: int, *args: Any) -> None:
-        blocks, threads = ck.launch_shape(elements)
-        if self.stream is None:
-            kernel[blocks, threads](*args)
-        else:
-            kernel[blocks, threads, self.stream](*args)
+        """One launch covering ``elements`` threads, on the call's stream. A step has only ``B x H`` threads
+        by design, so numba-cuda's low-occupancy warning (any grid under 128 blocks) is off for it."""
+        shape = ck.launch_shape(elements)
+        with _no_low_occupancy_warning():
+            configured = kernel[shape] if self.stream is None else kernel[(*shape, self.stream)]
+        configured(*args)
 
     def dummy(self, dtype: Any, ndim: int) -> Any:
         """Stand-in for an absent array (same ndim, so one compiled signature per dtype)."""
         return self.wrap(self.xp.zeros((1,) * ndim, dtype=dtype))
+
+
+@contextlib.contextmanager
+def _no_low_occupancy_warning():
+    """numba-cuda's ``CUDA_LOW_OCCUPANCY_WARNINGS`` off while a launch is configured (where it warns)."""
+    saved = getattr(numba.config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0)
+    numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    try:
+        yield
+    finally:
+        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = saved
 
 
 def _steps(T: int, reverse: bool) -> range:

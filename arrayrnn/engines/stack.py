@@ -104,11 +104,13 @@ def previous_states(xp: ModuleType, seq: Array, init: Array, batch_sizes: np.nda
     ``t = len_b - 1``, i.e. rows ``[batch_sizes[t+1]:batch_sizes[t]]`` start at ``t``.
     """
     prev = xp.empty_like(seq)
+    edge = 0 if not reverse else -1
+    active = int(batch_sizes[edge])
+    prev[edge, :active] = init[:active]
+    prev[edge, active:] = 0  # rows idle at the edge step (length 0) never read init: it may be inf or NaN
     if not reverse:
-        prev[0] = init
         prev[1:] = seq[:-1]
         return prev
-    prev[-1] = init
     prev[:-1] = seq[1:]
     for t in np.flatnonzero(batch_sizes[1:] < batch_sizes[:-1]):
         start, stop = int(batch_sizes[t + 1]), int(batch_sizes[t])

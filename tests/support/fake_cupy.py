@@ -1,0 +1,413 @@
+"""A NumPy-backed stand-in for CuPy, so that the GPU engines' CuPy code runs on a machine without a GPU.
+
+``MODULE`` is a module named ``cupy``; :func:`installed` puts it in ``sys.modules["cupy"]`` for a while,
+so ``import cupy`` and ``arrayrnn.core.backend.get_xp`` find it. Its :class:`ndarray` behaves like
+``cupy.ndarray`` where that matters to a caller:
+
+- memory is host memory, and ``a.data.ptr`` is its address (0 for an empty array, like CuPy's pool), so
+  code that hands raw pointers to a library (cuDNN) hands working addresses; ``__cuda_array_interface__``
+  describes it (version 3);
+- it does not mix with NumPy arrays: a NumPy array in an arithmetic operation, a ufunc or a function of this
+  module is a ``TypeError``; ``np.asarray(a)`` is a ``TypeError`` (``.get()`` / ``cupy.asnumpy`` copy to the
+  host); ``a[...] = numpy_array`` with basic indexing is CuPy's ``ValueError``; NumPy arrays are accepted
+  where CuPy accepts them (``cupy.asarray``, ``cupy.array``, indices);
+- reductions and scalar indexing give 0-d arrays, not NumPy scalars;
+- floating ``empty`` / ``empty_like`` / ``ndarray(shape)`` are filled with NaN, like stale device memory, so
+  code that reads memory it never wrote sees garbage, not zeros.
+
+:func:`device_memory_covers` says whether ``[ptr, ptr + nbytes)`` lies inside one live array of this module
+(the dry run's check that a library is only ever handed "device" memory of the right size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+# -- memory ---------------------------------------------------------------------------------------
+_LIVE: dict[int, weakref.ref] = {}  # id of a root buffer -> the buffer (the "device allocations")
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _track(a: np.ndarray) -> None:
+    root = _root(a)
+    key = id(root)
+    if key not in _LIVE:
+        _LIVE[key] = weakref.ref(root, lambda _: _LIVE.pop(key, None))
+
+
+def device_memory_covers(ptr: int, nbytes: int) -> bool:
+    """Whether ``[ptr, ptr + nbytes)`` lies inside one live array of this module."""
+    if nbytes == 0:
+        return True
+    for ref in list(_LIVE.values()):
+        root = ref()
+        if root is not None and root.size:
+            start = root.__array_interface__["data"][0]
+            if start <= ptr and ptr + nbytes <= start + root.nbytes:
+                return True
+    return False
+
+
+def _poisoned(shape: Any, dtype: Any, order: str = "C") -> np.ndarray:
+    """Uninitialised memory: NaN for floating arrays, untouched for the rest (cuDNN's byte-typed work and
+    reserve spaces, tens of megabytes each, are scratch space nobody reads before writing)."""
+    out = np.empty(shape, dtype, order=order)
+    if out.dtype.kind in "fc":
+        out.fill(np.nan)
+    return out
+
+
+class MemoryPointer:
+    """What ``a.data`` is: ``.ptr``, the address of the array's first element."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+class Device:
+    """``cupy.cuda.Device``: one device, id 0; a context manager like CuPy's."""
+
+    def __init__(self, device: int | None = None):
+        self.id = 0 if device is None else int(device)
+        if self.id != 0:
+            raise ValueError(f"the CuPy stand-in has one device (0); got device = {device!r}")
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def use(self) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+class Stream:
+    """``cupy.cuda.Stream``: a made-up non-zero ``ptr``; ``with stream:`` makes it the current one."""
+
+    _next_ptr = 0x5000
+
+    def __init__(self, null: bool = False, non_blocking: bool = False):
+        if null:
+            self.ptr = 0
+        else:
+            Stream._next_ptr += 0x10
+            self.ptr = Stream._next_ptr
+
+    def __enter__(self) -> Stream:
+        _STREAMS.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _STREAMS.pop()
+
+    def synchronize(self) -> None:
+        return None
+
+
+_STREAMS = [Stream(null=True)]
+
+
+def get_current_stream() -> Stream:
+    return _STREAMS[-1]
+
+
+# -- arrays ---------------------------------------------------------------------------------------
+def _refuse_numpy(obj: Any) -> None:
+    if isinstance(obj, np.ndarray):
+        raise TypeError(f"Unsupported type {type(obj)}")
+
+
+def _unwrap(obj: Any) -> Any:
+    """NumPy arrays inside ``obj`` (device arrays unwrapped); host NumPy arrays are refused like CuPy."""
+    if isinstance(obj, ndarray):
+        return obj._a
+    _refuse_numpy(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unwrap(o) for o in obj)
+    return obj
+
+
+def _unwrap_index(key: Any) -> Any:
+    """An index: device arrays unwrapped; NumPy arrays accepted (CuPy converts them)."""
+    if isinstance(key, ndarray):
+        return key._a
+    if isinstance(key, tuple):
+        return tuple(_unwrap_index(k) for k in key)
+    return key
+
+
+def _wrap(obj: Any) -> Any:
+    """Results on the "device": arrays and NumPy scalars become :class:`ndarray` (0-d for scalars)."""
+    if isinstance(obj, np.ndarray):
+        return ndarray._of(obj)
+    if isinstance(obj, np.generic):
+        return ndarray._of(np.asarray(obj))
+    if isinstance(obj, tuple):
+        return tuple(_wrap(o) for o in obj)
+    if isinstance(obj, list):
+        return [_wrap(o) for o in obj]
+    return obj
+
+
+def _call(func: Callable, args: tuple, kwargs: dict) -> Any:
+    outs = kwargs.get("out")
+    result = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
+    if isinstance(outs, ndarray):
+        return outs
+    if isinstance(outs, tuple) and all(isinstance(o, ndarray) for o in outs):
+        return outs if len(outs) > 1 else outs[0]
+    return _wrap(result)
+
+
+def _binary(ufunc: np.ufunc, reflected: bool = False, inplace: bool = False) -> Callable:
+    def op(self: ndarray, other: Any) -> Any:
+        if inplace:
+            return _call(ufunc, (self, other), {"out": self})
+        return _call(ufunc, (other, self) if reflected else (self, other), {})
+
+    return op
+
+
+class ndarray:  # noqa: N801 - the name CuPy gives it
+    """A device array of the stand-in: a NumPy array it does not let mix with host arrays."""
+
+    __slots__ = ("_a", "__weakref__")
+    __array_priority__ = 100.0
+
+    def __init__(self, shape: Any, dtype: Any = float, order: str = "C"):
+        self._a = _poisoned(shape, dtype, order)
+        _track(self._a)
+
+    @classmethod
+    def _of(cls, a: np.ndarray) -> ndarray:
+        self = object.__new__(cls)
+        self._a = a
+        _track(a)
+        return self
+
+    # -- what CuPy exposes about memory ---------------------------------------------------------
+    @property
+    def data(self) -> MemoryPointer:
+        return MemoryPointer(self._a.__array_interface__["data"][0] if self._a.size else 0)
+
+    @property
+    def device(self) -> Device:
+        return Device(0)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        a = self._a
+        ptr = get_current_stream().ptr
+        return {"shape": a.shape, "typestr": a.dtype.str, "descr": [("", a.dtype.str)],
+                "data": (self.data.ptr, False), "version": 3,
+                "strides": None if a.flags.c_contiguous else a.strides, "stream": ptr or 1}
+
+    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None) -> np.ndarray:
+        """A host copy."""
+        if out is not None:
+            out[...] = self._a
+            return out
+        return np.array(self._a, order=order, copy=True)
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Copy a host array into this one."""
+        self._a[...] = arr
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+                        "construct a NumPy array explicitly.")
+
+    # -- NumPy protocols: device arrays only --------------------------------------------------
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        return _call(getattr(ufunc, method), inputs, kwargs)
+
+    def __array_function__(self, func: Callable, types: Any, args: tuple, kwargs: dict) -> Any:
+        return _call(func, args, kwargs)
+
+    # -- indexing -------------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Any:
+        return _wrap(self._a[_unwrap_index(key)])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        index = _unwrap_index(key)
+        if isinstance(value, np.ndarray) and value.ndim and not _advanced(index):
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        self._a[index] = value._a if isinstance(value, ndarray) else value
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (_wrap(row) for row in self._a)
+
+    # -- conversions CuPy allows (they synchronise) -------------------------------------------
+    def __bool__(self) -> bool:
+        return bool(self._a)
+
+    def __float__(self) -> float:
+        return float(self._a)
+
+    def __int__(self) -> int:
+        return int(self._a)
+
+    def __repr__(self) -> str:
+        return repr(self._a)
+
+    def __str__(self) -> str:
+        return str(self._a)
+
+    # -- everything else: NumPy's methods and attributes, results on the device -----------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # never NumPy's own protocols (__array_interface__ would let NumPy in)
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            result = _call(attr, args, kwargs)
+            return self if isinstance(result, ndarray) and result._a is self._a else result
+
+        return method
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _advanced(index: Any) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, (np.ndarray, list)) for p in parts)
+
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
+           "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "matmul": np.matmul,
+           "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor, "lshift": np.left_shift,
+           "rshift": np.right_shift}
+for _name, _ufunc in _BINARY.items():
+    setattr(ndarray, f"__{_name}__", _binary(_ufunc))
+    setattr(ndarray, f"__r{_name}__", _binary(_ufunc, reflected=True))
+    setattr(ndarray, f"__i{_name}__", _binary(_ufunc, inplace=True))
+for _name, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+                      "eq": np.equal, "ne": np.not_equal}.items():
+    setattr(ndarray, f"__{_name}__", _binary(_ufunc))
+_UNARY = {"neg": np.negative, "pos": np.positive, "abs": np.absolute, "invert": np.invert}
+for _name, _ufunc in _UNARY.items():
+    setattr(ndarray, f"__{_name}__", lambda self, _u=_ufunc: _call(_u, (self,), {}))
+ndarray.__module__ = "cupy"
+
+
+# -- module functions -----------------------------------------------------------------------------
+def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
+    if isinstance(a, ndarray):
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    return ndarray._of(np.array(a, dtype=dtype, order=order or "K", copy=True))  # host -> device copy
+
+
+def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0) -> ndarray:
+    if isinstance(obj, ndarray):
+        if not copy and (dtype is None or np.dtype(dtype) == obj.dtype):
+            return obj
+        return ndarray._of(np.array(obj._a, dtype=dtype, order=order, copy=True, ndmin=ndmin))
+    return ndarray._of(np.array(obj, dtype=dtype, order=order, copy=True, ndmin=ndmin))
+
+
+def asnumpy(a: Any, stream: Any = None, order: str = "C") -> np.ndarray:
+    return a.get(order=order) if isinstance(a, ndarray) else np.asarray(a, order=order)
+
+
+def get_array_module(*args: Any) -> types.ModuleType:
+    return MODULE if any(isinstance(a, ndarray) for a in args) else np
+
+
+def empty(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
+    return ndarray(shape, dtype, order)
+
+
+def empty_like(a: ndarray, dtype: Any = None, order: str = "K", shape: Any = None) -> ndarray:
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    return ndarray(a.shape if shape is None else shape, a.dtype if dtype is None else dtype)
+
+
+def _numpy_function(name: str) -> Callable:
+    func = getattr(np, name)
+
+    def device_function(*args: Any, **kwargs: Any) -> Any:
+        return _call(func, args, kwargs)
+
+    device_function.__name__ = name
+    return device_function
+
+
+class _Runtime(types.SimpleNamespace):
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    @staticmethod
+    def getDeviceCount() -> int:  # noqa: N802 - CuPy's name
+        return 1
+
+
+class _Testing(types.SimpleNamespace):
+    @staticmethod
+    def assert_allclose(actual: Any, desired: Any, **kw: Any) -> None:
+        np.testing.assert_allclose(asnumpy(actual), asnumpy(desired), **kw)
+
+    @staticmethod
+    def assert_array_equal(actual: Any, desired: Any, **kw: Any) -> None:
+        np.testing.assert_array_equal(asnumpy(actual), asnumpy(desired), **kw)
+
+
+class _CupyModule(types.ModuleType):
+    """``cupy``: the functions above, and every other NumPy function working on device arrays only."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(np, name)
+        if isinstance(attr, type) or not callable(attr):
+            return attr  # dtypes (cupy.float32 is numpy.float32), constants
+        return _numpy_function(name)
+
+
+MODULE = _CupyModule("cupy", "A NumPy-backed stand-in for CuPy (tests/support/fake_cupy.py).")
+MODULE.__version__ = "0+numpy-stand-in"
+MODULE.ndarray = ndarray
+for _func in (asarray, array, asnumpy, get_array_module, empty, empty_like):
+    setattr(MODULE, _func.__name__, _func)
+MODULE.cuda = types.SimpleNamespace(Device=Device, Stream=Stream, get_current_stream=get_current_stream,
+                                    runtime=_Runtime(), MemoryPointer=MemoryPointer)
+MODULE.testing = _Testing()
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[types.ModuleType]:
+    """``sys.modules["cupy"]`` is the stand-in inside the block (and ``arrayrnn``'s backend sees it)."""
+    from arrayrnn.core import backend
+
+    saved = sys.modules.get("cupy")
+    sys.modules["cupy"] = MODULE
+    backend.cupy_module.cache_clear()
+    try:
+        yield MODULE
+    finally:
+        if saved is None:
+            sys.modules.pop("cupy", None)
+        else:
+            sys.modules["cupy"] = saved
+        backend.cupy_module.cache_clear()

@@ -1,0 +1,44 @@
+"""bench/bench_gpu.py's CPU-checkable parts: which rows it measures and how it pins TF32 (the benchmark itself
+needs a GPU; `.ci/gpu` runs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from arrayrnn.engines import cudnn_format
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_gpu.py"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_like_for_like_rows_pin_tf32_off_on_both_sides_and_tf32_rows_allow_it(bench):
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
+    for tf32 in (False, True):
+        with bench.precision(tf32=tf32):
+            assert torch.backends.cudnn.allow_tf32 is tf32 and torch.backends.cuda.matmul.allow_tf32 is tf32
+            assert cudnn_format.allow_tf32 is tf32
+    assert torch.backends.cudnn.allow_tf32 is True and cudnn_format.allow_tf32 is False  # restored
+
+
+def test_tf32_rows_are_separate_and_cudnn_only(bench):
+    for quick in (False, True):
+        rows = bench.plan(quick)
+        fp32 = [r for r in rows if r[3] == "fp32"]
+        tf32 = [r for r in rows if r[3] == "tf32"]
+        assert {r[0] for r in fp32} == {"cudnn", "cupy"} and {r[0] for r in tf32} == {"cudnn"}
+        assert {(r[1], r[2]) for r in tf32} <= {(r[1], r[2]) for r in fp32}
+    assert {r[2] for r in bench.plan(True)} == {"S1", "S1-B256", "S3", "S3-B256"}
+    assert {r[2] for r in bench.plan(True) if r[3] == "tf32"} == {"S1", "S1-B256"}

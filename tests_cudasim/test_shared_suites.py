@@ -1,0 +1,44 @@
+"""The shared engine-parametrized suites of ``tests/`` on the cupy engine, end to end on CPU.
+
+The same test bodies as ``tests/test_rnn_semantics.py``, ``test_rnn_gradcheck.py``,
+``test_rnn_properties.py`` and the engine-parametrized test of ``test_engine_seam.py``, collected here again
+with this directory's ``engine`` fixture: ``engine="cupy"`` through the public ``rnn_forward`` /
+``rnn_backward`` on CuPy stand-in arrays (tests/support/fake_cupy.py), so the engine's CuPy branch runs —
+``CupyEngine.check``, wrapping buffers through ``__cuda_array_interface__`` without synchronisation, the
+launches on CuPy's current stream, cuBLAS-side ``matmul(out=)`` — with its kernels in numba's simulator
+(tests/support/cupy_sim.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from support import cupy_sim
+from support.rnn_cases import forward_backward, host, make_case
+from test_engine_seam import (  # noqa: F401 - collected here with this directory's engine fixture
+    permuted,
+    test_dropout_masks_are_the_same_on_a_whole_stack_engine_and_the_driver,
+)
+from test_rnn_gradcheck import test_central_differences  # noqa: F401
+from test_rnn_properties import (  # noqa: F401
+    test_chunks_equal_whole_sequence,
+    test_rows_are_independent,
+    test_zero_length_rows_pass_state_through,
+)
+from test_rnn_semantics import *  # noqa: F403 - every test of the suite
+
+from arrayrnn import RNNSpec
+
+
+def test_the_cupy_branch_ran_on_cupys_current_stream(engine):
+    """Inside a non-default CuPy stream every launch goes to that stream (external_stream), and the
+    results are CuPy arrays; outside, no external stream is made."""
+    spec = RNNSpec(mode="gru", input_size=3, hidden_size=4, bidirectional=True, dtype="float64")
+    case = make_case(spec, 4, 3, lengths="zeros")
+    cupy_sim.STREAMS.clear()
+    forward_backward(case, engine)
+    assert cupy_sim.STREAMS == []
+    with engine.xp.cuda.Stream() as stream:
+        res, g = forward_backward(case, engine)
+    assert set(cupy_sim.STREAMS) == {stream.ptr}
+    assert isinstance(res.y, engine.xp.ndarray) and isinstance(g.dparams.data, engine.xp.ndarray)
+    assert np.isfinite(host(g.dx)).all()
