@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 from support.cudnn import requires_cudnn
 from support.cudnn_cases import GRID, check
@@ -158,3 +159,16 @@ def test_auto_does_not_pick_cudnn_where_libcudnn_cannot_load(cp, monkeypatch):
     with pytest.raises(ar.EngineUnavailableError, match=r"engine = 'cudnn' cannot run this call: libcudnn "
                                                         r"cannot be loaded \(no libcudnn.so.9 here\)"):
         select_engine("cudnn", call)
+
+
+def test_layer_to_format_converts_the_layer_in_place(cp):
+    layer = ar.nn.LSTM(3, 4, num_layers=2, bidirectional=True, xp=cp, dtype="float64")
+    canonical = layer.params
+    assert layer.to_format("canonical") is layer and layer.params is canonical
+    x = cp.asarray(np.random.default_rng(0).standard_normal((6, 2, 3)))
+    want = ar.rnn_forward(canonical, x, engine="reference").y
+    assert layer.to_format("cudnn") is layer
+    assert layer.params.format == "cudnn"  # cuDNN's order: every layer's matrices first, then the biases
+    assert not np.array_equal(layer.params.data.get()[:canonical.size], canonical.data.get())
+    np.testing.assert_array_equal(layer.params.to_format("canonical").data.get(), canonical.data.get())
+    np.testing.assert_allclose(layer(x)[0].get(), want.get(), rtol=1e-12, atol=1e-14)

@@ -320,7 +320,8 @@ def test_gpu_adam_step_on_cudnn_format_equals_canonical() -> None:
     cupy.testing.assert_array_equal(native.to_format("canonical").data, canonical.data)
 
 
-def test_layer_to_format_converts_in_place() -> None:
+def test_layer_to_format_refuses_cudnn_without_cupy() -> None:
+    """The conversion itself: test_cudnn_dry_run.py::test_layer_to_format_converts_the_layer_in_place."""
     layer = ar.nn.LSTM(3, 4, dtype="float64")
     before = layer.params
     assert layer.to_format("canonical") is layer and layer.params is before

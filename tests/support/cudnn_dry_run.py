@@ -31,8 +31,10 @@ import faulthandler
 import importlib.util
 import os
 import pickle
+import select
 import signal
 import sys
+import time
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -90,6 +92,24 @@ class FakeHandle(int):
 
 
 # -- running cuDNN in a forked child --------------------------------------------------------------------
+CHILD_TIMEOUT_S = 60.0  # a child answers in milliseconds; a hang (a lock held at fork time) must not hang CI
+
+
+def _read_until(fd: int, pid: int, timeout: float) -> bytes | None:
+    """Everything the child writes to ``fd`` until it closes it, or ``None`` (child killed) on timeout."""
+    chunks, deadline = [], time.monotonic() + timeout
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while True:
+            ready, _, _ = select.select([pipe], [], [], max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                return None
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
 def in_child(fn: Callable[[], Any]) -> tuple:
     """``fn()`` in a forked child: ``("ok", value)``, ``("cudnn", status, detail)``, ``("error", text)`` or
     ``("signal", number)``."""
@@ -109,9 +129,11 @@ def in_child(fn: Callable[[], Any]) -> tuple:
             pipe.write(pickle.dumps(outcome))
         os._exit(0)
     os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
+    data = _read_until(read, pid, CHILD_TIMEOUT_S)
     _, status = os.waitpid(pid, 0)
+    if data is None:
+        return ("error", f"the child did not answer within {CHILD_TIMEOUT_S} s and was killed (a fork of "
+                         "a multithreaded process may deadlock); rerun the test alone")
     if os.WIFSIGNALED(status):
         return ("signal", os.WTERMSIG(status))
     return pickle.loads(data) if data else ("error", f"the child exited with status {status} and no result")
