@@ -91,14 +91,6 @@ def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def _host_lengths(lengths: Any) -> np.ndarray | None:
-    if lengths is None:
-        return None
-    if isinstance(lengths, torch.Tensor):
-        return ar.as_array(lengths.detach().cpu(), "lengths")
-    return lengths
-
-
 def _draw_seed(training: bool, dropout: float, num_layers: int, seed: int | None) -> int | None:
     if seed is not None or not training or dropout == 0.0 or num_layers == 1:
         return seed
@@ -268,22 +260,30 @@ class _FlatWeights:
         dtype = x.dtype
         compute = _compute_dtype(dtype, x.device)
         p = float(self.dropout)
-        spec = self._spec(str(compute).removeprefix("torch."), p if p < 1 else 0.0)
-        weights = self._weights()
-        if compute == dtype and self._in_one_buffer(weights):
-            inputs, split = weights, _split_of(spec)
-        else:  # re-parametrised weights, or a computation in float32: one concatenation per call
-            inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
         seed = _draw_seed(self.training, p, self.num_layers, None)
-        opts = _ForwardOptions(spec, _host_lengths(lengths), self.batch_first, self.training, seed, "auto",
-                               split, drop_all=p == 1)
-        cast = (lambda t: t.to(compute) if t is not None else None)
-        with _as_torch_errors():
-            y, h_n, c_n = torch_call.run(opts, cast(x), cast(h0), cast(c0), inputs)
-        if compute != dtype:
-            y, h_n = y.to(dtype), h_n.to(dtype)
-            c_n = c_n.to(dtype) if c_n is not None else None
-        return y, h_n, c_n
+        weights, has_cell = self._weights(), self.mode == "LSTM"
+        states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
+        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
+            options = torch_call.options_text(self._spec_dict(p), str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, seed, "auto", per_weight=True)
+            outputs = torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
+                                              lengths)
+        else:
+            spec = self._spec(str(compute).removeprefix("torch."), p if p < 1 else 0.0)
+            if compute == dtype and self._in_one_buffer(weights):
+                inputs, split = weights, _split_of(spec)
+            else:  # re-parametrised weights, or a computation in float32: one concatenation per call
+                inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
+            opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
+                                   drop_all=p == 1)
+            with _as_torch_errors():
+                outputs = torch_call.run(opts, *states, inputs, lengths)
+        return tuple(t.to(dtype) if t is not None else None for t in outputs)
+
+    def _spec_dict(self, dropout: float) -> dict[str, Any]:
+        return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size, "hidden_size": self.hidden_size,
+                "num_layers": self.num_layers, "bias": self.bias, "bidirectional": self.bidirectional,
+                "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0}
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._flat_weights_names]
@@ -310,17 +310,76 @@ class _FlatWeights:
         return first.as_strided((total,), (1,), first.storage_offset())
 
 
-class LSTM(_FlatWeights, torch.nn.LSTM):
-    """``torch.nn.LSTM`` on arrayrnn's fused engines; weights are views of one flat buffer."""
+class LSTM(_FlatWeights, torch.nn.RNNBase):
+    """``torch.nn.LSTM`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+
+    ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0, device=None, dtype=None)``, positionally or by keyword, exactly as
+    ``nn.LSTM`` (both are ``nn.RNNBase``; ``isinstance(m, nn.LSTM)`` is False so that ``torch.compile``
+    traces the module, which it refuses to do for ``nn.LSTM`` and its subclasses).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__("LSTM", *args, **kwargs)
+
+    def get_expected_cell_size(self, input: torch.Tensor, batch_sizes: torch.Tensor | None) -> tuple[int, ...]:
+        """``(num_layers * num_directions, batch, hidden_size)``, the shape of ``c_0`` (as nn.LSTM)."""
+        batch = int(batch_sizes[0]) if batch_sizes is not None else input.size(0 if self.batch_first else 1)
+        return (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
+
+    def check_forward_args(self, input: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor],
+                           batch_sizes: torch.Tensor | None) -> None:
+        """nn.LSTM's check of ``input`` and ``(h_0, c_0)``."""
+        self.check_input(input, batch_sizes)
+        self.check_hidden_size(hidden[0], self.get_expected_hidden_size(input, batch_sizes),
+                               "Expected hidden[0] size {}, got {}")
+        self.check_hidden_size(hidden[1], self.get_expected_cell_size(input, batch_sizes),
+                               "Expected hidden[1] size {}, got {}")
+
+    def permute_hidden(self, hx: tuple[torch.Tensor, torch.Tensor],
+                       permutation: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if permutation is None:
+            return hx
+        return hx[0].index_select(1, permutation), hx[1].index_select(1, permutation)
 
 
-class GRU(_FlatWeights, torch.nn.GRU):
-    """``torch.nn.GRU`` on arrayrnn's fused engines; weights are views of one flat buffer."""
+class GRU(_FlatWeights, torch.nn.RNNBase):
+    """``torch.nn.GRU`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+
+    ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, device=None, dtype=None)``, exactly as ``nn.GRU`` (``proj_size`` is its
+    ``ValueError``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        _refuse_projection(kwargs)
+        super().__init__("GRU", *args, **kwargs)
 
 
-class RNN(_FlatWeights, torch.nn.RNN):
-    """``torch.nn.RNN`` (``nonlinearity`` ``"tanh"`` or ``"relu"``) on arrayrnn's fused engines; weights are
-    views of one flat buffer."""
+class RNN(_FlatWeights, torch.nn.RNNBase):
+    """``torch.nn.RNN`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+
+    ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+    dropout=0.0, bidirectional=False, device=None, dtype=None)``, exactly as ``nn.RNN`` (the fourth
+    positional argument is ``nonlinearity``, ``"tanh"`` or ``"relu"``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        _refuse_projection(kwargs)
+        if len(args) > 3:
+            nonlinearity, args = args[3], args[:3] + args[4:]
+        else:
+            nonlinearity = kwargs.pop("nonlinearity", "tanh")
+        modes = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}
+        if nonlinearity not in modes:
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
+        self.nonlinearity = nonlinearity
+        super().__init__(modes[nonlinearity], *args, **kwargs)
+
+
+def _refuse_projection(kwargs: dict[str, Any]) -> None:
+    if "proj_size" in kwargs:
+        raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
 
 
 @functools.lru_cache(maxsize=64)
@@ -330,9 +389,7 @@ def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias
                       bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout, dtype=dtype)
 
 
-@functools.lru_cache(maxsize=64)
-def _split_of(spec: ar.RNNSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    return tuple((b.offset, b.shape) for b in ar.layout_of(spec).blocks)
+_split_of = functools.lru_cache(maxsize=64)(torch_call._split_of)
 
 
 # -- ArrayRNN: one flat Parameter -------------------------------------------------------------------------
@@ -363,6 +420,7 @@ class ArrayRNN(torch.nn.Module):
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         host = ar.PackedParams.init(spec, seed=seed).data
         self._spec = spec
+        self._spec_fields = spec.to_dict()  # what a torch.compile trace reads (no dataclass work there)
         self.batch_first = bool(batch_first)
         self.flat = torch.nn.Parameter(torch.from_numpy(host).to(device))
 
@@ -423,17 +481,21 @@ class ArrayRNN(torch.nn.Module):
             if value is not None and value.dtype != self.flat.dtype:
                 raise InputTypeError(f"{name} has dtype {value.dtype}; expected the module's dtype "
                                      f"{self.flat.dtype} (convert with {name}.to({self.flat.dtype}))")
-        spec = self.spec
-        compute = getattr(torch, spec.dtype)
+        compute = _compute_dtype(self.flat.dtype, self.flat.device)
         if x.dim() == 3 and x.shape[1 if self.batch_first else 0] == 0:
             raise InputError(f"x has shape {tuple(x.shape)}: T = 0 steps; expected at least one step")
-        opts = _ForwardOptions(spec, _host_lengths(lengths), self.batch_first, self.training,
-                               _draw_seed(self.training, spec.dropout, spec.num_layers, seed), engine)
-        cast = (lambda t: t.to(compute) if t is not None else None)
-        with _as_torch_errors():
-            y, h_n, c_n = torch_call.run(opts, cast(x), cast(h0), cast(c0), (cast(self.flat),))
-        dtype = self.flat.dtype
-        return y.to(dtype), h_n.to(dtype), (c_n.to(dtype) if c_n is not None else None)
+        seed = _draw_seed(self.training, self._spec.dropout, self._spec.num_layers, seed)
+        states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
+        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
+            options = torch_call.options_text(self._spec_fields, str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, seed, engine, per_weight=False)
+            outputs = torch_call.run_compiled(options, self._spec.has_cell, *states, [self.flat.to(compute)],
+                                              lengths)
+        else:
+            opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
+            with _as_torch_errors():
+                outputs = torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
+        return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if hx is None:

@@ -49,7 +49,7 @@ class _ForwardOptions:
     """
 
     spec: ar.RNNSpec
-    lengths: np.ndarray | None
+    lengths: np.ndarray | None  # host int64 (B,); set by run()
     batch_first: bool
     training: bool
     seed: int | None
@@ -59,17 +59,25 @@ class _ForwardOptions:
 
 
 def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
-        weights: Sequence[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor | None]:
-    """``(y, h_n, c_n)`` for ``x`` (3-D, the computation's dtype) through the stack ``opts.spec``."""
+        weights: Sequence[_Tensor], lengths: Any = None) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+    """``(y, h_n, c_n)`` for ``x`` (3-D, the computation's dtype) through the stack ``opts.spec``.
+
+    ``lengths``: per-row lengths ``(B,)`` (a tensor, a sequence or an array) or None.
+    """
     if torch.onnx.is_in_onnx_export():
         from . import torch_onnx
 
-        return torch_onnx.emit(opts, x, h0, c0, flat_of(opts, weights))
+        return torch_onnx.emit(opts, x, h0, c0, flat_of(opts, weights), lengths)
+    opts = dataclasses.replace(opts, lengths=_host_lengths(lengths))
     if _needs_torch_ops(opts, x):
         return _torch_ops_forward(opts, x, h0, c0, weights)
-    if torch.compiler.is_compiling():
-        return _custom_op_forward(opts, x, h0, c0, weights)
     return _RNNFunction.apply(opts, x, h0, c0, *weights)
+
+
+def _host_lengths(lengths: Any) -> np.ndarray | None:
+    if isinstance(lengths, torch.Tensor):
+        return ar.as_array(lengths.detach().cpu(), "lengths")
+    return lengths
 
 
 def _needs_torch_ops(opts: _ForwardOptions, x: _Tensor) -> bool:
@@ -196,14 +204,39 @@ def differentiable_grads(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, 
 
 
 # -- torch.compile / torch.export: the custom ops ------------------------------------------------------
-def _custom_op_forward(opts: _ForwardOptions, x, h0, c0, weights):
-    lengths = torch.as_tensor(opts.lengths) if opts.lengths is not None else None
-    y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, _encode(opts))
-    return y, h_n, (c_n if opts.spec.has_cell else None)
+def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
+                 weights: Sequence[_Tensor], lengths: Any = None) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+    """:func:`run` while ``torch.compile`` / ``torch.export`` trace: the custom op ``arrayrnn::rnn``.
+
+    ``options``: :func:`options_text` (a compile-time constant, so the tracer needs no spec object).
+    """
+    if torch.onnx.is_in_onnx_export():
+        from . import torch_onnx
+
+        opts = _decode(options, None)
+        return torch_onnx.emit(opts, x, h0, c0, flat_of(opts, weights), lengths)
+    lengths = torch.as_tensor(lengths, device="cpu") if lengths is not None else None
+    y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, options)
+    return y, h_n, (c_n if has_cell else None)
+
+
+@torch.compiler.assume_constant_result
+def options_text(spec: dict, dtype: str, batch_first: bool, training: bool, seed: int | None, engine: str,
+                 per_weight: bool) -> str:
+    """The options of a call as the custom ops' one string argument (a custom op takes no Python objects):
+    ``spec`` as :meth:`arrayrnn.RNNSpec.to_dict`, computed in ``dtype``; ``per_weight``: the weights come
+    one per block (else as the one flat buffer)."""
+    spec = ar.RNNSpec.from_dict({**spec, "dtype": dtype})
+    split = _split_of(spec) if per_weight else None
+    return _encode(_ForwardOptions(spec, None, batch_first, training, seed, engine, split))
+
+
+def _split_of(spec: ar.RNNSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Offset and shape of every block of ``spec`` in the flat buffer (the weight inputs' ``split``)."""
+    return tuple((b.offset, b.shape) for b in ar.layout_of(spec).blocks)
 
 
 def _encode(opts: _ForwardOptions) -> str:
-    """The options as the custom ops' one string argument (a custom op takes no Python objects)."""
     return json.dumps({"spec": opts.spec.to_dict(), "batch_first": opts.batch_first,
                        "training": opts.training, "seed": opts.seed, "engine": opts.engine,
                        "split": opts.split})
@@ -249,7 +282,7 @@ def _op_backward(ctx, dy, dh_n, dc_n):
     x, h0, c0, lengths, *weights = ctx.saved_tensors
     needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2],
              *([ctx.needs_input_grad[3]] * ctx.n_weights))
-    opts = _decode(ctx.options, lengths)
+    opts = dataclasses.replace(_decode(ctx.options, None), lengths=lengths)  # a tensor: maybe a fake one
     if torch.is_grad_enabled():
         grads = differentiable_grads(opts, x, h0, c0, weights, (dy, dh_n, dc_n if opts.spec.has_cell else None),
                                      needs)
