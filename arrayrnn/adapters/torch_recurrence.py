@@ -45,7 +45,7 @@ def run(spec: ar.RNNSpec, flat: _Tensor, x: _Tensor, lengths: _Tensor | None, h0
     if batch_first:
         x = x.transpose(0, 1)
     T, B = x.shape[0], x.shape[1]
-    views = _block_views(spec, flat)
+    views = block_views(spec, flat)
     valid = _valid_steps(lengths, T, B, x.device)
     h0 = h0 if h0 is not None else x.new_zeros(spec.state_shape(B))
     if spec.has_cell and c0 is None:
@@ -67,7 +67,7 @@ def run(spec: ar.RNNSpec, flat: _Tensor, x: _Tensor, lengths: _Tensor | None, h0
     return y, torch.stack(h_n), (torch.stack(c_n) if spec.has_cell else None)
 
 
-def _block_views(spec: ar.RNNSpec, flat: _Tensor) -> dict[tuple[int, int, str], _Tensor]:
+def block_views(spec: ar.RNNSpec, flat: _Tensor) -> dict[tuple[int, int, str], _Tensor]:
     return {(b.layer, b.direction, b.name): flat[b.offset:b.stop].view(b.shape)
             for b in ar.layout_of(spec).blocks}
 
