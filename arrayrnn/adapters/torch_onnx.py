@@ -5,8 +5,10 @@ operator per layer through :func:`torch.onnx.ops.symbolic_multi_out` (the export
 place an ONNX operator in the graph) instead of running the engines. Its ``W`` / ``R`` / ``B`` inputs are
 torch operations on the module's weights (the gate reordering of :func:`arrayrnn.onnx.layer_weights`,
 folded into initializers by the exporter's optimizer); per-row lengths become ``sequence_lens``. The
-graph is the one :func:`arrayrnn.onnx.build_model` writes, so the same limits hold (no projection, no
-cell clipping: ``ValueError``). Inference only: a module in training mode exports without dropout.
+graph is the one :func:`arrayrnn.onnx.build_model` writes. What ONNX's operators cannot express (an LSTM
+projection, cell clipping) is exported as the recurrence in elementary operators instead
+(:mod:`.torch_recurrence`, unrolled over the traced sequence length). Inference only: a module in
+training mode exports without dropout.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from . import onnx as onnx_graph
 from .torch_call import _ForwardOptions
+from . import torch_recurrence
 from .torch_recurrence import block_views
 
 _Tensor = torch.Tensor
@@ -26,7 +29,11 @@ def emit(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | No
          lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
     """``(y, h_n, c_n)`` as ONNX operators over ``x`` (3-D) and the canonical weights ``flat``."""
     spec = opts.spec
-    onnx_graph.check_exportable(spec)
+    try:
+        onnx_graph.check_exportable(spec)
+    except ValueError:
+        lengths = torch.as_tensor(lengths) if lengths is not None else None
+        return torch_recurrence.run(spec, flat, x, lengths, h0, c0, opts.batch_first)
     if opts.batch_first:
         x = x.transpose(0, 1)
     T, B = x.shape[0], x.shape[1]
