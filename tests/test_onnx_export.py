@@ -60,7 +60,8 @@ def test_gate_rows_take_our_order_to_onnxs():
     assert ar_onnx.gate_rows(spec.replace(mode="gru")).tolist() == [2, 3, 0, 1, 4, 5]  # z, r, n(h)
 
 
-@pytest.mark.parametrize("spec_kw, match", [({"proj_size": 2}, "proj_size = 2"), ({"cell_clip": 3.0}, "cell_clip")])
+@pytest.mark.parametrize("spec_kw, match", [({"proj_size": 2}, "proj_size = 2"),
+                                             ({"cell_clip": 3.0}, "cell_clip")])
 def test_unexportable_stacks_are_a_clear_value_error(spec_kw, match, tmp_path):
     params = ar.PackedParams.init(ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, **spec_kw))
     with pytest.raises(ValueError, match=match):

@@ -52,7 +52,8 @@ def assert_one_buffer(tensors, layout_size):
                                          ("GRU", {"bias": False}), ("RNN", {"nonlinearity": "relu"})])
 def test_weights_are_views_of_one_buffer_like_torchs_parameters(mode, kwargs):
     ours, theirs = pair(mode, 3, 4, **kwargs)
-    assert [(n, p.shape) for n, p in ours.named_parameters()] == [(n, p.shape) for n, p in theirs.named_parameters()]
+    names = [[(n, p.shape) for n, p in m.named_parameters()] for m in (ours, theirs)]
+    assert names[0] == names[1]
     for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         assert torch.equal(a, b)  # same initialisation, bit for bit
     params = ar.from_torch(ours)
@@ -115,7 +116,7 @@ def test_to_double_and_deepcopy_keep_one_buffer():
     torch.testing.assert_close(clone(x)[0], theirs.double()(x)[0])
 
 
-# -- torch's utilities on the weights -------------------------------------------------------------------------
+# -- torch's utilities on the weights ------------------------------------------------------------------
 def _same_training_step(ours, theirs, x, weights_of=lambda m: list(m.parameters())):  # noqa: B008
     for module in (ours, theirs):
         y, _ = module(x)
@@ -172,7 +173,8 @@ def test_optimizer_parameter_groups_no_decay_on_biases_equal_torch():
     x, target = torch.randn(6, 2, 3), torch.randn(6, 2, 5)
     for module in (ours, theirs):
         groups = [{"params": [p for n, p in module.named_parameters() if n.startswith("weight")]},
-                  {"params": [p for n, p in module.named_parameters() if n.startswith("bias")], "weight_decay": 0}]
+                  {"params": [p for n, p in module.named_parameters() if n.startswith("bias")],
+                   "weight_decay": 0}]
         assert len(groups[1]["params"]) == 4
         opt = torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1)
         for _ in range(3):
@@ -238,7 +240,7 @@ def test_meta_device_gives_torchs_shapes():
     assert (y1.shape, h1.shape, c1.shape) == (y2.shape, h2.shape, c2.shape) and y1.device.type == "meta"
 
 
-# -- double backward ------------------------------------------------------------------------------------------
+# -- double backward ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode,kwargs", [
     ("LSTM", {"num_layers": 2, "bidirectional": True}),
     ("LSTM", {"proj_size": 2, "batch_first": True}),
@@ -266,7 +268,7 @@ def test_gradgradcheck_float64_every_mode(mode, kwargs):
     assert torch.autograd.gradgradcheck(fn, (x, h0, *weights), eps=1e-6, atol=1e-5)
 
 
-# -- errors ---------------------------------------------------------------------------------------------------
+# -- errors ------------------------------------------------------------------------------------------
 def test_error_types_serve_pytorch_and_arrayrnn_callers():
     assert issubclass(InputError, RuntimeError) and issubclass(InputError, ValueError)
     assert issubclass(InputTypeError, RuntimeError) and issubclass(InputTypeError, TypeError)
@@ -295,7 +297,7 @@ def test_error_types_serve_pytorch_and_arrayrnn_callers():
 
 
 
-# -- save / load, compile, export -----------------------------------------------------------------------------
+# -- save / load, compile, export ------------------------------------------------------------------------
 def test_torch_load_weights_only_then_flatten_parameters():
     ours, _ = pair("LSTM", 3, 4, num_layers=2)
     buffer = io.BytesIO()

@@ -151,7 +151,7 @@ def test_projections_errors_on_gru_and_rnn():
             cls(30, 20, 2, proj_size=10)
 
 
-# -- test_RNN_cpu_vs_cudnn_*: nn.* on CPU (the oracle) against ours, float64, 258 configurations --------------
+# -- test_RNN_cpu_vs_cudnn_*: nn.* on CPU (the oracle) against ours, float64, 258 configurations -----
 def _forward_backward(module, x_val, grad_y, weights, h_val, grad_h, c_val=None, grad_c=None):
     lstm = module.mode == "LSTM"
     with torch.no_grad():
@@ -198,9 +198,8 @@ def _cpu_vs_ours(dropout):
     I, H, P, L, T, B = 10, 6, 3, 2, 7, 6
     dtype = torch.float64
 
-    def pair(make):
-        theirs, ours = make(THEIRS), make(OURS)
-        return theirs, ours
+    def pair(mode, *args, **kwargs):
+        return THEIRS[mode](*args, **kwargs).to(dtype), OURS[mode](*args, **kwargs).to(dtype)
 
     def run(modules, x, grad_y, h, grad_h, c=None, grad_c=None):
         theirs, ours = modules
@@ -221,17 +220,16 @@ def _cpu_vs_ours(dropout):
             lengths = torch.tensor(lengths) if lens_tensor else lengths
             x = rnn_utils.pack_padded_sequence(x, lengths, batch_first=batch_first)
             grad_y = rnn_utils.pack_padded_sequence(grad_y, lengths, batch_first=batch_first).data
-        modules = pair(lambda classes: classes[mode](I, H, L, bias=bias, dropout=dropout, bidirectional=bidir,
-                                                     batch_first=batch_first).to(dtype))
-        run(modules, x, grad_y, h, grad_h)
+        kwargs = dict(bias=bias, dropout=dropout, bidirectional=bidir, batch_first=batch_first)
+        run(pair(mode, I, H, L, **kwargs), x, grad_y, h, grad_h)
 
     for nonlinearity in ("tanh", "relu"):
         x, grad_y = torch.randn(T, B, I, dtype=dtype), torch.randn(T, B, H, dtype=dtype)
         h, grad_h = torch.randn(L, B, H, dtype=dtype), torch.randn(L, B, H, dtype=dtype)
-        run(pair(lambda classes: classes["RNN"](I, H, L, nonlinearity=nonlinearity).to(dtype)), x, grad_y, h,
-            grad_h)
+        run(pair("RNN", I, H, L, nonlinearity=nonlinearity), x, grad_y, h, grad_h)
 
-    for bias, bidir, batch_first, contiguous, variable, lens_tensor in itertools.product((True, False), repeat=6):
+    for bias, bidir, batch_first, contiguous, variable, lens_tensor in itertools.product((True, False),
+                                                                                         repeat=6):
         D = 2 if bidir else 1
         x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=dtype)
         grad_y = torch.randn((B, T, P * D) if batch_first else (T, B, P * D), dtype=dtype)
@@ -245,9 +243,8 @@ def _cpu_vs_ours(dropout):
             lengths = torch.tensor(lengths) if lens_tensor else lengths
             x = rnn_utils.pack_padded_sequence(x, lengths, batch_first=batch_first)
             grad_y = rnn_utils.pack_padded_sequence(grad_y, lengths, batch_first=batch_first).data
-        modules = pair(lambda classes: classes["LSTM"](I, H, L, bias=bias, dropout=dropout, bidirectional=bidir,
-                                                       batch_first=batch_first, proj_size=P).to(dtype))
-        run(modules, x, grad_y, h, grad_h, c, grad_c)
+        kwargs = dict(bias=bias, dropout=dropout, bidirectional=bidir, batch_first=batch_first, proj_size=P)
+        run(pair("LSTM", I, H, L, **kwargs), x, grad_y, h, grad_h, c, grad_c)
 
 
 def test_RNN_cpu_vs_cudnn_no_dropout():

@@ -104,7 +104,7 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
     spec = params.spec
     views = params_views(params.to(np))
     elem = _ONNX_TYPES[spec.dtype]
-    D, H, L = spec.num_directions, spec.hidden_size, spec.num_layers
+    D, L = spec.num_directions, spec.num_layers
     op = OPERATORS[spec.mode]
     lens = "sequence_lens" if variable_lengths else ""
     between = (np.array([1], np.int64), "axis_d") if D == 1 else (np.array([0, 0, -1], np.int64), "shape_tbx")
@@ -115,7 +115,8 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
     for layer in range(L):
         names = [f"W{layer}", f"R{layer}", f"B{layer}"]
         arrays = layer_weights(spec, layer, views, np)
-        inits += [numpy_helper.from_array(np.ascontiguousarray(a), n) for a, n in zip(arrays, names, strict=True)]
+        inits += [numpy_helper.from_array(np.ascontiguousarray(a), n)
+                  for a, n in zip(arrays, names, strict=True)]
         inputs, outputs, finals = [x, *names, lens], [f"Y4_{layer}"], []
         if states:
             kinds = ("h", "c") if spec.has_cell else ("h",)
@@ -124,8 +125,9 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
             outputs += [f"Y{k}_raw{layer}" for k in kinds]
             for k in kinds:  # ONNX Runtime ends a zero-length row's state at zeros, we at its initial state
                 final = f"Y{k}_{layer}"
-                finals.append(helper.make_node("Where", ["empty_rows", f"{k}0_{layer}", f"Y{k}_raw{layer}"], [final])
-                              if variable_lengths else helper.make_node("Identity", [f"Y{k}_raw{layer}"], [final]))
+                raw = f"Y{k}_raw{layer}"
+                finals.append(helper.make_node("Where", ["empty_rows", f"{k}0_{layer}", raw], [final])
+                              if variable_lengths else helper.make_node("Identity", [raw], [final]))
                 (outs_h if k == "h" else outs_c).append(final)
         nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}{layer}", **node_attributes(spec)))
         nodes += finals
@@ -136,7 +138,8 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
         nodes.append(helper.make_node("Concat", outs_h, ["Y_h"], axis=0))
         if spec.has_cell:
             nodes.append(helper.make_node("Concat", outs_c, ["Y_c"], axis=0))
-    graph = helper.make_graph(nodes, f"arrayrnn_{spec.mode}", _graph_inputs(spec, elem, variable_lengths, states),
+    graph = helper.make_graph(nodes, f"arrayrnn_{spec.mode}",
+                              _graph_inputs(spec, elem, variable_lengths, states),
                               _graph_outputs(spec, elem, states), inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="arrayrnn")
     model.ir_version = min(model.ir_version, 10)  # ONNX Runtime 1.2x-1.3x reads IR <= 10
@@ -145,7 +148,7 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
 
 def export(params: ar.PackedParams, path: str | os.PathLike, *, variable_lengths: bool = True,
            states: bool = True) -> str:
-    """Write :func:`build_model` of ``params`` to ``path`` (checked with ``onnx.checker``); returns the path."""
+    """Write :func:`build_model` of ``params`` to ``path`` (checked by ``onnx.checker``); returns the path."""
     import onnx
 
     model = build_model(params, variable_lengths, states)
@@ -179,8 +182,8 @@ def _state_slices(layer: int, D: int, kinds: tuple[str, ...]) -> list[Any]:
              helper.make_node("Constant", [], [f"stop{layer}"], value_ints=[(layer + 1) * D]),
              helper.make_node("Constant", [], [f"axis0_{layer}"], value_ints=[0])]
     for k in kinds:
-        nodes.append(helper.make_node("Slice", [f"initial_{k}", f"start{layer}", f"stop{layer}", f"axis0_{layer}"],
-                                      [f"{k}0_{layer}"]))
+        bounds = [f"start{layer}", f"stop{layer}", f"axis0_{layer}"]
+        nodes.append(helper.make_node("Slice", [f"initial_{k}", *bounds], [f"{k}0_{layer}"]))
     return nodes
 
 

@@ -45,7 +45,6 @@ import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
@@ -115,8 +114,9 @@ def _check_state_tensors(x: torch.Tensor, states: dict[str, torch.Tensor | None]
         if not isinstance(state, torch.Tensor):
             raise InputTypeError(f"{name} has type {type(state).__name__}; expected a torch.Tensor")
         if state.device != x.device:
-            raise InputTypeError(f"Input and hidden tensors are not at the same device, found input tensor at "
-                                 f"{x.device} and {name} at {state.device}; move {name} with .to({x.device})")
+            raise InputTypeError(f"Input and hidden tensors are not at the same device, found input tensor "
+                                 f"at {x.device} and {name} at {state.device}; move {name} with "
+                                 f".to({x.device})")
         if state.dtype != x.dtype:
             raise InputTypeError(f"{name} has dtype {state.dtype}; expected the input's dtype {x.dtype} "
                                  f"(convert with {name}.to({x.dtype}))")
@@ -243,14 +243,16 @@ class _FlatWeights:
         """nn.RNNBase's own checks (its exception types and messages), then devices, dtypes, T = 0."""
         weight = self._weights()[0]
         if x.device != weight.device:
-            raise InputTypeError(f"Input and parameter tensors are not at the same device, found input tensor "
-                                 f"at {x.device} and parameter tensor at {weight.device}")
+            raise InputTypeError(f"Input and parameter tensors are not at the same device, found input "
+                                 f"tensor at {x.device} and parameter tensor at {weight.device}")
         self.check_input(x, None)
         if h0 is not None:
-            self.check_hidden_size(h0, self.get_expected_hidden_size(x, None), "Expected hidden[0] size {}, got {}"
-                                   if c0 is not None else "Expected hidden size {}, got {}")
+            message = "Expected hidden[0] size {}, got {}" if c0 is not None else \
+                "Expected hidden size {}, got {}"
+            self.check_hidden_size(h0, self.get_expected_hidden_size(x, None), message)
         if c0 is not None:
-            self.check_hidden_size(c0, self.get_expected_cell_size(x, None), "Expected hidden[1] size {}, got {}")
+            self.check_hidden_size(c0, self.get_expected_cell_size(x, None),
+                                   "Expected hidden[1] size {}, got {}")
         _check_state_tensors(x, {"h_0": h0, "c_0": c0})
         if x.shape[0 if not self.batch_first else 1] == 0:
             raise InputError(f"Expected sequence length to be larger than 0 in RNN (input has shape "
@@ -281,8 +283,9 @@ class _FlatWeights:
         return tuple(t.to(dtype) if t is not None else None for t in outputs)
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
-        return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size, "hidden_size": self.hidden_size,
-                "num_layers": self.num_layers, "bias": self.bias, "bidirectional": self.bidirectional,
+        return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
+                "hidden_size": self.hidden_size, "num_layers": self.num_layers, "bias": self.bias,
+                "bidirectional": self.bidirectional,
                 "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0}
 
     def _weights(self) -> list[torch.Tensor]:
@@ -322,7 +325,8 @@ class LSTM(_FlatWeights, torch.nn.RNNBase):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__("LSTM", *args, **kwargs)
 
-    def get_expected_cell_size(self, input: torch.Tensor, batch_sizes: torch.Tensor | None) -> tuple[int, ...]:
+    def get_expected_cell_size(self, input: torch.Tensor,
+                               batch_sizes: torch.Tensor | None) -> tuple[int, ...]:
         """``(num_layers * num_directions, batch, hidden_size)``, the shape of ``c_0`` (as nn.LSTM)."""
         batch = int(batch_sizes[0]) if batch_sizes is not None else input.size(0 if self.batch_first else 1)
         return (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
@@ -386,7 +390,8 @@ def _refuse_projection(kwargs: dict[str, Any]) -> None:
 def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias: bool, bidirectional: bool,
              proj_size: int, dropout: float, dtype: str) -> ar.RNNSpec:
     return ar.RNNSpec(mode=mode, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
-                      bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout, dtype=dtype)
+                      bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout,
+                      dtype=dtype)
 
 
 _split_of = functools.lru_cache(maxsize=64)(torch_call._split_of)
@@ -505,7 +510,8 @@ class ArrayRNN(torch.nn.Module):
                 raise InputTypeError(f"hx has type {type(hx).__name__}; expected (h0, c0) for an LSTM")
             return hx[0], hx[1]
         if not isinstance(hx, torch.Tensor):
-            raise InputTypeError(f"hx has type {type(hx).__name__}; expected a tensor h0 for {self._spec.mode}")
+            raise InputTypeError(f"hx has type {type(hx).__name__}; expected a tensor h0 for "
+                                 f"{self._spec.mode}")
         return hx, None
 
     # -- state_dict: the canonical blocks under PyTorch's keys ------------------------------------

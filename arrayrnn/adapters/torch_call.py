@@ -284,8 +284,8 @@ def _op_backward(ctx, dy, dh_n, dc_n):
              *([ctx.needs_input_grad[3]] * ctx.n_weights))
     opts = dataclasses.replace(_decode(ctx.options, None), lengths=lengths)  # a tensor: maybe a fake one
     if torch.is_grad_enabled():
-        grads = differentiable_grads(opts, x, h0, c0, weights, (dy, dh_n, dc_n if opts.spec.has_cell else None),
-                                     needs)
+        cotangents = (dy, dh_n, dc_n if opts.spec.has_cell else None)
+        grads = differentiable_grads(opts, x, h0, c0, weights, cotangents, needs)
     else:
         grads = torch.ops.arrayrnn.rnn_backward(x, h0, c0, weights, lengths, dy, dh_n,
                                                 dc_n if opts.spec.has_cell else None, ctx.options)
@@ -319,7 +319,8 @@ def _(x, h0, c0, weights, lengths, dy, dh_n, dc_n, options):
     spec = ar.RNNSpec.from_dict(json.loads(options)["spec"])
     B = x.shape[0] if json.loads(options)["batch_first"] else x.shape[1]
     dc0 = x.new_empty(spec.state_shape(B, cell=True)) if spec.has_cell else x.new_empty(0)
-    return [torch.empty_like(x), x.new_empty(spec.state_shape(B)), dc0] + [torch.empty_like(w) for w in weights]
+    dweights = [torch.empty_like(w) for w in weights]
+    return [torch.empty_like(x), x.new_empty(spec.state_shape(B)), dc0, *dweights]
 
 
 def _contiguous_flat(opts: _ForwardOptions, weights: Sequence[_Tensor]) -> _Tensor:

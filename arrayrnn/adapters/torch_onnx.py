@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from . import onnx as onnx_graph
-from .torch_call import _ForwardOptions
 from . import torch_recurrence
+from .torch_call import _ForwardOptions
 from .torch_recurrence import block_views
 
 _Tensor = torch.Tensor
@@ -50,7 +50,8 @@ def emit(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | No
             inputs.append(c0[rows] if c0 is not None else None)
         outputs = torch.onnx.ops.symbolic_multi_out(
             onnx_graph.OPERATORS[spec.mode], inputs, onnx_graph.node_attributes(spec),
-            dtypes=[x.dtype] * n_out, shapes=[[T, D, B, H]] + [[D, B, H]] * (n_out - 1), version=onnx_graph.OPSET)
+            dtypes=[x.dtype] * n_out, shapes=[[T, D, B, H]] + [[D, B, H]] * (n_out - 1),
+            version=onnx_graph.OPSET)
         inp = outputs[0].permute(0, 2, 1, 3).reshape(T, B, D * H)
         hs.append(_initial_where_empty(outputs[1], inputs[5], seq))
         if spec.has_cell:
@@ -60,7 +61,7 @@ def emit(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | No
 
 
 def _initial_where_empty(final: _Tensor, initial: _Tensor | None, seq: _Tensor | None) -> _Tensor:
-    """ONNX Runtime ends a zero-length row's state at zeros; arrayrnn (and this export) at its initial state."""
+    """ONNX Runtime ends a zero-length row's state at zeros; arrayrnn (and this export) at the initial one."""
     if initial is None or seq is None:
         return final
     return torch.where((seq == 0)[None, :, None], initial, final)
