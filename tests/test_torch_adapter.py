@@ -466,7 +466,7 @@ def test_bench_adapter_quick_runs(capsys):
     spec.loader.exec_module(bench)
     bench.main(["--quick", "--no-jax"])
     out = capsys.readouterr().out
-    assert "| direct |" in out and "| torch |" in out
+    assert "| direct |" in out and "| torch |" in out and "| dropin |" in out
 
 
 def test_sorted_packed_sequence_batch_first():

@@ -2,8 +2,9 @@
 ``ArrayRNN``.
 
 ``from arrayrnn.torch import LSTM`` is the whole change in a PyTorch program: :class:`LSTM`, :class:`GRU`
-and :class:`RNN` ARE ``torch.nn.LSTM`` / ``GRU`` / ``RNN`` (subclasses: the same constructor,
-attributes, parameters, ``state_dict``, input checks and error messages) with another forward. Their
+and :class:`RNN` are ``torch.nn.RNNBase`` modules built exactly as ``nn.LSTM`` / ``GRU`` / ``RNN`` (the
+same constructor, attributes, parameters, ``state_dict``, input checks and error messages) with another
+forward (not subclasses of ``nn.LSTM``: ``torch.compile`` refuses to trace those). Their
 per-weight ``nn.Parameter``\\ s (``weight_ih_l0``, ...) are views into ONE flat buffer in the canonical
 layout (PyTorch's parameter order), as PyTorch's own flattened cuDNN weights are, and a backward writes
 ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::

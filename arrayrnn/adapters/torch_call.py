@@ -56,6 +56,7 @@ class _ForwardOptions:
     engine: str
     split: tuple[tuple[int, tuple[int, ...]], ...] | None = None
     drop_all: bool = False
+    keep_cache: bool = True  # a backward may follow (grad mode on and an input requires grad); set by run()
 
 
 def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
@@ -67,8 +68,10 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
     if torch.onnx.is_in_onnx_export():
         from . import torch_onnx
 
-        return torch_onnx.emit(opts, x, h0, c0, flat_of(opts, weights), lengths)
-    opts = dataclasses.replace(opts, lengths=_host_lengths(lengths))
+        return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
+    inputs = (x, h0, c0, *weights)
+    keep_cache = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    opts = dataclasses.replace(opts, lengths=_host_lengths(lengths), keep_cache=keep_cache)
     if _needs_torch_ops(opts, x):
         return _torch_ops_forward(opts, x, h0, c0, weights)
     return _RNNFunction.apply(opts, x, h0, c0, *weights)
@@ -119,10 +122,8 @@ class _RNNFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, opts: _ForwardOptions, x, h0, c0, *weights):
         flat = _flat_view(opts, weights)
-        keep_cache = torch.is_grad_enabled() or any(t is not None and t.requires_grad
-                                                    for t in (x, h0, c0, *weights))
         with _engine_stream(flat):  # the results are wrapped on the stream they were computed on
-            res = _engine_forward(opts, flat, x, h0, c0, keep_cache)
+            res = _engine_forward(opts, flat, x, h0, c0, opts.keep_cache)
             y, h_n = _tensor(res.y), _tensor(res.h_n)
             c_n = _tensor(res.c_n) if res.c_n is not None else None
         ctx.res, ctx.opts = res, opts
@@ -214,7 +215,7 @@ def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c
         from . import torch_onnx
 
         opts = _decode(options, None)
-        return torch_onnx.emit(opts, x, h0, c0, flat_of(opts, weights), lengths)
+        return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
     lengths = torch.as_tensor(lengths, device="cpu") if lengths is not None else None
     y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, options)
     return y, h_n, (c_n if has_cell else None)

@@ -17,24 +17,24 @@ from typing import Any
 
 import torch
 
+import arrayrnn as ar
+
 from . import onnx as onnx_graph
 from . import torch_recurrence
-from .torch_call import _ForwardOptions
 from .torch_recurrence import block_views
 
 _Tensor = torch.Tensor
 
 
-def emit(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, flat: _Tensor,
-         lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+def emit(spec: ar.RNNSpec, batch_first: bool, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
+         flat: _Tensor, lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
     """``(y, h_n, c_n)`` as ONNX operators over ``x`` (3-D) and the canonical weights ``flat``."""
-    spec = opts.spec
     try:
         onnx_graph.check_exportable(spec)
     except ValueError:
         lengths = torch.as_tensor(lengths) if lengths is not None else None
-        return torch_recurrence.run(spec, flat, x, lengths, h0, c0, opts.batch_first)
-    if opts.batch_first:
+        return torch_recurrence.run(spec, flat, x, lengths, h0, c0, batch_first)
+    if batch_first:
         x = x.transpose(0, 1)
     T, B = x.shape[0], x.shape[1]
     D, H = spec.num_directions, spec.hidden_size
@@ -56,7 +56,7 @@ def emit(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | No
         hs.append(_initial_where_empty(outputs[1], inputs[5], seq))
         if spec.has_cell:
             cs.append(_initial_where_empty(outputs[2], inputs[6], seq))
-    y = inp.transpose(0, 1) if opts.batch_first else inp
+    y = inp.transpose(0, 1) if batch_first else inp
     return y, torch.cat(hs), (torch.cat(cs) if spec.has_cell else None)
 
 
