@@ -295,8 +295,6 @@ def test_error_types_serve_pytorch_and_arrayrnn_callers():
         gru(x)
 
 
-
-
 # -- save / load, compile, export ------------------------------------------------------------------------
 def test_torch_load_weights_only_then_flatten_parameters():
     ours, _ = pair("LSTM", 3, 4, num_layers=2)
@@ -334,6 +332,48 @@ def test_torch_export_has_the_custom_op():
     assert "arrayrnn.rnn" in program.graph_module.code
     x = torch.randn(5, 2, 3)  # the program is specialised to the traced shape
     torch.testing.assert_close(program.module()(x)[0], ours(x)[0])
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_torch_func_grad_equals_torch_over_weights_and_input(mode):
+    ours, theirs = pair(mode, 3, 4, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 2, 3)
+
+    def loss(module, params, x):
+        y, _ = torch.func.functional_call(module, params, (x,))
+        return (y * y).sum()
+
+    grads = []
+    for module in (ours, theirs):
+        params = {n: p.detach() for n, p in module.named_parameters()}
+        grads.append(torch.func.grad(loss, argnums=(1, 2))(module, params, x))
+    (ours_params, ours_dx), (their_params, their_dx) = grads
+    torch.testing.assert_close(ours_dx, their_dx)
+    torch.testing.assert_close(ours_params, their_params)
+
+
+def test_torch_func_vmap_equals_a_loop():
+    """nn.LSTM has no batching rule (vmap raises); the drop-in's transform path is plain torch ops."""
+    ours, _ = pair("LSTM", 3, 4, proj_size=2)
+    xs = torch.randn(3, 5, 2, 3)
+    batched = torch.vmap(lambda x: ours(x)[0])(xs)
+    torch.testing.assert_close(batched, torch.stack([ours(x)[0] for x in xs]))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_torch_jit_trace_equals_eager_on_another_shape():
+    ours, _ = pair("GRU", 3, 4, num_layers=2)
+    with pytest.warns(torch.jit.TracerWarning):
+        traced = torch.jit.trace(ours, (torch.randn(5, 2, 3),))
+    x = torch.randn(7, 3, 3, requires_grad=True)
+    results = []
+    for module in (traced, ours):
+        x.grad = None
+        y = module(x)[0]
+        y.sum().backward()
+        results.append((y.detach(), x.grad.clone()))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True}),

@@ -12,13 +12,13 @@ test_projections_lstm_initial_hidden_state, test_projections_errors_on_gru_and_r
 test_RNN_cpu_vs_cudnn_no_dropout, test_RNN_cpu_vs_cudnn_with_dropout, test_RNN_dropout,
 test_error_RNN_seq_len_zero, test_RNN_input_size_zero, test_RNN_dropout_state, test_RNN_change_dropout,
 test_save_lstm_compatibility, test_rnn_retain_variables, test_LSTM_grad_and_gradgrad,
-test_GRU_grad_and_gradgrad, test_LSTM_differentiable_backward_using_oneDNN; and, on CPU, the CPU half of
-test_RNN_cudnn_weight_norm and test_partial_flat_weights.
+test_GRU_grad_and_gradgrad, test_LSTM_differentiable_backward_using_oneDNN; and, on CPU, the CPU halves of
+the CUDA-only test_RNN_cudnn_weight_norm, test_partial_flat_weights, test_cudnn_weight_format (a weight
+moved out of the one buffer) and test_cudnn_weight_tying (a tied reverse bias).
 
-Not ported (CUDA-only: they test cuDNN's weight format, multi-GPU device checks or CUDA-side packing):
-test_cudnn_weight_format, test_cudnn_weight_tying, test_cudnn_rnn_dropout_states_device,
-test_rnn_check_device, test_projections_lstm_check_device, test_pack_sequence_batch_sizes_throw,
-test_lstmcell_backward_only_one_output_grad. Not applicable (they test the cell modules nn.RNNCell,
+Not ported (CUDA-only: multi-GPU device checks, CUDA-side packing, an LSTMCell on CUDA):
+test_cudnn_rnn_dropout_states_device, test_rnn_check_device, test_projections_lstm_check_device,
+test_pack_sequence_batch_sizes_throw, test_lstmcell_backward_only_one_output_grad. Not applicable (they test the cell modules nn.RNNCell,
 nn.GRUCell, nn.LSTMCell, which arrayrnn.torch does not replace): test_RNN_cell,
 test_RNN_cell_forward_zero_hidden_size, test_RNN_cell_no_broadcasting, test_LSTM_cell,
 test_LSTM_cell_forward_input_size, test_LSTM_cell_forward_hidden_size.
@@ -278,6 +278,67 @@ def test_partial_flat_weights():
     module.to(torch.float32)  # the CPU half: _apply with an attribute missing does not raise
     module.weight_hh_l0 = weight
     torch.testing.assert_close(module(x)[0], expected[0])
+
+
+def _four_modules(cls_of, **kwargs):
+    return [cls_of["LSTM"](10, 20, batch_first=True, **kwargs),
+            cls_of["LSTM"](10, 20, batch_first=True, proj_size=10, **kwargs),
+            cls_of["GRU"](10, 20, batch_first=True, **kwargs), cls_of["RNN"](10, 20, batch_first=True, **kwargs)]
+
+
+def _all_inputs(module, x, num_directions):
+    """``hx`` (``(h, c)`` for an LSTM) and ``[x, h(, c), *parameters]``, all requiring grad."""
+    h = torch.randn(num_directions, 5, module.proj_size or 20, requires_grad=True)
+    if module.mode != "LSTM":
+        return h, [x, h, *module.parameters()]
+    c = torch.randn(num_directions, 5, 20, requires_grad=True)
+    return (h, c), [x, h, c, *module.parameters()]
+
+
+def test_cudnn_weight_format():
+    """The CPU half: a weight moved out of the one buffer (``set_``) gives the same results and gradients
+    (through the concatenating path) and still shares memory with the tensor it was set to."""
+    for module in _four_modules(OURS):
+        x = torch.randn(5, 4, 10, requires_grad=True)
+        hx, inputs = _all_inputs(module, x, 1)
+        y = module(x, hx)[0]
+        y.sum().backward()
+        grads = [t.grad.clone() for t in inputs]
+        weight = inputs[4 if module.mode == "LSTM" else 3]
+        data = weight.data.clone()
+        with torch.no_grad():
+            weight.set_(data)
+        for _ in range(2):
+            for t in inputs:
+                t.grad = None
+            moved = module(x, hx)[0]
+            moved.sum().backward()
+            torch.testing.assert_close(moved, y)
+            for a, t in zip(grads, inputs, strict=True):
+                torch.testing.assert_close(t.grad, a)
+        data[:] = 4
+        assert torch.equal(weight.data, data)
+
+
+def test_cudnn_weight_tying():
+    """The CPU half against nn.* on CPU: a reverse bias tied to the forward one, one SGD step, equal
+    results (the shared Parameter receives both directions' gradients)."""
+    torch.manual_seed(0)
+    theirs_all = _four_modules(THEIRS, bidirectional=True)
+    torch.manual_seed(0)
+    for ours, theirs in zip(_four_modules(OURS, bidirectional=True), theirs_all, strict=True):
+        results = []
+        x = torch.randn(5, 4, 10)
+        hx, _ = _all_inputs(ours, x, 2)
+        for module in (ours, theirs):
+            module.bias_ih_l0_reverse = module.bias_ih_l0
+            assert len(list(module.parameters())) == len(module._flat_weights_names) - 1
+            optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+            optimizer.zero_grad()
+            module(x, hx)[0].sum().backward()
+            optimizer.step()
+            results.append(module(x, hx)[0])
+        torch.testing.assert_close(results[0], results[1])
 
 
 def test_RNN_dropout():

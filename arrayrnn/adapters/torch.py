@@ -171,7 +171,7 @@ class _FlatWeights:
             return self._flat_from(grads[0])
         return torch.cat([g.reshape(-1) for g in grads])
 
-    def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None, *, lengths: Any = None):
+    def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None, lengths: Any = None):
         """As ``nn.LSTM.forward`` (``nn.GRU``, ``nn.RNN``): ``output, (h_n, c_n)`` / ``output, h_n``.
 
         ``input``: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), unbatched
@@ -299,7 +299,9 @@ class _FlatWeights:
     def _in_one_buffer(self, tensors: Sequence[Any]) -> bool:
         """True when ``tensors`` are consecutive contiguous views of one storage, in weight order."""
         first = tensors[0]
-        if not all(isinstance(t, torch.Tensor) for t in tensors) or first.device.type == "meta":
+        if not all(isinstance(t, torch.Tensor) and not torch_call.is_transformed(t) for t in tensors):
+            return False
+        if first.device.type == "meta":
             return False
         ptr, offset = first.untyped_storage().data_ptr(), first.storage_offset()
         for t in tensors:

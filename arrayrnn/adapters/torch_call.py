@@ -15,7 +15,9 @@ with where each sits in the flat buffer), the input and the states, and picks th
   BPTT (custom-op residuals must be tensors; the engines' caches are not): one more forward per
   training step under ``torch.compile``;
 - ``torch.onnx.export``: the standard ONNX ``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_onnx`);
-- an empty batch, ``meta`` tensors and ``dropout = 1`` in training: :mod:`.torch_recurrence` directly.
+- an empty batch, ``meta`` tensors, ``dropout = 1`` in training and tensors of a ``torch.func`` transform
+  (``grad``, ``vmap``, ``jacrev``, ...: their wrapper tensors have no memory the engines could read):
+  :mod:`.torch_recurrence` directly.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ class _ForwardOptions:
     engine: str
     split: tuple[tuple[int, tuple[int, ...]], ...] | None = None
     drop_all: bool = False
-    keep_cache: bool = True  # a backward may follow (grad mode on and an input requires grad); set by run()
+    # a backward may follow (grad mode on and an input requires grad); set by run(); not in the repr, which
+    # torch.jit.trace compares between its trace and its check run (under no_grad)
+    keep_cache: bool = dataclasses.field(default=True, repr=False)
 
 
 def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
@@ -72,7 +76,7 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
     inputs = (x, h0, c0, *weights)
     keep_cache = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     opts = dataclasses.replace(opts, lengths=_host_lengths(lengths), keep_cache=keep_cache)
-    if _needs_torch_ops(opts, x):
+    if _needs_torch_ops(opts, x) or any(is_transformed(t) for t in inputs):
         return _torch_ops_forward(opts, x, h0, c0, weights)
     return _RNNFunction.apply(opts, x, h0, c0, *weights)
 
@@ -81,6 +85,11 @@ def _host_lengths(lengths: Any) -> np.ndarray | None:
     if isinstance(lengths, torch.Tensor):
         return ar.as_array(lengths.detach().cpu(), "lengths")
     return lengths
+
+
+def is_transformed(t: _Tensor | None) -> bool:
+    """True for a tensor of a ``torch.func`` transform (a functorch wrapper: no storage to share)."""
+    return t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _needs_torch_ops(opts: _ForwardOptions, x: _Tensor) -> bool:
