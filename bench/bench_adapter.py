@@ -8,6 +8,8 @@ included, float32, time-major, S1 (T=100, B=64, I=256, H=256), the auto engine:
 
 - ``direct``: ``res = ar.rnn_forward(params, x, training=True); ar.rnn_backward(res, dy=ones)``
 - ``torch``:  ``y, _ = ArrayRNN(...)(x); y.backward(ones)`` (x.requires_grad, so dx is computed too)
+- ``dropin``: the same through ``arrayrnn.torch.LSTM`` (per-weight Parameters that are views of one buffer;
+  their gradients views of one gradient buffer)
 - ``jax``:    ``jax.jit(jax.grad(sum of y, argnums=(0, 1)))`` through ``arrayrnn.jax.rnn``; its backward
   recomputes the forward (the residuals are the inputs), so it runs two forwards per step.
 
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.torch import ArrayRNN  # noqa: E402
+from arrayrnn.torch import LSTM, ArrayRNN  # noqa: E402
 
 
 def direct_step(params, x):
@@ -54,6 +56,22 @@ def torch_step(params, x):
 
     def step():
         module.flat.grad = xt.grad = None
+        y, _ = module(xt)
+        y.backward(dy)
+    return step
+
+
+def dropin_step(params, x):
+    spec = params.spec
+    module = LSTM(spec.input_size, spec.hidden_size)
+    with torch.no_grad():
+        module.flat.copy_(torch.from_numpy(params.data))
+    xt = torch.from_numpy(x).requires_grad_()
+    dy = torch.ones(x.shape[0], x.shape[1], spec.output_size)
+
+    def step():
+        module.zero_grad()
+        xt.grad = None
         y, _ = module(xt)
         y.backward(dy)
     return step
@@ -100,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     spec = ar.RNNSpec(mode="lstm", input_size=I, hidden_size=H, dtype="float32")
     params = ar.PackedParams.init(spec, seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
-    steps = {"direct": direct_step(params, x), "torch": torch_step(params, x)}
+    steps = {"direct": direct_step(params, x), "torch": torch_step(params, x),
+             "dropin": dropin_step(params, x)}
     if not args.no_jax:
         steps["jax"] = jax_step(params, x)
     torch.set_num_threads(args.threads)

@@ -1,17 +1,14 @@
-"""ONNX Runtime as a forward (inference) peer: our LSTM/GRU weights as an ONNX graph, run on ORT's CPU EP.
+"""ONNX Runtime as a forward (inference) peer: our weights as an ONNX graph, run on ORT's CPU EP.
 
     peer = OnnxPeer(ar.from_torch(module), threads=2)
     y = peer(x, lengths)                  # (T, B, D*H) float32 = ar.rnn_forward(params, x, lengths=...).y
     run = peer.bound(x, lengths)          # zero-arg callable on pre-bound inputs/outputs (for timing)
 
-One ONNX LSTM/GRU node per layer (opset 17, direction "forward" or "bidirectional"); between layers ONNX's
-Y ``[T, D, B, H]`` becomes ``[T, B, D*H]`` (a squeeze for one direction, transpose + reshape for two).
-The weights are converted exactly: ONNX LSTM gate order is ``i, o, f, c`` (ours/PyTorch ``i, f, g, o``),
-ONNX GRU ``z, r, h`` (ours ``r, z, n``); our default GRU (reset-after) is ``linear_before_reset=1``;
-``W``/``R``/``B`` are ``[D, G*H, in]``, ``[D, G*H, H]``, ``[D, 2*G*H]`` with ``B = [Wb, Rb]``.
-Variable lengths go through ``sequence_lens`` (int32); ORT writes zeros at ``t >= len[b]``, as ours
-does (zero-length rows included). ORT's CPU LSTM and GRU kernels run float32 only (float64 raises
-"does not support double yet"), so this peer is float32 only. Inference only: ORT has no training.
+The graph is the library's ONNX export (:func:`arrayrnn.onnx.build_model`: one ONNX ``LSTM`` / ``GRU`` /
+``RNN`` node per layer, our weights exactly, in ONNX's gate order), built with ``states=False`` (input
+``X`` and, for variable lengths, ``sequence_lens``; output ``Y``), so the peer times the operators alone.
+ORT's CPU LSTM and GRU kernels run float32 only (float64 raises "does not support double yet"), so this
+peer is float32 only. Inference only: ORT has no training.
 """
 
 from __future__ import annotations
@@ -22,10 +19,7 @@ from typing import Any
 import numpy as np
 
 import arrayrnn as ar
-
-# row blocks of our (PyTorch) gate order, in ONNX's gate order
-_GATE_ORDER = {"lstm": (0, 3, 1, 2),   # ours i, f, g, o -> ONNX i, o, f, c
-               "gru": (1, 0, 2)}       # ours r, z, n -> ONNX z, r, h
+from arrayrnn import onnx as ar_onnx
 
 
 def onnxruntime_unavailable_reason() -> str | None:
@@ -39,82 +33,20 @@ def onnxruntime_unavailable_reason() -> str | None:
 
 
 def _check_supported(params: ar.PackedParams) -> None:
-    spec = params.spec
-    if spec.mode not in _GATE_ORDER:
-        raise ValueError(f"params.spec.mode = {spec.mode!r}; OnnxPeer supports 'lstm' and 'gru'")
-    if spec.proj_size:
-        raise ValueError(f"params.spec.proj_size = {spec.proj_size}; OnnxPeer does not support LSTM "
-                         "projections (ONNX's LSTM has none); expected proj_size = 0")
-    if spec.cell_clip is not None:
-        raise ValueError(f"params.spec.cell_clip = {spec.cell_clip!r}; OnnxPeer does not support cell "
-                         "clipping (ONNX's symmetric `clip` differs from ours); expected cell_clip = None")
-    if np.dtype(spec.dtype) != np.float32:
-        raise ValueError(f"params.spec.dtype = {spec.dtype!r}; OnnxPeer supports float32 only (ONNX "
+    """What the library cannot export is its ValueError; what ORT's CPU kernels cannot run is ours."""
+    ar_onnx.check_exportable(params.spec)
+    if np.dtype(params.spec.dtype) != np.float32:
+        raise ValueError(f"params.spec.dtype = {params.spec.dtype!r}; OnnxPeer supports float32 only (ONNX "
                          "Runtime's CPU LSTM/GRU kernels have no float64)")
     if params.device != "cpu":
         raise ValueError(f"params.device = {params.device!r}; OnnxPeer takes CPU (NumPy) params")
 
 
-def _onnx_weights(params: ar.PackedParams, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """W ``[D, G*H, I_l]``, R ``[D, G*H, H]``, B ``[D, 2*G*H]`` of one layer, gates in ONNX order."""
-    spec = params.spec
-    H, order = spec.hidden_size, _GATE_ORDER[spec.mode]
-
-    def reorder(a: np.ndarray) -> np.ndarray:
-        return np.concatenate([a[g * H:(g + 1) * H] for g in order], axis=0)
-
-    views = params.named_views()
-    Ws, Rs, Bs = [], [], []
-    for d in range(spec.num_directions):
-        prefix = f"l{layer}.{'rev' if d else 'fwd'}."
-        Ws.append(reorder(np.asarray(views[prefix + "W_ih"])))
-        Rs.append(reorder(np.asarray(views[prefix + "W_hh"])))
-        # an absent bias (single or no-bias modes) is an exact zero in ONNX's B
-        zeros = np.zeros(spec.gate_size, np.float32)
-        Bs.append(np.concatenate([reorder(np.asarray(views.get(prefix + name, zeros)))
-                                  for name in ("b_ih", "b_hh")]))
-    return (np.stack(Ws).astype(np.float32), np.stack(Rs).astype(np.float32),
-            np.stack(Bs).astype(np.float32))
-
-
 def build_model(params: ar.PackedParams, variable_lengths: bool) -> Any:
-    """The ONNX model (opset 17) of ``params``: input ``X`` [T, B, I] (and ``sequence_lens`` [B] int32
-    when ``variable_lengths``), output ``Y`` [T, B, D*H]."""
-    from onnx import TensorProto, helper, numpy_helper
-
+    """The ONNX model of ``params``: input ``X`` [T, B, I] (and ``sequence_lens`` [B] int32 when
+    ``variable_lengths``), output ``Y`` [T, B, D*H]."""
     _check_supported(params)
-    spec = params.spec
-    op = {"lstm": "LSTM", "gru": "GRU"}[spec.mode]
-    D, H = spec.num_directions, spec.hidden_size
-    direction = "bidirectional" if spec.bidirectional else "forward"
-    extra = {"linear_before_reset": int(spec.reset_after)} if spec.mode == "gru" else {}
-    lens = "sequence_lens" if variable_lengths else ""
-    # Y [T, D, B, H] -> [T, B, D*H]: squeeze axis 1, or transpose and reshape to [0, 0, -1] (0 = keep)
-    between = (np.array([1], np.int64), "axis_d") if D == 1 else (np.array([0, 0, -1], np.int64), "shape_tbx")
-    nodes, inits = [], [numpy_helper.from_array(*between)]
-    x = "X"
-    for layer in range(spec.num_layers):
-        W, R, B = _onnx_weights(params, layer)
-        names = [f"W{layer}", f"R{layer}", f"B{layer}"]
-        inits += [numpy_helper.from_array(a, n) for a, n in zip((W, R, B), names, strict=True)]
-        y4, out = f"Y4_{layer}", ("Y" if layer == spec.num_layers - 1 else f"X{layer + 1}")
-        nodes.append(helper.make_node(op, [x, *names, lens], [y4], hidden_size=H, direction=direction,
-                                      name=f"{op}{layer}", **extra))
-        if D == 1:
-            nodes.append(helper.make_node("Squeeze", [y4, "axis_d"], [out]))
-        else:
-            nodes.append(helper.make_node("Transpose", [y4], [f"T{layer}"], perm=[0, 2, 1, 3]))
-            nodes.append(helper.make_node("Reshape", [f"T{layer}", "shape_tbx"], [out]))
-        x = out
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", spec.input_size])]
-    if variable_lengths:
-        inputs.append(helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, ["B"]))
-    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", "B", D * H])]
-    graph = helper.make_graph(nodes, f"arrayrnn_{spec.mode}", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="arrayrnn bench")
-    model.ir_version = min(model.ir_version, 10)  # ORT 1.2x reads IR <= 10
-    return model
+    return ar_onnx.build_model(params, variable_lengths=variable_lengths, states=False)
 
 
 class OnnxPeer:

@@ -1,4 +1,5 @@
-"""bench/onnx_peer.py: ONNX Runtime's LSTM/GRU on our weights equals our reference engine.
+"""bench/onnx_peer.py: ONNX Runtime's LSTM/GRU/RNN on our weights (the library's ONNX export) equals our
+reference engine.
 
 ORT's CPU LSTM/GRU kernels run float32 only ("does not support double yet"), so every comparison is
 float32 (tolerance 1e-5) and float64 params are a clear ValueError.
@@ -78,6 +79,13 @@ def test_peer_batch_one_long_sequence(mode):
                                **TOL)
 
 
+@pytest.mark.parametrize("mode", ["rnn_tanh", "rnn_relu"])
+def test_peer_rnn_modes(mode):
+    params, x = _case(mode, 2, True, B=3)
+    lengths = np.array([7, 0, 4])
+    np.testing.assert_allclose(OnnxPeer(params)(x, lengths), _reference(params, x, lengths), **TOL)
+
+
 @pytest.mark.parametrize("spec_kw", [{"reset_after": False}, {"bias": "single_rec"}, {"bias": "single_inp"},
                                      {"bias": False}])
 def test_peer_gru_variants(spec_kw):
@@ -107,7 +115,6 @@ def test_bound_call_reuses_its_output_and_sees_no_later_input_change():
 
 # -- bad input ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec_kw, match", [
-    ({"mode": "rnn_tanh"}, "mode = 'rnn_tanh'"),
     ({"mode": "lstm", "proj_size": 3}, "proj_size = 3"),
     ({"mode": "lstm", "cell_clip": 2.0}, "cell_clip"),
     ({"mode": "lstm", "dtype": "float64"}, "float32 only"),

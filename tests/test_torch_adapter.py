@@ -222,6 +222,65 @@ def test_state_dict_has_torchs_keys_both_ways():
     torch.nn.Sequential(fresh).load_state_dict(wrapped.state_dict())
 
 
+def test_strict_load_refuses_a_nested_unexpected_key_like_nn_gru():
+    ours, theirs = ArrayRNN("gru", 3, 4, dtype=torch.float64), torch_rnn("gru", 3, 4)
+    state = {f"0.{k}": v for k, v in theirs.state_dict().items()}
+    for module in (ours, theirs):
+        with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "0.foo.bar"'):
+            torch.nn.Sequential(module).load_state_dict({**state, "0.foo.bar": torch.zeros(1)})
+    torch.nn.Sequential(ours).load_state_dict({**state, "0.foo.bar": torch.zeros(1)}, strict=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_in_float32(dtype):
+    module = ArrayRNN("lstm", 3, 4, dtype=torch.float32, seed=0)
+    x = torch.randn(5, 2, 3)
+    y32, _ = module(x)
+    module.to(dtype)
+    y, (h, c) = module(x.to(dtype))
+    assert y.dtype == h.dtype == dtype and module.spec.dtype == "float32"
+    torch.testing.assert_close(y.float(), y32, atol=2e-2, rtol=0)
+
+
+def test_meta_tensors_give_shapes():
+    module = ArrayRNN("gru", 3, 4, num_layers=2, bidirectional=True, seed=0).to("meta")
+    y, h = module(torch.randn(5, 2, 3, device="meta"))
+    assert y.shape == (5, 2, 8) and h.shape == (4, 2, 4) and y.device.type == "meta"
+
+
+def test_shape_errors_are_runtime_errors_too():
+    module = ArrayRNN("lstm", 3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="x has shape") as info:
+        module(torch.randn(5, 3, dtype=torch.float64))
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(RuntimeError, match="T = 0"):
+        module(torch.randn(0, 2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="expected the module's dtype"):
+        module(torch.randn(5, 2, 3, dtype=torch.float16))
+
+
+def test_empty_batch():
+    module = ArrayRNN("rnn_relu", 3, 4, num_layers=2, dtype=torch.float64)
+    y, h = module(torch.randn(5, 0, 3, dtype=torch.float64))
+    assert y.shape == (5, 0, 4) and h.shape == (2, 0, 4)
+    y.sum().backward()
+    assert torch.equal(module.flat.grad, torch.zeros_like(module.flat))
+
+
+def test_torch_compile_and_load_weights_only():
+    import io
+
+    module = ArrayRNN("gru", 3, 4, num_layers=2, seed=0)
+    x, lengths = torch.randn(5, 2, 3), torch.tensor([5, 2])
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, lengths=lengths)[0], module(x, lengths=lengths)[0])
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    torch.testing.assert_close(loaded(x)[0], module(x)[0])
+
+
 def test_load_state_dict_reports_missing_unexpected_and_shapes():
     ours = ArrayRNN("gru", 3, 4, dtype=torch.float64)
     state = torch_rnn("gru", 3, 4).state_dict()
@@ -233,15 +292,43 @@ def test_load_state_dict_reports_missing_unexpected_and_shapes():
         ours.load_state_dict({**state, "weight_hh_l0": torch.zeros(12, 5, dtype=torch.float64)})
 
 
-def test_double_backward_is_a_clear_error():
-    module = ArrayRNN("lstm", 2, 3, dtype=torch.float64)
+@pytest.mark.parametrize("mode,layers,bidir,proj,bias", CONFIGS + [("gru", 1, False, 0, "single_rec")])
+def test_gradgradcheck(mode, layers, bidir, proj, bias):
+    """Double backward: the differentiable torch-op path (create_graph=True) against finite differences."""
+    spec = ar.RNNSpec(mode=mode, input_size=2, hidden_size=3, num_layers=layers, bidirectional=bidir,
+                      proj_size=proj, bias=bias, dtype="float64")
+    module = ArrayRNN(spec, seed=3)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 2, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+    lengths = torch.tensor([2, 1])
+
+    def fn(flat, x):
+        y, state = torch.func.functional_call(module, {"flat": flat}, (x,), {"lengths": lengths})
+        return (y, *state) if mode == "lstm" else (y, state)
+
+    flat = module.flat.detach().clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(fn, (flat, x), eps=1e-6, atol=1e-5)
+
+
+def test_double_backward_equals_first_order_and_reaches_every_input():
+    module = ArrayRNN("lstm", 2, 3, num_layers=2, dtype=torch.float64, seed=0)
     x = torch.randn(3, 2, 2, dtype=torch.float64, requires_grad=True)
     y, _ = module(x)
-    (dx,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)  # first order still works
-    (dx_plain,) = torch.autograd.grad((module(x)[0] ** 2).sum(), x)
+    (dx,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+    (dx_plain,) = torch.autograd.grad((module(x)[0] ** 2).sum(), x)  # the fused engines' BPTT
     torch.testing.assert_close(dx, dx_plain)
-    with pytest.raises(RuntimeError, match="does not support double backward"):
-        dx.sum().backward()
+    dx.pow(2).sum().backward()
+    assert module.flat.grad.abs().sum() > 0 and x.grad.abs().sum() > 0
+
+
+def test_differentiable_path_uses_the_engines_dropout_masks():
+    module = ArrayRNN("gru", 3, 4, num_layers=3, dropout=0.5, dtype=torch.float64, seed=0)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    y, _ = module(x, seed=7)
+    (dx_engine,) = torch.autograd.grad(y.sum(), x)
+    y, _ = module(x, seed=7)
+    (dx_torch,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    torch.testing.assert_close(dx_torch, dx_engine)
 
 
 def test_dropout_seed_comes_from_torchs_generator():
@@ -379,7 +466,7 @@ def test_bench_adapter_quick_runs(capsys):
     spec.loader.exec_module(bench)
     bench.main(["--quick", "--no-jax"])
     out = capsys.readouterr().out
-    assert "| direct |" in out and "| torch |" in out
+    assert "| direct |" in out and "| torch |" in out and "| dropin |" in out
 
 
 def test_sorted_packed_sequence_batch_first():

@@ -1,54 +1,406 @@
-"""``ArrayRNN``: arrayrnn's fused engines inside a PyTorch model (the ``torch`` extra).
+"""arrayrnn's fused engines inside PyTorch (the ``torch`` extra): drop-in ``LSTM`` / ``GRU`` / ``RNN`` and
+``ArrayRNN``.
 
-A ``torch.nn.Module`` that behaves like ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` but holds ONE
-``nn.Parameter``, ``flat``: the canonical packed buffer (PyTorch's parameter order, concatenated). Its
-forward and backward are one ``torch.autograd.Function`` calling :func:`arrayrnn.rnn_forward` and
-:func:`arrayrnn.rnn_backward` on zero-copy DLPack views of the tensors: CPU tensors run the NumPy
-engines, CUDA tensors the CuPy engines on torch's current stream. Roughly::
+``from arrayrnn.torch import LSTM`` is the whole change in a PyTorch program: :class:`LSTM`, :class:`GRU`
+and :class:`RNN` are ``torch.nn.RNNBase`` modules built exactly as ``nn.LSTM`` / ``GRU`` / ``RNN`` (the
+same constructor, attributes, parameters, ``state_dict``, input checks and error messages) with another
+forward (not subclasses of ``nn.LSTM``: ``torch.compile`` refuses to trace those). Their
+per-weight ``nn.Parameter``\\ s (``weight_ih_l0``, ...) are views into ONE flat buffer in the canonical
+layout (PyTorch's parameter order), as PyTorch's own flattened cuDNN weights are, and a backward writes
+ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::
 
-    params = ar.PackedParams(spec, as_array(module.flat))       # no copy
-    res = ar.rnn_forward(params, as_array(x), lengths, h0, c0, training=module.training, seed=...)
-    # backward: ar.rnn_backward(res, dy, dh_n, dc_n) -> dparams.data is flat.grad
+    flat = <the weights' one storage>                 # module.flat; module.flat_grad after a backward
+    res = ar.rnn_forward(PackedParams(spec, flat), x, lengths, h0, c0, training=..., seed=...)
+    # backward: ar.rnn_backward(res, dy, dh_n, dc_n).dparams.data -> weight_ih_l0.grad, ... (views)
 
-Dropout seeding: in training mode with ``dropout > 0`` each forward draws its mask seed from torch's
-default generator (``torch.randint``), so ``torch.manual_seed`` makes a run reproducible; the masks
-themselves come from :mod:`arrayrnn.frontend.dropout` (not torch's dropout masks). ``forward(seed=...)``
-fixes it.
+Weights that are not such views (``weight_norm``, ``parametrize``, pruning, a reassigned Parameter) are
+concatenated for the call instead (one copy per forward; gradients reach them through autograd);
+``flatten_parameters()`` puts plain Parameters back into one buffer. ``module.to()`` / ``.double()`` /
+``.cuda()`` re-flatten. Half precision and bfloat16 run in float32 (on CPU; bfloat16 everywhere) and
+come back in the input's dtype. An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode and
+gradients of gradients run the differentiable torch-op path (:mod:`.torch_recurrence`);
+``torch.compile`` and ``torch.export`` see the custom op ``arrayrnn::rnn``; ``torch.onnx.export``
+emits ONNX's ``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_call`).
 
-``state_dict()`` holds the canonical blocks under ``nn.LSTM``'s keys (``weight_ih_l0``, ...), so
-``nn.LSTM.load_state_dict`` takes it, and ``load_state_dict`` takes ``nn.LSTM``'s.
+Errors: the drop-in classes run ``nn.RNNBase``'s own input checks, so they raise what ``nn.LSTM``
+raises, with its messages. Everything arrayrnn itself refuses is :class:`InputError` (a
+``RuntimeError`` and a ``ValueError``) or :class:`InputTypeError` (a ``RuntimeError`` and a
+``TypeError``): PyTorch code catching ``RuntimeError`` and arrayrnn code catching ``ValueError`` /
+``TypeError`` both keep working.
+
+Dropout: in training mode each forward draws its mask seed from torch's default generator
+(``torch.randint``), so ``torch.manual_seed`` makes a run reproducible; the masks are arrayrnn's
+(:mod:`arrayrnn.frontend.dropout`), not the ones ``nn.LSTM`` would draw. ``dropout`` may be reassigned
+between calls, as on ``nn.LSTM``.
+
+``ArrayRNN`` is the arrayrnn-native module: ONE ``nn.Parameter``, ``flat``, any :class:`arrayrnn.RNNSpec`
+(cell clipping, single biases, reset-before GRU), ``forward(x, hx=None, lengths=None, engine=, seed=)``;
+its ``state_dict()`` holds ``nn.LSTM``'s keys.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 import arrayrnn as ar
+from arrayrnn.core.interop import TORCH_MODES, torch_key
 
-_TORCH_NAMES = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh",
-                "W_hr": "weight_hr"}
+from . import torch_call
+from .torch_call import _ForwardOptions
+
+__all__ = ["GRU", "LSTM", "RNN", "ArrayRNN", "InputError", "InputTypeError"]
+
 _MODE_ALIASES = {"rnn": "rnn_tanh", "rnn_tanh": "rnn_tanh", "rnn_relu": "rnn_relu", "lstm": "lstm",
                  "gru": "gru"}
 
 
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """The non-tensor arguments of one forward call."""
-
-    spec: ar.RNNSpec
-    lengths: Any
-    batch_first: bool
-    training: bool
-    seed: int | None
-    engine: str
+class InputError(RuntimeError, ValueError):
+    """A bad input shape or value: a ``RuntimeError`` (as ``nn.LSTM`` raises) and a ``ValueError`` (as
+    arrayrnn raises), so callers catching either see it."""
 
 
+class InputTypeError(RuntimeError, TypeError):
+    """A bad input type, dtype or device: a ``RuntimeError`` (as ``nn.LSTM`` raises) and a ``TypeError``
+    (as arrayrnn raises)."""
+
+
+@contextlib.contextmanager
+def _as_torch_errors() -> Iterator[None]:
+    """arrayrnn's ValueError / TypeError as the hybrid types above (same message)."""
+    try:
+        yield
+    except (InputError, InputTypeError):
+        raise
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    except TypeError as exc:
+        raise InputTypeError(str(exc)) from exc
+
+
+def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """float32 for bfloat16 (no engine has it) and for float16 on CPU (the GPU engines run it)."""
+    if dtype == torch.bfloat16 or (dtype == torch.float16 and device.type != "cuda"):
+        return torch.float32
+    return dtype
+
+
+def _draw_seed(training: bool, dropout: float, num_layers: int, seed: int | None) -> int | None:
+    if seed is not None or not training or dropout == 0.0 or num_layers == 1:
+        return seed
+    return int(torch.randint(0, 2**31 - 1, ()).item())
+
+
+def _repack(y: torch.Tensor, source: PackedSequence, lengths: torch.Tensor,
+            batch_first: bool) -> PackedSequence:
+    """``y`` (padded) as a PackedSequence with ``source``'s batch_sizes and indices (like nn.LSTM)."""
+    order = source.sorted_indices
+    if order is not None:
+        y = y.index_select(0 if batch_first else 1, order)
+        lengths = lengths.index_select(0, order.cpu())
+    data = pack_padded_sequence(y, lengths, batch_first=batch_first, enforce_sorted=True).data
+    return PackedSequence(data, source.batch_sizes, source.sorted_indices, source.unsorted_indices)
+
+
+def _check_state_tensors(x: torch.Tensor, states: dict[str, torch.Tensor | None]) -> None:
+    for name, state in states.items():
+        if state is None:
+            continue
+        if not isinstance(state, torch.Tensor):
+            raise InputTypeError(f"{name} has type {type(state).__name__}; expected a torch.Tensor")
+        if state.device != x.device:
+            raise InputTypeError(f"Input and hidden tensors are not at the same device, found input tensor "
+                                 f"at {x.device} and {name} at {state.device}; move {name} with "
+                                 f".to({x.device})")
+        if state.dtype != x.dtype:
+            raise InputTypeError(f"{name} has dtype {state.dtype}; expected the input's dtype {x.dtype} "
+                                 f"(convert with {name}.to({x.dtype}))")
+
+
+# -- the drop-in classes ------------------------------------------------------------------------------
+class _FlatWeights:
+    """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
+
+    def flatten_parameters(self) -> None:
+        """Put the weights into one buffer (their views) if they are not there; a no-op when they are.
+
+        Called by the constructor and after ``module.to()`` / ``.double()`` / ``.cuda()``. Weights that
+        are not plain ``nn.Parameter``\\ s (``weight_norm``, pruning, ``parametrize``) stay as they are;
+        the forward concatenates them for each call.
+        """
+        weights = [getattr(self, name, None) for name in self._flat_weights_names]
+        if not all(isinstance(w, torch.nn.Parameter) for w in weights):
+            return
+        if len({(w.dtype, w.device) for w in weights}) != 1 or self._in_one_buffer(weights):
+            return
+        flat = torch.empty(sum(w.numel() for w in weights), dtype=weights[0].dtype, device=weights[0].device)
+        offset = 0
+        with torch.no_grad():
+            for w in weights:
+                view = flat[offset:offset + w.numel()].view(w.shape)
+                view.copy_(w)
+                w.data = view
+                offset += w.numel()
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """The one weight buffer, canonical layout (a view sharing memory with the weights; no autograd)."""
+        weights = self._weights()
+        if not self._in_one_buffer(weights):
+            self.flatten_parameters()
+            weights = self._weights()
+        if not self._in_one_buffer(weights):
+            raise InputError("the weights are not views of one buffer (re-parametrised weights: weight_norm, "
+                             "pruning or parametrize); remove the re-parametrisation first")
+        return self._flat_from(weights[0].detach())
+
+    @property
+    def flat_grad(self) -> torch.Tensor | None:
+        """The one gradient buffer after a backward (every ``weight.grad`` is a view into it), or None
+        before one; a concatenated copy if the gradients were replaced by tensors of their own."""
+        grads = [getattr(w, "grad", None) for w in self._weights()]
+        if any(g is None for g in grads):
+            return None
+        if self._in_one_buffer(grads):
+            return self._flat_from(grads[0])
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None, lengths: Any = None):
+        """As ``nn.LSTM.forward`` (``nn.GRU``, ``nn.RNN``): ``output, (h_n, c_n)`` / ``output, h_n``.
+
+        ``input``: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), unbatched
+        ``(T, input_size)``, or a ``PackedSequence``. ``hx``: initial states or None (zeros). arrayrnn's
+        addition: ``lengths`` (keyword, per-row lengths ``(B,)`` of a padded batched ``input``): the
+        results equal those of packing ``input`` with these lengths, without the packing.
+        """
+        self._check_dropout()
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            if lengths is not None:
+                raise InputError("lengths was given with a PackedSequence input; a PackedSequence carries "
+                                 "its own lengths")
+            x, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
+            batched = True
+        else:
+            if not isinstance(input, torch.Tensor):
+                raise InputTypeError(f"input has type {type(input).__name__}; expected a torch.Tensor or a "
+                                     "PackedSequence")
+            if input.dim() not in (2, 3):
+                raise ValueError(f"{type(self).__name__}: Expected input to be 2D or 3D, got "
+                                 f"{input.dim()}D instead")
+            batched = input.dim() == 3
+            if not batched and lengths is not None:
+                raise InputError("lengths was given with an unbatched (2-D) input; lengths are per row of "
+                                 "a batched (3-D) input")
+            x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
+        h0, c0 = self._initial_states(hx, batched)
+        self._check_args(x, h0, c0)
+        y, h_n, c_n = self._run(x, h0, c0, lengths)
+        if packed:
+            y = _repack(y, input, lengths, self.batch_first)
+        elif not batched:
+            y, h_n = y.squeeze(0 if self.batch_first else 1), h_n.squeeze(1)
+            c_n = c_n.squeeze(1) if c_n is not None else None
+        return (y, (h_n, c_n)) if self.mode == "LSTM" else (y, h_n)
+
+    # -- pieces of the forward ------------------------------------------------------------------------
+    def _check_dropout(self) -> None:
+        p = self.dropout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"dropout = {p!r}; dropout should be a number in range [0, 1] representing the "
+                             "probability of an element being zeroed")
+
+    def _initial_states(self, hx: Any, batched: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(h0, c0)`` 3-D (or None), following nn.LSTM's rules for unbatched input."""
+        if hx is None:
+            return None, None
+        lstm = self.mode == "LSTM"
+        if lstm and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+            raise InputTypeError(f"hx has type {type(hx).__name__}; expected a tuple (h_0, c_0) for an LSTM")
+        if not lstm and not isinstance(hx, torch.Tensor):
+            raise InputTypeError(f"hx has type {type(hx).__name__}; expected a tensor h_0 for "
+                                 f"{type(self).__name__} (only an LSTM takes a tuple (h_0, c_0))")
+        states = tuple(hx) if lstm else (hx,)
+        for state in states:
+            if not isinstance(state, torch.Tensor):
+                raise InputTypeError(f"hx holds a {type(state).__name__}; expected tensors")
+        want = 3 if batched else 2
+        if any(s.dim() != want for s in states):
+            dims = ", ".join(f"{s.dim()}-D" for s in states)
+            kind = "batched 3-D" if batched else "unbatched 2-D"
+            raise InputError(f"For {kind} input, hx{' and cx' if lstm else ''} should also be {want}-D but "
+                             f"got ({dims}) tensors")
+        if not batched:
+            states = tuple(s.unsqueeze(1) for s in states)
+        return states[0], (states[1] if lstm else None)
+
+    def _check_args(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None) -> None:
+        """nn.RNNBase's own checks (its exception types and messages), then devices, dtypes, T = 0."""
+        weight = self._weights()[0]
+        if x.device != weight.device:
+            raise InputTypeError(f"Input and parameter tensors are not at the same device, found input "
+                                 f"tensor at {x.device} and parameter tensor at {weight.device}")
+        self.check_input(x, None)
+        if h0 is not None:
+            message = "Expected hidden[0] size {}, got {}" if c0 is not None else \
+                "Expected hidden size {}, got {}"
+            self.check_hidden_size(h0, self.get_expected_hidden_size(x, None), message)
+        if c0 is not None:
+            self.check_hidden_size(c0, self.get_expected_cell_size(x, None),
+                                   "Expected hidden[1] size {}, got {}")
+        _check_state_tensors(x, {"h_0": h0, "c_0": c0})
+        if x.shape[0 if not self.batch_first else 1] == 0:
+            raise InputError(f"Expected sequence length to be larger than 0 in RNN (input has shape "
+                             f"{tuple(x.shape)}: T = 0 steps)")
+
+    def _run(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any):
+        dtype = x.dtype
+        compute = _compute_dtype(dtype, x.device)
+        p = float(self.dropout)
+        seed = _draw_seed(self.training, p, self.num_layers, None)
+        weights, has_cell = self._weights(), self.mode == "LSTM"
+        states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
+        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
+            options = torch_call.options_text(self._spec_dict(p), str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, seed, "auto", per_weight=True)
+            outputs = torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
+                                              lengths)
+        else:
+            spec = self._spec(str(compute).removeprefix("torch."), p if p < 1 else 0.0)
+            if compute == dtype and self._in_one_buffer(weights):
+                inputs, split = weights, _split_of(spec)
+            else:  # re-parametrised weights, or a computation in float32: one concatenation per call
+                inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
+            opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
+                                   drop_all=p == 1)
+            with _as_torch_errors():
+                outputs = torch_call.run(opts, *states, inputs, lengths)
+        return tuple(t.to(dtype) if t is not None else None for t in outputs)
+
+    def _spec_dict(self, dropout: float) -> dict[str, Any]:
+        return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
+                "hidden_size": self.hidden_size, "num_layers": self.num_layers, "bias": self.bias,
+                "bidirectional": self.bidirectional,
+                "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0}
+
+    def _weights(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self._flat_weights_names]
+
+    def _spec(self, dtype: str, dropout: float) -> ar.RNNSpec:
+        return _spec_of(TORCH_MODES[self.mode], self.input_size, self.hidden_size, self.num_layers, self.bias,
+                        self.bidirectional, self.proj_size, dropout, dtype)
+
+    def _in_one_buffer(self, tensors: Sequence[Any]) -> bool:
+        """True when ``tensors`` are consecutive contiguous views of one storage, in weight order."""
+        first = tensors[0]
+        if not all(isinstance(t, torch.Tensor) and not torch_call.is_transformed(t) for t in tensors):
+            return False
+        if first.device.type == "meta":
+            return False
+        ptr, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+        for t in tensors:
+            if (t.dtype != first.dtype or not t.is_contiguous() or t.untyped_storage().data_ptr() != ptr
+                    or t.storage_offset() != offset):
+                return False
+            offset += t.numel()
+        return True
+
+    def _flat_from(self, first: torch.Tensor) -> torch.Tensor:
+        total = sum(w.numel() for w in self._weights())
+        return first.as_strided((total,), (1,), first.storage_offset())
+
+
+class LSTM(_FlatWeights, torch.nn.RNNBase):
+    """``torch.nn.LSTM`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+
+    ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0, device=None, dtype=None)``, positionally or by keyword, exactly as
+    ``nn.LSTM`` (both are ``nn.RNNBase``; ``isinstance(m, nn.LSTM)`` is False so that ``torch.compile``
+    traces the module, which it refuses to do for ``nn.LSTM`` and its subclasses).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__("LSTM", *args, **kwargs)
+
+    def get_expected_cell_size(self, input: torch.Tensor,
+                               batch_sizes: torch.Tensor | None) -> tuple[int, ...]:
+        """``(num_layers * num_directions, batch, hidden_size)``, the shape of ``c_0`` (as nn.LSTM)."""
+        batch = int(batch_sizes[0]) if batch_sizes is not None else input.size(0 if self.batch_first else 1)
+        return (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
+
+    def check_forward_args(self, input: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor],
+                           batch_sizes: torch.Tensor | None) -> None:
+        """nn.LSTM's check of ``input`` and ``(h_0, c_0)``."""
+        self.check_input(input, batch_sizes)
+        self.check_hidden_size(hidden[0], self.get_expected_hidden_size(input, batch_sizes),
+                               "Expected hidden[0] size {}, got {}")
+        self.check_hidden_size(hidden[1], self.get_expected_cell_size(input, batch_sizes),
+                               "Expected hidden[1] size {}, got {}")
+
+    def permute_hidden(self, hx: tuple[torch.Tensor, torch.Tensor],
+                       permutation: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if permutation is None:
+            return hx
+        return hx[0].index_select(1, permutation), hx[1].index_select(1, permutation)
+
+
+class GRU(_FlatWeights, torch.nn.RNNBase):
+    """``torch.nn.GRU`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+
+    ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, device=None, dtype=None)``, exactly as ``nn.GRU`` (``proj_size`` is its
+    ``ValueError``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        _refuse_projection(kwargs)
+        super().__init__("GRU", *args, **kwargs)
+
+
+class RNN(_FlatWeights, torch.nn.RNNBase):
+    """``torch.nn.RNN`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+
+    ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+    dropout=0.0, bidirectional=False, device=None, dtype=None)``, exactly as ``nn.RNN`` (the fourth
+    positional argument is ``nonlinearity``, ``"tanh"`` or ``"relu"``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        _refuse_projection(kwargs)
+        if len(args) > 3:
+            nonlinearity, args = args[3], args[:3] + args[4:]
+        else:
+            nonlinearity = kwargs.pop("nonlinearity", "tanh")
+        modes = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}
+        if nonlinearity not in modes:
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
+        self.nonlinearity = nonlinearity
+        super().__init__(modes[nonlinearity], *args, **kwargs)
+
+
+def _refuse_projection(kwargs: dict[str, Any]) -> None:
+    if "proj_size" in kwargs:
+        raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias: bool, bidirectional: bool,
+             proj_size: int, dropout: float, dtype: str) -> ar.RNNSpec:
+    return ar.RNNSpec(mode=mode, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
+                      bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout,
+                      dtype=dtype)
+
+
+_split_of = functools.lru_cache(maxsize=64)(torch_call._split_of)
+
+
+# -- ArrayRNN: one flat Parameter -------------------------------------------------------------------------
 class ArrayRNN(torch.nn.Module):
     """A multi-layer RNN / LSTM / GRU whose weights are one flat ``nn.Parameter``.
 
@@ -76,6 +428,7 @@ class ArrayRNN(torch.nn.Module):
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         host = ar.PackedParams.init(spec, seed=seed).data
         self._spec = spec
+        self._spec_fields = spec.to_dict()  # what a torch.compile trace reads (no dataclass work there)
         self.batch_first = bool(batch_first)
         self.flat = torch.nn.Parameter(torch.from_numpy(host).to(device))
 
@@ -91,7 +444,8 @@ class ArrayRNN(torch.nn.Module):
     @property
     def spec(self) -> ar.RNNSpec:
         """The spec, with the dtype the parameter has now (``module.double()`` changes it)."""
-        return dataclasses.replace(self._spec, dtype=str(self.flat.dtype).removeprefix("torch."))
+        dtype = _compute_dtype(self.flat.dtype, self.flat.device)
+        return dataclasses.replace(self._spec, dtype=str(dtype).removeprefix("torch."))
 
     @property
     def mode(self) -> str:
@@ -115,38 +469,57 @@ class ArrayRNN(torch.nn.Module):
         packed = isinstance(x, PackedSequence)
         if packed:
             if lengths is not None:
-                raise ValueError("lengths was given with a PackedSequence input; a PackedSequence "
+                raise InputError("lengths was given with a PackedSequence input; a PackedSequence "
                                  "carries its own lengths")
             source = x
             x, lengths = pad_packed_sequence(x, batch_first=self.batch_first)
         h0, c0 = self._split_hx(hx)
-        spec = self.spec
-        call = _Call(spec, _lengths_array(lengths), self.batch_first, self.training,
-                     self._dropout_seed(spec, seed), engine)
-        y, h_n, c_n = _RNNFunction.apply(self.flat, x, h0, c0, call)
+        y, h_n, c_n = self._run(x, h0, c0, lengths, engine, seed)
         if packed:
             y = _repack(y, source, lengths, self.batch_first)
-        return (y, (h_n, c_n)) if spec.mode == "lstm" else (y, h_n)
+        return (y, (h_n, c_n)) if self._spec.mode == "lstm" else (y, h_n)
+
+    def _run(self, x: Any, h0: Any, c0: Any, lengths: Any, engine: str, seed: int | None):
+        for name, value in (("x", x), ("h0", h0), ("c0", c0)):
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise InputTypeError(f"{name} has type {type(value).__name__}; expected a torch.Tensor")
+            if value is not None and value.device != self.flat.device:
+                raise InputTypeError(f"{name} is on {value.device}; expected the module's device "
+                                     f"{self.flat.device}")
+            if value is not None and value.dtype != self.flat.dtype:
+                raise InputTypeError(f"{name} has dtype {value.dtype}; expected the module's dtype "
+                                     f"{self.flat.dtype} (convert with {name}.to({self.flat.dtype}))")
+        compute = _compute_dtype(self.flat.dtype, self.flat.device)
+        if x.dim() == 3 and x.shape[1 if self.batch_first else 0] == 0:
+            raise InputError(f"x has shape {tuple(x.shape)}: T = 0 steps; expected at least one step")
+        seed = _draw_seed(self.training, self._spec.dropout, self._spec.num_layers, seed)
+        states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
+        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
+            options = torch_call.options_text(self._spec_fields, str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, seed, engine, per_weight=False)
+            outputs = torch_call.run_compiled(options, self._spec.has_cell, *states, [self.flat.to(compute)],
+                                              lengths)
+        else:
+            opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
+            with _as_torch_errors():
+                outputs = torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
+        return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if hx is None:
             return None, None
         if self._spec.mode == "lstm":
             if not (isinstance(hx, (tuple, list)) and len(hx) == 2):
-                raise TypeError(f"hx has type {type(hx).__name__}; expected (h0, c0) for an LSTM")
+                raise InputTypeError(f"hx has type {type(hx).__name__}; expected (h0, c0) for an LSTM")
             return hx[0], hx[1]
         if not isinstance(hx, torch.Tensor):
-            raise TypeError(f"hx has type {type(hx).__name__}; expected a tensor h0 for {self._spec.mode}")
+            raise InputTypeError(f"hx has type {type(hx).__name__}; expected a tensor h0 for "
+                                 f"{self._spec.mode}")
         return hx, None
-
-    def _dropout_seed(self, spec: ar.RNNSpec, seed: int | None) -> int | None:
-        if seed is not None or not self.training or spec.dropout == 0.0 or spec.num_layers == 1:
-            return seed
-        return int(torch.randint(0, 2**31 - 1, ()).item())
 
     # -- state_dict: the canonical blocks under PyTorch's keys ------------------------------------
     def _blocks(self) -> dict[str, Any]:
-        return {_torch_key(b): b for b in ar.layout_of(self._spec).blocks}
+        return {torch_key(b): b for b in ar.layout_of(self._spec).blocks}
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         flat = self.flat if keep_vars else self.flat.detach()
@@ -167,56 +540,9 @@ class ArrayRNN(torch.nn.Module):
                 continue
             with torch.no_grad():
                 self.flat[block.offset:block.stop].copy_(value.reshape(-1))
-        if strict:
-            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix)
-                                   and "." not in k[len(prefix):] and k[len(prefix):] not in blocks)
-
-
-class _RNNFunction(torch.autograd.Function):
-    """One autograd node: ``rnn_forward`` forward, ``rnn_backward`` backward (first order only)."""
-
-    @staticmethod
-    def forward(ctx, flat, x, h0, c0, call: _Call):
-        _check_tensors(flat, x, h0, c0)
-        with _engine_stream(flat):  # the results are wrapped on the same stream they were computed on
-            params = ar.PackedParams(call.spec, ar.as_array(flat.detach(), "flat"))
-            res = ar.rnn_forward(params, _view(x, "x"), call.lengths, _view(h0, "h0"), _view(c0, "c0"),
-                                 batch_first=call.batch_first, training=call.training, seed=call.seed,
-                                 engine=call.engine)
-            y, h_n = _tensor(res.y), _tensor(res.h_n)
-            c_n = _tensor(res.c_n) if res.c_n is not None else None
-        ctx.res = res
-        ctx.set_materialize_grads(False)
-        # saved so that torch's version counters catch an in-place change before the backward (an optimizer
-        # step on flat, a write into y, which the engine may keep as its residual)
-        ctx.save_for_backward(flat, x, y)
-        return y, h_n, c_n
-
-    @staticmethod
-    def backward(ctx, dy, dh_n, dc_n):
-        flat, x, _ = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        with _engine_stream(flat):
-            g = ar.rnn_backward(ctx.res, _view(dy, "dy"), _view(dh_n, "dh_n"), _view(dc_n, "dc_n"))
-            grads = (_tensor(g.dparams.data) if needs[0] else None, _tensor(g.dx) if needs[1] else None,
-                     _tensor(g.dh0) if needs[2] else None,
-                     _tensor(g.dc0) if needs[3] and g.dc0 is not None else None)
-        if torch.is_grad_enabled():  # create_graph=True: first-order grads, but no path to a second order
-            grads = _FirstOrderOnly.apply(flat, x, *grads)
-        return (*grads, None)
-
-
-class _FirstOrderOnly(torch.autograd.Function):
-    """Identity on the gradients; differentiating it again (double backward) is a clear error."""
-
-    @staticmethod
-    def forward(ctx, flat, x, *grads):
-        return tuple(g.clone() if g is not None else None for g in grads)
-
-    @staticmethod
-    def backward(ctx, *cotangents):
-        raise RuntimeError("ArrayRNN does not support double backward (a gradient of its gradient): its "
-                           "backward is arrayrnn's hand-written BPTT, which is not itself differentiable")
+        if strict:  # as nn.Module: a key under this prefix must name one of our blocks (no children here)
+            unexpected_keys.extend(k for k in state_dict
+                                   if k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] not in blocks)
 
 
 def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_layers, bias, dropout,
@@ -236,59 +562,5 @@ def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_l
                       proj_size=proj_size, dtype=str(dtype).removeprefix("torch."))
 
 
-def _torch_key(block: Any) -> str:
-    return f"{_TORCH_NAMES[block.name]}_l{block.layer}{'_reverse' if block.direction else ''}"
-
-
-def _check_tensors(flat: torch.Tensor, x: Any, h0: Any, c0: Any) -> None:
-    for name, value in (("x", x), ("h0", h0), ("c0", c0)):
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} has type {type(value).__name__}; expected a torch.Tensor")
-        if value is not None and value.device != flat.device:
-            raise TypeError(f"{name} is on {value.device}; expected the module's device {flat.device}")
-
-
-def _view(t: torch.Tensor | None, name: str) -> Any:
-    """A NumPy / CuPy view of ``t`` through DLPack (no copy), or None."""
-    if t is None:
-        return None
-    return ar.as_array(t.detach(), name)
-
-
-def _tensor(a: Any) -> torch.Tensor:
-    """A torch tensor sharing ``a``'s memory (NumPy or CuPy)."""
-    if isinstance(a, np.ndarray):
-        return torch.from_numpy(a if a.flags.writeable else a.copy())
-    return torch.from_dlpack(a)
-
-
-def _lengths_array(lengths: Any) -> Any:
-    if isinstance(lengths, torch.Tensor):
-        return ar.as_array(lengths.detach(), "lengths")
-    return lengths
-
-
-def _engine_stream(flat: torch.Tensor) -> contextlib.AbstractContextManager:
-    """For CUDA tensors: CuPy's current device and stream = the tensor's device and torch's current stream
-    there, so the engines' kernels are ordered with torch's work and DLPack exchanges need no sync."""
-    if not flat.is_cuda:
-        return contextlib.nullcontext()
-    import cupy
-
-    device = flat.device.index if flat.device.index is not None else torch.cuda.current_device()
-    stack = contextlib.ExitStack()
-    stack.enter_context(cupy.cuda.Device(device))
-    stream = torch.cuda.current_stream(device)
-    stack.enter_context(cupy.cuda.ExternalStream(stream.cuda_stream, device))
-    return stack
-
-
-def _repack(y: torch.Tensor, source: PackedSequence, lengths: torch.Tensor,
-            batch_first: bool) -> PackedSequence:
-    """``y`` (padded) as a PackedSequence with ``source``'s batch_sizes and indices (like nn.LSTM)."""
-    order = source.sorted_indices
-    if order is not None:
-        y = y.index_select(0 if batch_first else 1, order)
-        lengths = lengths.index_select(0, order.cpu())
-    data = pack_padded_sequence(y, lengths, batch_first=batch_first, enforce_sorted=True).data
-    return PackedSequence(data, source.batch_sizes, source.sorted_indices, source.unsorted_indices)
+# torch.save(module) / torch.load(path, weights_only=True): the classes a saved module's pickle names
+torch.serialization.add_safe_globals([LSTM, GRU, RNN, ArrayRNN, ar.RNNSpec])

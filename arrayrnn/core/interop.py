@@ -17,7 +17,7 @@ from .spec import RNNSpec
 
 TORCH_NAMES = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh",
                "W_hr": "weight_hr"}
-_TORCH_MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+TORCH_MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 
 
 def torch_key(block: Block) -> str:
@@ -27,7 +27,7 @@ def torch_key(block: Block) -> str:
 
 def spec_from_torch(module: Any) -> RNNSpec:
     """The :class:`RNNSpec` of a ``torch.nn.RNN/LSTM/GRU`` module."""
-    mode = _TORCH_MODES.get(getattr(module, "mode", None))
+    mode = TORCH_MODES.get(getattr(module, "mode", None))
     if mode is None:
         raise TypeError(f"module has type {type(module).__name__}; expected torch.nn.RNN, LSTM or GRU")
     dtype = _check_torch_dtype(module)

@@ -1,0 +1,407 @@
+"""arrayrnn.torch.LSTM / GRU / RNN as drop-ins for nn.LSTM / GRU / RNN (the oracle): one flat weight buffer
+behind the per-weight Parameters, one flat gradient buffer, torch's utilities on the weights, the inputs
+PyTorch accepts, double backward, save/load, torch.compile / export and ONNX export."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parametrize, prune
+
+import arrayrnn as ar
+from arrayrnn.torch import GRU, LSTM, RNN, InputError, InputTypeError
+
+PAIRS = {"LSTM": (LSTM, nn.LSTM), "GRU": (GRU, nn.GRU), "RNN": (RNN, nn.RNN)}
+
+
+def pair(mode, *args, **kwargs):
+    """(ours, theirs) with the same weights: the constructors draw them alike from torch's generator."""
+    ours_cls, their_cls = PAIRS[mode]
+    torch.manual_seed(0)
+    ours = ours_cls(*args, **kwargs)
+    torch.manual_seed(0)
+    return ours, their_cls(*args, **kwargs)
+
+
+def storage(t):
+    return t.untyped_storage().data_ptr()
+
+
+def weights(module):
+    """The weights in the canonical layout's order (nn.RNNBase.all_weights)."""
+    return [w for layer in module.all_weights for w in layer]
+
+
+def assert_one_buffer(tensors, layout_size):
+    """Consecutive contiguous views of one storage, in the canonical layout's order."""
+    assert len({storage(t) for t in tensors}) == 1
+    offset = tensors[0].storage_offset()
+    for t in tensors:
+        assert t.is_contiguous() and t.storage_offset() == offset
+        offset += t.numel()
+    assert offset - tensors[0].storage_offset() == layout_size
+
+
+# -- one flat buffer --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+                                         ("GRU", {"bias": False}), ("RNN", {"nonlinearity": "relu"})])
+def test_weights_are_views_of_one_buffer_like_torchs_parameters(mode, kwargs):
+    ours, theirs = pair(mode, 3, 4, **kwargs)
+    names = [[(n, p.shape) for n, p in m.named_parameters()] for m in (ours, theirs)]
+    assert names[0] == names[1]
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(a, b)  # same initialisation, bit for bit
+    params = ar.from_torch(ours)
+    assert_one_buffer(list(ours.parameters()), params.size)
+    assert torch.equal(ours.flat, torch.from_numpy(params.data))
+    assert storage(ours.flat) == storage(ours.weight_ih_l0)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert [[w.shape for w in layer] for layer in ours.all_weights] == \
+        [[w.shape for w in layer] for layer in theirs.all_weights]
+
+
+def test_gradients_land_in_one_flat_buffer_and_accumulate_there():
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 2, 3)
+    for _ in range(2):  # the second backward accumulates into the same buffer
+        for module in (ours, theirs):
+            module(x)[0].pow(2).sum().backward()
+    grads = [p.grad for p in ours.parameters()]
+    assert_one_buffer(grads, ours.flat.numel())
+    assert storage(ours.flat_grad) == storage(grads[0])
+    torch.testing.assert_close(ours.flat_grad, torch.cat([p.grad.reshape(-1) for p in theirs.parameters()]))
+    ours.zero_grad()
+    assert ours.flat_grad is None
+
+
+def test_first_order_runs_the_fused_engines(monkeypatch):
+    calls = []
+    real = ar.rnn_backward
+    monkeypatch.setattr(ar, "rnn_backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    module = GRU(3, 4)
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    module(x)[0].sum().backward()
+    assert calls == [1]
+    (dx,) = torch.autograd.grad(module(x)[0].sum(), x, create_graph=True)  # the differentiable path
+    assert calls == [1] and dx.requires_grad
+
+
+def test_flatten_parameters_restores_the_buffer_and_is_a_no_op_otherwise():
+    ours, theirs = pair("GRU", 3, 4, num_layers=2)
+    first = storage(ours.weight_ih_l0)
+    ours.flatten_parameters()
+    assert storage(ours.weight_ih_l0) == first
+    ours.weight_hh_l1 = nn.Parameter(ours.weight_hh_l1.detach().clone())  # now outside the buffer
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])  # still right: the weights are gathered per call
+    ours.flatten_parameters()
+    assert_one_buffer(weights(ours), ours.flat.numel())
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+
+
+def test_to_double_and_deepcopy_keep_one_buffer():
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    ours.double()
+    assert ours.weight_ih_l0.dtype == torch.float64
+    assert_one_buffer(weights(ours), ours.flat.numel())
+    clone = copy.deepcopy(ours)
+    assert_one_buffer(weights(clone), clone.flat.numel())
+    assert storage(clone.flat) != storage(ours.flat)
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    torch.testing.assert_close(clone(x)[0], theirs.double()(x)[0])
+
+
+# -- torch's utilities on the weights ------------------------------------------------------------------
+def _same_training_step(ours, theirs, x, weights_of=lambda m: list(m.parameters())):  # noqa: B008
+    for module in (ours, theirs):
+        y, _ = module(x)
+        (y * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+    for a, b in zip(weights_of(ours), weights_of(theirs), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_weight_norm_parametrization_equals_torch():
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    for module in (ours, theirs):
+        nn.utils.parametrizations.weight_norm(module, name="weight_hh_l0")
+    _same_training_step(ours, theirs, torch.randn(5, 2, 3))
+    assert "parametrizations.weight_hh_l0.original0" in dict(ours.named_parameters())
+
+
+def test_custom_parametrization_equals_torch():
+    class Symmetric(nn.Module):
+        def forward(self, w):
+            return w.triu() + w.triu(1).transpose(0, 1)[: w.shape[0], : w.shape[1]] * 0 + w.tril(-1) * 0.5
+
+    ours, theirs = pair("RNN", 4, 4)
+    for module in (ours, theirs):
+        parametrize.register_parametrization(module, "weight_hh_l0", Symmetric())
+    _same_training_step(ours, theirs, torch.randn(5, 2, 4))
+
+
+def test_pruning_equals_torch_and_remove_returns_to_one_buffer():
+    ours, theirs = pair("GRU", 3, 4)
+    for module in (ours, theirs):
+        prune.l1_unstructured(module, "weight_hh_l0", amount=0.5)
+    _same_training_step(ours, theirs, torch.randn(5, 2, 3))
+    assert (ours.weight_hh_l0 == 0).sum() == 24
+    prune.remove(ours, "weight_hh_l0")
+    ours.flatten_parameters()
+    assert_one_buffer(weights(ours), ours.flat.numel())
+    assert (ours.flat == 0).sum() >= 24
+
+
+def test_nn_init_on_one_weight_writes_into_the_buffer():
+    ours, theirs = pair("LSTM", 3, 4)
+    torch.manual_seed(3)
+    nn.init.orthogonal_(ours.weight_hh_l0)
+    torch.manual_seed(3)
+    nn.init.orthogonal_(theirs.weight_hh_l0)
+    assert_one_buffer(weights(ours), ours.flat.numel())
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+
+
+def test_optimizer_parameter_groups_no_decay_on_biases_equal_torch():
+    ours, theirs = pair("LSTM", 3, 5, num_layers=2)
+    x, target = torch.randn(6, 2, 3), torch.randn(6, 2, 5)
+    for module in (ours, theirs):
+        groups = [{"params": [p for n, p in module.named_parameters() if n.startswith("weight")]},
+                  {"params": [p for n, p in module.named_parameters() if n.startswith("bias")],
+                   "weight_decay": 0}]
+        assert len(groups[1]["params"]) == 4
+        opt = torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.mse_loss(module(x)[0], target).backward()
+            opt.step()
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert_one_buffer(weights(ours), ours.flat.numel())
+
+
+def test_clip_grad_norm_equals_torch():
+    ours, theirs = pair("GRU", 3, 4)
+    x = torch.randn(5, 2, 3)
+    norms = []
+    for module in (ours, theirs):
+        module(x)[0].pow(2).sum().backward()
+        norms.append(nn.utils.clip_grad_norm_(module.parameters(), 0.1))
+    torch.testing.assert_close(norms[0], norms[1])
+    torch.testing.assert_close(ours.flat_grad, torch.cat([p.grad.reshape(-1) for p in theirs.parameters()]))
+
+
+# -- the inputs PyTorch accepts ------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_unbatched_input_equals_torch(mode):
+    ours, theirs = pair(mode, 3, 4, num_layers=2)
+    x = torch.randn(5, 3)
+    hx = (torch.randn(2, 4), torch.randn(2, 4)) if mode == "LSTM" else torch.randn(2, 4)
+    (y1, s1), (y2, s2) = ours(x, hx), theirs(x, hx)
+    assert y1.shape == (5, 4)
+    torch.testing.assert_close(y1, y2)
+    for a, b in zip(s1 if mode == "LSTM" else (s1,), s2 if mode == "LSTM" else (s2,), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_lengths_keyword_equals_a_packed_sequence():
+    ours, _ = pair("LSTM", 3, 4, num_layers=2, bidirectional=True, batch_first=True)
+    x, lengths = torch.randn(3, 6, 3), torch.tensor([2, 6, 4])
+    packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    y_packed, (h_packed, _) = ours(packed)
+    y, (h, _) = ours(x, lengths=lengths)
+    torch.testing.assert_close(y, nn.utils.rnn.pad_packed_sequence(y_packed, batch_first=True)[0])
+    torch.testing.assert_close(h, h_packed)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_half_precision_on_cpu_runs_in_float32_and_returns_the_inputs_dtype(dtype, atol):
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    ours.to(dtype)
+    theirs.to(dtype).float()  # the oracle: the same (rounded) weights in float32
+    x = torch.randn(5, 2, 3).to(dtype)
+    y, (h, c) = ours(x)
+    assert y.dtype == h.dtype == c.dtype == dtype
+    torch.testing.assert_close(y, theirs(x.float())[0].to(dtype), atol=atol, rtol=0)
+    y.float().sum().backward()
+    assert ours.weight_ih_l0.grad.dtype == dtype
+
+
+def test_meta_device_gives_torchs_shapes():
+    ours, theirs = LSTM(3, 4, 2, proj_size=2, device="meta"), nn.LSTM(3, 4, 2, proj_size=2, device="meta")
+    x = torch.randn(5, 2, 3, device="meta")
+    (y1, (h1, c1)), (y2, (h2, c2)) = ours(x), theirs(x)
+    assert (y1.shape, h1.shape, c1.shape) == (y2.shape, h2.shape, c2.shape) and y1.device.type == "meta"
+
+
+# -- double backward ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode,kwargs", [
+    ("LSTM", {"num_layers": 2, "bidirectional": True}),
+    ("LSTM", {"proj_size": 2, "batch_first": True}),
+    ("GRU", {"num_layers": 2}),
+    ("RNN", {"nonlinearity": "tanh", "bidirectional": True}),
+    ("RNN", {"nonlinearity": "relu", "bias": False}),
+])
+def test_gradgradcheck_float64_every_mode(mode, kwargs):
+    module = PAIRS[mode][0](2, 3, **kwargs).double()
+    names = [n for n, _ in module.named_parameters()]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn((2, 3, 2) if module.batch_first else (3, 2, 2), dtype=torch.float64, generator=gen,
+                    requires_grad=True)
+    h0 = torch.randn(module.get_expected_hidden_size(x, None), dtype=torch.float64, generator=gen,
+                     requires_grad=True)
+    lengths = torch.tensor([3, 2])
+
+    def fn(x, h0, *weights):
+        hx = (h0, torch.zeros(h0.shape[0], 2, 3, dtype=torch.float64)) if mode == "LSTM" else h0
+        y, state = torch.func.functional_call(module, dict(zip(names, weights, strict=True)), (x, hx),
+                                              {"lengths": lengths})
+        return (y, *state) if mode == "LSTM" else (y, state)
+
+    weights = [p.detach().clone().requires_grad_() for p in module.parameters()]
+    assert torch.autograd.gradgradcheck(fn, (x, h0, *weights), eps=1e-6, atol=1e-5)
+
+
+# -- errors ------------------------------------------------------------------------------------------
+def test_error_types_serve_pytorch_and_arrayrnn_callers():
+    assert issubclass(InputError, RuntimeError) and issubclass(InputError, ValueError)
+    assert issubclass(InputTypeError, RuntimeError) and issubclass(InputTypeError, TypeError)
+    lstm, gru = LSTM(3, 4), GRU(3, 4)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(InputTypeError, match=r"expected a tuple \(h_0, c_0\)"):
+        lstm(x, torch.zeros(1, 2, 4))
+    with pytest.raises(InputTypeError, match="expected a tensor h_0"):
+        gru(x, (torch.zeros(1, 2, 4),))
+    with pytest.raises(InputTypeError, match="h_0 has dtype torch.float64"):
+        gru(x, torch.zeros(1, 2, 4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="Input and parameter tensors are not at the same device"):
+        gru(x.to("meta"))
+    with pytest.raises(ValueError, match="does not match weight dtype"):  # nn.RNNBase's own check
+        gru(x.double())
+    with pytest.raises(ValueError, match="Expected input to be 2D or 3D, got 4D"):
+        gru(x[None])
+    with pytest.raises(InputError, match=r"lengths\[0\] = 9"):
+        gru(x, lengths=torch.tensor([9, 1]))
+    with pytest.raises(RuntimeError, match="For unbatched 2-D input, hx should also be 2-D"):
+        gru(x[:, 0], torch.zeros(1, 1, 4))
+    gru.dropout = 1.5
+    with pytest.raises(ValueError, match="dropout = 1.5"):
+        gru(x)
+
+
+# -- save / load, compile, export ------------------------------------------------------------------------
+def test_torch_load_weights_only_then_flatten_parameters():
+    ours, _ = pair("LSTM", 3, 4, num_layers=2)
+    buffer = io.BytesIO()
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    loaded.flatten_parameters()
+    assert type(loaded) is LSTM
+    assert_one_buffer(weights(loaded), loaded.flat.numel())
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(loaded(x)[0], ours(x)[0])
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_torch_compile_fullgraph_equals_eager(mode):
+    ours, _ = pair(mode, 3, 4, num_layers=2, bidirectional=True)
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    lengths = torch.tensor([5, 3])
+    results = []
+    for module in (compiled, ours):
+        x.grad = None
+        ours.zero_grad()
+        y = module(x, lengths=lengths)[0]
+        (y * y).sum().backward()
+        results.append((y.detach(), x.grad.clone(), ours.flat_grad.clone()))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_torch_export_has_the_custom_op():
+    ours, _ = pair("GRU", 3, 4, num_layers=2)
+    program = torch.export.export(ours, (torch.randn(5, 2, 3),))
+    assert "arrayrnn.rnn" in program.graph_module.code
+    x = torch.randn(5, 2, 3)  # the program is specialised to the traced shape
+    torch.testing.assert_close(program.module()(x)[0], ours(x)[0])
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_torch_func_grad_equals_torch_over_weights_and_input(mode):
+    ours, theirs = pair(mode, 3, 4, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 2, 3)
+
+    def loss(module, params, x):
+        y, _ = torch.func.functional_call(module, params, (x,))
+        return (y * y).sum()
+
+    grads = []
+    for module in (ours, theirs):
+        params = {n: p.detach() for n, p in module.named_parameters()}
+        grads.append(torch.func.grad(loss, argnums=(1, 2))(module, params, x))
+    (ours_params, ours_dx), (their_params, their_dx) = grads
+    torch.testing.assert_close(ours_dx, their_dx)
+    torch.testing.assert_close(ours_params, their_params)
+
+
+def test_torch_func_vmap_equals_a_loop():
+    """nn.LSTM has no batching rule (vmap raises); the drop-in's transform path is plain torch ops."""
+    ours, _ = pair("LSTM", 3, 4, proj_size=2)
+    xs = torch.randn(3, 5, 2, 3)
+    batched = torch.vmap(lambda x: ours(x)[0])(xs)
+    torch.testing.assert_close(batched, torch.stack([ours(x)[0] for x in xs]))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_torch_jit_trace_equals_eager_on_another_shape():
+    ours, _ = pair("GRU", 3, 4, num_layers=2)
+    with pytest.warns(torch.jit.TracerWarning):
+        traced = torch.jit.trace(ours, (torch.randn(5, 2, 3),))
+    x = torch.randn(7, 3, 3, requires_grad=True)
+    results = []
+    for module in (traced, ours):
+        x.grad = None
+        y = module(x)[0]
+        y.sum().backward()
+        results.append((y.detach(), x.grad.clone()))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True}),
+                                         ("GRU", {"batch_first": True}), ("RNN", {"nonlinearity": "relu"}),
+                                         ("LSTM", {"proj_size": 2})])
+def test_torch_onnx_export_runs_in_onnxruntime_like_the_module(mode, kwargs, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    ours, _ = pair(mode, 3, 4, **kwargs)
+    ours.eval()
+    x = torch.randn((2, 5, 3) if ours.batch_first else (5, 2, 3))
+    program = torch.onnx.export(ours, (x,), dynamo=True, verbose=False)
+    ops = [node.op_type for node in program.model_proto.graph.node]
+    # ONNX's LSTM has no projection: that one is exported in elementary operators
+    assert ops.count(mode) == (0 if ours.proj_size else ours.num_layers)
+    path = str(tmp_path / "m.onnx")
+    program.save(path)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    y, state = ours(x)
+    np.testing.assert_allclose(got[0], y.detach().numpy(), atol=1e-5)
+    h = state[0] if mode == "LSTM" else state
+    np.testing.assert_allclose(got[1], h.detach().numpy(), atol=1e-5)
+
+
+def test_strict_load_refuses_a_nested_unexpected_key_like_nn_gru():
+    ours, theirs = pair("GRU", 3, 4)
+    state = {f"0.{k}": v for k, v in theirs.state_dict().items()}
+    for module in (ours, theirs):
+        with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "0.foo.bar"'):
+            nn.Sequential(module).load_state_dict({**state, "0.foo.bar": torch.zeros(1)})
