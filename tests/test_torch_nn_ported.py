@@ -18,8 +18,8 @@ moved out of the one buffer) and test_cudnn_weight_tying (a tied reverse bias).
 
 Not ported (CUDA-only: multi-GPU device checks, CUDA-side packing, an LSTMCell on CUDA):
 test_cudnn_rnn_dropout_states_device, test_rnn_check_device, test_projections_lstm_check_device,
-test_pack_sequence_batch_sizes_throw, test_lstmcell_backward_only_one_output_grad. Not applicable (they test the cell modules nn.RNNCell,
-nn.GRUCell, nn.LSTMCell, which arrayrnn.torch does not replace): test_RNN_cell,
+test_pack_sequence_batch_sizes_throw, test_lstmcell_backward_only_one_output_grad. Not applicable (they test
+the cell modules nn.RNNCell, nn.GRUCell, nn.LSTMCell, which arrayrnn.torch does not replace): test_RNN_cell,
 test_RNN_cell_forward_zero_hidden_size, test_RNN_cell_no_broadcasting, test_LSTM_cell,
 test_LSTM_cell_forward_input_size, test_LSTM_cell_forward_hidden_size.
 """
@@ -283,7 +283,8 @@ def test_partial_flat_weights():
 def _four_modules(cls_of, **kwargs):
     return [cls_of["LSTM"](10, 20, batch_first=True, **kwargs),
             cls_of["LSTM"](10, 20, batch_first=True, proj_size=10, **kwargs),
-            cls_of["GRU"](10, 20, batch_first=True, **kwargs), cls_of["RNN"](10, 20, batch_first=True, **kwargs)]
+            cls_of["GRU"](10, 20, batch_first=True, **kwargs),
+            cls_of["RNN"](10, 20, batch_first=True, **kwargs)]
 
 
 def _all_inputs(module, x, num_directions):
