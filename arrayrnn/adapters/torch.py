@@ -91,6 +91,47 @@ def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def _autocast_dtypes(module: torch.nn.RNNBase, x: torch.Tensor,
+                     packed: bool) -> tuple[torch.dtype, torch.dtype, torch.dtype] | None:
+    """The dtypes of ``(y, h_n, c_n)`` that ``nn.LSTM`` / ``GRU`` / ``RNN`` return for ``x`` under CPU
+    autocast, or None outside it (then: the input's dtype).
+
+    On CPU, PyTorch's recurrences run their matrix products in autocast's dtype ``low`` and their
+    elementwise state updates promote with the state's dtype; oneDNN's LSTM layer (an unpacked LSTM
+    without projection) is itself on autocast's list and returns ``low``. We compute in float32 and
+    return what PyTorch returns.
+    """
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu") or x.dtype == torch.float64:
+        return None
+    low = torch.get_autocast_dtype("cpu")
+    wide = torch.promote_types(low, x.dtype)
+    if module.mode == "GRU":  # h' = (1 - z) * n + z * h
+        return wide, wide, wide
+    if module.mode != "LSTM":  # h' = act(x W_ih^T + h W_hh^T + b)
+        return low, low, low
+    if module.proj_size:  # c' = f * c + i * g; h' = (o * tanh(c')) W_hr^T
+        return low, low, wide
+    return (low, low, low) if not packed and _onednn_lstm(x) else (wide, wide, wide)
+
+
+def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device`` (the torch-op paths would otherwise run their products in its dtype)."""
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _onednn_lstm(x: torch.Tensor) -> bool:
+    """Whether ``nn.LSTM``'s CPU forward takes oneDNN's LSTM layer for ``x`` (ATen's condition)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) or x.numel() == 0:
+        return False
+    if x.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if x.dtype == torch.float16:
+        return not torch.is_grad_enabled() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return x.dtype == torch.float32
+
+
 def _draw_seed(training: bool, dropout: float, num_layers: int, seed: int | None) -> int | None:
     if seed is not None or not training or dropout == 0.0 or num_layers == 1:
         return seed
@@ -148,6 +189,9 @@ class _FlatWeights:
                 w.data = view
                 offset += w.numel()
 
+    def __prepare_scriptable__(self) -> Any:
+        raise _refuse_scripting(type(self).__name__)
+
     @property
     def flat(self) -> torch.Tensor:
         """The one weight buffer, canonical layout (a view sharing memory with the weights; no autograd)."""
@@ -201,7 +245,7 @@ class _FlatWeights:
             x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
         h0, c0 = self._initial_states(hx, batched)
         self._check_args(x, h0, c0)
-        y, h_n, c_n = self._run(x, h0, c0, lengths)
+        y, h_n, c_n = self._run(x, h0, c0, lengths, _autocast_dtypes(self, x, packed))
         if packed:
             y = _repack(y, input, lengths, self.batch_first)
         elif not batched:
@@ -259,9 +303,16 @@ class _FlatWeights:
             raise InputError(f"Expected sequence length to be larger than 0 in RNN (input has shape "
                              f"{tuple(x.shape)}: T = 0 steps)")
 
-    def _run(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any):
-        dtype = x.dtype
-        compute = _compute_dtype(dtype, x.device)
+    def _run(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any,
+             out_dtypes: tuple[torch.dtype, ...] | None):
+        """``(y, h_n, c_n)`` in ``out_dtypes`` (None: the input's dtype), computed without autocast."""
+        out_dtypes = out_dtypes or (x.dtype,) * 3
+        with _without_autocast(x.device):
+            outputs = self._compute(x, h0, c0, lengths)
+        return tuple(t.to(d) if t is not None else None for t, d in zip(outputs, out_dtypes, strict=True))
+
+    def _compute(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any):
+        compute = _compute_dtype(x.dtype, x.device)
         p = float(self.dropout)
         seed = _draw_seed(self.training, p, self.num_layers, None)
         weights, has_cell = self._weights(), self.mode == "LSTM"
@@ -273,7 +324,7 @@ class _FlatWeights:
                                               lengths)
         else:
             spec = self._spec(str(compute).removeprefix("torch."), p if p < 1 else 0.0)
-            if compute == dtype and self._in_one_buffer(weights):
+            if compute == x.dtype and self._in_one_buffer(weights):
                 inputs, split = weights, _split_of(spec)
             else:  # re-parametrised weights, or a computation in float32: one concatenation per call
                 inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
@@ -281,7 +332,7 @@ class _FlatWeights:
                                    drop_all=p == 1)
             with _as_torch_errors():
                 outputs = torch_call.run(opts, *states, inputs, lengths)
-        return tuple(t.to(dtype) if t is not None else None for t in outputs)
+        return outputs
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
         return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
@@ -384,6 +435,14 @@ class RNN(_FlatWeights, torch.nn.RNNBase):
         super().__init__(modes[nonlinearity], *args, **kwargs)
 
 
+def _refuse_scripting(name: str) -> RuntimeError:
+    """``torch.jit.script`` compiles the forward's Python source; ours calls the engines from Python."""
+    return RuntimeError(f"torch.jit.script cannot compile arrayrnn.torch.{name}: its forward calls "
+                        "arrayrnn's engines from Python. Use torch.jit.trace instead (a saved trace calls "
+                        "the custom op arrayrnn::rnn; import arrayrnn.torch before torch.jit.load), or "
+                        "torch.compile / torch.export")
+
+
 def _refuse_projection(kwargs: dict[str, Any]) -> None:
     if "proj_size" in kwargs:
         raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
@@ -431,6 +490,9 @@ class ArrayRNN(torch.nn.Module):
         self._spec_fields = spec.to_dict()  # what a torch.compile trace reads (no dataclass work there)
         self.batch_first = bool(batch_first)
         self.flat = torch.nn.Parameter(torch.from_numpy(host).to(device))
+
+    def __prepare_scriptable__(self) -> Any:
+        raise _refuse_scripting(type(self).__name__)
 
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:

@@ -14,6 +14,8 @@ with where each sits in the flat buffer), the input and the states, and picks th
   Its backward is the custom op ``arrayrnn::rnn_backward``, which recomputes the forward before the
   BPTT (custom-op residuals must be tensors; the engines' caches are not): one more forward per
   training step under ``torch.compile``;
+- ``torch.jit.trace``: the same custom op, so a trace can be saved (``torch.jit.save``) and loaded in a
+  process that imported :mod:`arrayrnn.torch` (which registers the op);
 - ``torch.onnx.export``: the standard ONNX ``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_onnx`);
 - an empty batch, ``meta`` tensors, ``dropout = 1`` in training and tensors of a ``torch.func`` transform
   (``grad``, ``vmap``, ``jacrev``, ...: their wrapper tensors have no memory the engines could read):
@@ -73,6 +75,8 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
         from . import torch_onnx
 
         return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
+    if torch.jit.is_tracing():  # a trace records the custom op (a Python autograd.Function cannot be saved)
+        return run_compiled(_encode(opts), opts.spec.has_cell, x, h0, c0, weights, lengths)
     inputs = (x, h0, c0, *weights)
     keep_cache = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     opts = dataclasses.replace(opts, lengths=_host_lengths(lengths), keep_cache=keep_cache)
