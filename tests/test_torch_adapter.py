@@ -488,3 +488,32 @@ def test_in_place_change_before_backward_is_torchs_error():
         module.flat.add_(1.0)  # e.g. an optimizer step between forward and backward
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_onnx_export_of_array_rnn_runs_in_onnxruntime_like_the_module(dynamo, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    module = ArrayRNN("lstm", 3, 4, num_layers=2, bidirectional=True, seed=0).eval()
+    x = torch.randn(5, 2, 3)
+    path = str(tmp_path / "m.onnx")
+    if dynamo:
+        torch.onnx.export(module, (x,), dynamo=True, verbose=False).save(path)
+    else:
+        torch.onnx.export(module, (x,), path, dynamo=False, input_names=["x"])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    y, (h, c) = module(x)
+    for a, b in zip(got, (y, h, c), strict=True):
+        np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_jit_trace_of_array_rnn_saves_and_loads(tmp_path):
+    module = ArrayRNN("gru", 3, 4, num_layers=2, seed=0)
+    traced = torch.jit.trace(module, (torch.randn(5, 2, 3),))
+    traced.save(str(tmp_path / "m.pt"))
+    loaded = torch.jit.load(str(tmp_path / "m.pt"))
+    x = torch.randn(7, 3, 3)
+    torch.testing.assert_close(loaded(x)[0], module(x)[0])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn.utils import parametrize, prune
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import arrayrnn as ar
 from arrayrnn.torch import GRU, LSTM, RNN, InputError, InputTypeError
@@ -394,6 +394,23 @@ def test_torch_func_grad_equals_torch_over_weights_and_input(mode):
     (ours_params, ours_dx), (their_params, their_dx) = grads
     torch.testing.assert_close(ours_dx, their_dx)
     torch.testing.assert_close(ours_params, their_params)
+
+
+def test_torch_func_grad_with_lengths_equals_torchs_packed_gradients():
+    """Positional lengths under torch.func.grad (nn.GRU needs a PackedSequence, which grad cannot take:
+    the oracle is its ordinary autograd on the packed batch)."""
+    ours, theirs = pair("GRU", 3, 4, num_layers=2)
+    x, lengths = torch.randn(5, 3, 3), torch.tensor([5, 2, 4])
+
+    def loss(params):
+        return torch.func.functional_call(ours, params, (x, None, lengths))[0].square().sum()
+
+    got = torch.func.grad(loss)({n: p.detach() for n, p in ours.named_parameters()})
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    y = pad_packed_sequence(theirs(packed)[0])[0]
+    y.square().sum().backward()
+    for name, p in theirs.named_parameters():
+        torch.testing.assert_close(got[name], p.grad)
 
 
 def test_torch_func_vmap_equals_a_loop():

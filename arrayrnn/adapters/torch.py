@@ -563,8 +563,13 @@ class ArrayRNN(torch.nn.Module):
                                               lengths)
         else:
             opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
+            flat = self.flat
+            if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
+                # the legacy exporter knows a module's tensors by state_dict(keep_vars=True), which holds
+                # nn.LSTM's per-weight views here, not `flat`: the weights enter as constants (initializers)
+                flat = flat.data
             with _as_torch_errors():
-                outputs = torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
+                outputs = torch_call.run(opts, *states, (flat.to(compute),), lengths)
         return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -78,10 +78,12 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
     if torch.jit.is_tracing():  # a trace records the custom op (a Python autograd.Function cannot be saved)
         return run_compiled(_encode(opts), opts.spec.has_cell, x, h0, c0, weights, lengths)
     inputs = (x, h0, c0, *weights)
+    if any(is_transformed(t) for t in (*inputs, lengths if isinstance(lengths, _Tensor) else None)):
+        return _torch_ops_forward(opts, x, h0, c0, weights, lengths)  # lengths: maybe a wrapper tensor
     keep_cache = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     opts = dataclasses.replace(opts, lengths=_host_lengths(lengths), keep_cache=keep_cache)
-    if _needs_torch_ops(opts, x) or any(is_transformed(t) for t in inputs):
-        return _torch_ops_forward(opts, x, h0, c0, weights)
+    if _needs_torch_ops(opts, x):
+        return _torch_ops_forward(opts, x, h0, c0, weights, opts.lengths)
     return _RNNFunction.apply(opts, x, h0, c0, *weights)
 
 
@@ -109,9 +111,9 @@ def flat_of(opts: _ForwardOptions, weights: Sequence[_Tensor]) -> _Tensor:
 
 
 def _torch_ops_forward(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
-                       weights: Sequence[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+                       weights: Sequence[_Tensor], lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
     T, B = (x.shape[1], x.shape[0]) if opts.batch_first else x.shape[:2]
-    lengths = torch.as_tensor(opts.lengths) if opts.lengths is not None else None
+    lengths = torch.as_tensor(lengths) if lengths is not None else None
     return torch_recurrence.run(opts.spec, flat_of(opts, weights), x, lengths, h0, c0, opts.batch_first,
                                 _masks(opts, T, B, x))
 
@@ -205,7 +207,7 @@ def differentiable_grads(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, 
     inputs = (x, h0, c0, *weights)
     wanted = [i for i, (t, need) in enumerate(zip(inputs, needs, strict=True)) if need and t is not None]
     with torch.enable_grad():
-        outputs = _torch_ops_forward(opts, x, h0, c0, weights)
+        outputs = _torch_ops_forward(opts, x, h0, c0, weights, opts.lengths)
         pairs = [(o, g) for o, g in zip(outputs, cotangents, strict=True) if o is not None and g is not None]
         if not pairs or not wanted:
             return (None,) * len(inputs)
