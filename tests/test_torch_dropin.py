@@ -536,3 +536,25 @@ def test_legacy_onnx_export_of_a_projection_where_torch_refuses_it():
     y, (h, c) = theirs(x)
     for a, b in zip(got, (y, h, c), strict=True):
         np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_distributed_data_parallel_training_equals_torch(bucket_view):
+    """DDP's reducer hooks every weight and may re-point each .grad into its buckets (bucket_view)."""
+    dist = pytest.importorskip("torch.distributed")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+        models = [nn.parallel.DistributedDataParallel(m, gradient_as_bucket_view=bucket_view)
+                  for m in (ours, theirs)]
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+        for _ in range(3):
+            x = torch.randn(5, 2, 3)
+            for model, optimizer in zip(models, optimizers, strict=True):
+                optimizer.zero_grad()
+                model(x)[0].square().sum().backward()
+                optimizer.step()
+        for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+    finally:
+        dist.destroy_process_group()

@@ -568,7 +568,7 @@ class ArrayRNN(torch.nn.Module):
                 # the legacy exporter knows a module's tensors by state_dict(keep_vars=True), which holds
                 # nn.LSTM's per-weight views here, not `flat`: the weights enter as constants (initializers)
                 flat = flat.data
-            with _as_torch_errors():
+            with _as_torch_errors(), _without_autocast(x.device):
                 outputs = torch_call.run(opts, *states, (flat.to(compute),), lengths)
         return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
 
