@@ -265,6 +265,17 @@ def test_cpu_autocast_returns_torchs_dtypes_computed_in_float32(mode, kwargs, pa
     torch.testing.assert_close(results[0][0].float(), y_float, atol=1e-2 if rounded else 1e-6, rtol=1e-2)
 
 
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {}), ("LSTM", {"proj_size": 2}), ("GRU", {})])
+def test_torch_compile_under_cpu_autocast_equals_eager(mode, kwargs):
+    ours, theirs = pair(mode, 3, 4, **kwargs)
+    compiled = torch.compile(ours, fullgraph=True, backend="eager")
+    x = torch.randn(5, 2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want, oracle = compiled(x)[0], ours(x)[0], theirs(x)[0]
+    assert got.dtype == want.dtype == oracle.dtype
+    torch.testing.assert_close(got, want)
+
+
 def test_cpu_autocast_backward_reaches_the_float32_weights_like_torch():
     ours, theirs = pair("LSTM", 3, 4, num_layers=2)
     x = torch.randn(5, 2, 3)

@@ -111,7 +111,7 @@ def _autocast_dtypes(module: torch.nn.RNNBase, x: torch.Tensor,
         return low, low, low
     if module.proj_size:  # c' = f * c + i * g; h' = (o * tanh(c')) W_hr^T
         return low, low, wide
-    return (low, low, low) if not packed and _onednn_lstm(x) else (wide, wide, wide)
+    return (low, low, low) if not packed and _onednn_lstm(x.dtype, x.numel() == 0) else (wide, wide, wide)
 
 
 def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -121,15 +121,17 @@ def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager
     return contextlib.nullcontext()
 
 
-def _onednn_lstm(x: torch.Tensor) -> bool:
-    """Whether ``nn.LSTM``'s CPU forward takes oneDNN's LSTM layer for ``x`` (ATen's condition)."""
-    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) or x.numel() == 0:
+@torch.compiler.assume_constant_result  # a compile-time constant (dynamo does not trace the queries)
+def _onednn_lstm(dtype: torch.dtype, empty: bool) -> bool:
+    """Whether ``nn.LSTM``'s CPU forward takes oneDNN's LSTM layer for an input of ``dtype`` (ATen's
+    condition)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) or empty:
         return False
-    if x.dtype == torch.bfloat16:
+    if dtype == torch.bfloat16:
         return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if x.dtype == torch.float16:
+    if dtype == torch.float16:
         return not torch.is_grad_enabled() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    return x.dtype == torch.float32
+    return dtype == torch.float32
 
 
 def _draw_seed(training: bool, dropout: float, num_layers: int, seed: int | None) -> int | None:
