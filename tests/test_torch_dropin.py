@@ -424,6 +424,15 @@ def test_torch_func_grad_with_lengths_equals_torchs_packed_gradients():
         torch.testing.assert_close(got[name], p.grad)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's own
+def test_torch_func_jacrev_and_hessian_equal_torch():
+    ours, theirs = pair("RNN", 2, 3, num_layers=2, bidirectional=True)
+    x = torch.randn(4, 2, 2)
+    for transform in (torch.func.jacrev(lambda m, x: m(x)[0], argnums=1),
+                      torch.func.hessian(lambda m, x: m(x)[0].tanh().sum(), argnums=1)):
+        torch.testing.assert_close(transform(ours, x), transform(theirs, x))
+
+
 def test_torch_func_vmap_equals_a_loop():
     """nn.LSTM has no batching rule (vmap raises); the drop-in's transform path is plain torch ops."""
     ours, _ = pair("LSTM", 3, 4, proj_size=2)
@@ -453,6 +462,7 @@ def test_torch_jit_trace_equals_eager_on_another_shape():
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_torch_jit_script_is_refused_with_the_way_out():
     model = nn.Sequential(nn.Linear(3, 3), LSTM(3, 4))
     torch.jit.script(nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 4)))  # the oracle scripts
