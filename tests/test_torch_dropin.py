@@ -389,6 +389,17 @@ def test_torch_export_has_the_custom_op():
     torch.testing.assert_close(program.module()(x)[0], ours(x)[0])
 
 
+def test_torch_export_with_a_dynamic_length_and_lengths_equals_torch():
+    ours, theirs = pair("LSTM", 3, 4, bidirectional=True)
+    x, lengths = torch.randn(5, 2, 3), torch.tensor([5, 3])
+    steps = torch.export.Dim("steps", min=2, max=64)
+    program = torch.export.export(ours, (x, None, lengths), dynamic_shapes=({0: steps}, None, None))
+    x, lengths = torch.randn(9, 2, 3), torch.tensor([4, 9])
+    y = program.module()(x, None, lengths)[0]
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    torch.testing.assert_close(y, pad_packed_sequence(theirs(packed)[0], total_length=9)[0])
+
+
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_torch_func_grad_equals_torch_over_weights_and_input(mode):
     ours, theirs = pair(mode, 3, 4, num_layers=2, bidirectional=True)
