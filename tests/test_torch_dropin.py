@@ -381,6 +381,67 @@ def test_torch_compile_fullgraph_equals_eager(mode):
         torch.testing.assert_close(a, b)
 
 
+def test_torch_compile_training_with_dropout_draws_new_masks_without_recompiling():
+    """The seed is drawn by the graph (torch.randint on torch's generator, as eager draws it): every call
+    has new masks, one compilation serves them all, and a call equals eager from the same torch seed."""
+    ours, _ = pair("LSTM", 3, 4, num_layers=3, dropout=0.5)
+    compilations = []
+
+    def backend(graph_module, example_inputs):
+        compilations.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(ours, backend=backend, fullgraph=True)
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    results = []
+    for module in (compiled, ours, compiled):
+        torch.manual_seed(7)
+        x.grad, ours.weight_hh_l1.grad = None, None
+        y = module(x)[0]
+        y.square().sum().backward()
+        results.append((y.detach(), x.grad.clone(), ours.weight_hh_l1.grad.clone()))
+    for a, b in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(compiled(x)[0], compiled(x)[0])
+    assert len(compilations) == 1
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_torch_jit_trace_in_training_draws_new_masks_each_call():
+    ours, _ = pair("GRU", 3, 4, num_layers=2, dropout=0.5)
+    x = torch.randn(5, 2, 3)
+    traced = torch.jit.trace(ours, (x,), check_trace=False)
+    torch.manual_seed(3)
+    first = traced(x)[0]
+    torch.manual_seed(3)
+    torch.testing.assert_close(first, ours(x)[0])
+    assert not torch.equal(traced(x)[0], traced(x)[0])
+
+
+def test_torch_compile_of_an_empty_batch_equals_torch():
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2, bidirectional=True)
+    compiled = torch.compile(ours, fullgraph=True, backend="eager")
+    x = torch.randn(5, 0, 3, requires_grad=True)
+    y, (h, c) = compiled(x)
+    want = theirs(x)
+    assert y.shape == want[0].shape and h.shape == want[1][0].shape and c.shape == want[1][1].shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and ours.weight_ih_l0.grad.abs().sum() == 0
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_dropout_one_in_training_under_compile_and_trace_equals_torch():
+    """p = 1 drops every inter-layer activation (nn.LSTM's result); under a graph capture it runs the
+    torch-op recurrence (a graph break under torch.compile: the layout code is not traceable)."""
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2, dropout=1.0)
+    x = torch.randn(5, 2, 3)
+    want = theirs(x)[0]
+    torch.testing.assert_close(torch.compile(ours, backend="eager")(x)[0], want)
+    torch.testing.assert_close(torch.jit.trace(ours, (x,), check_trace=False)(x)[0], want)
+
+
 def test_torch_export_has_the_custom_op():
     ours, _ = pair("GRU", 3, 4, num_layers=2)
     program = torch.export.export(ours, (torch.randn(5, 2, 3),))

@@ -315,26 +315,25 @@ class _FlatWeights:
 
     def _compute(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any):
         compute = _compute_dtype(x.dtype, x.device)
-        p = float(self.dropout)
-        seed = _draw_seed(self.training, p, self.num_layers, None)
+        dtype, p = str(compute).removeprefix("torch."), float(self.dropout)
         weights, has_cell = self._weights(), self.mode == "LSTM"
         states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
-        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
-            options = torch_call.options_text(self._spec_dict(p), str(compute).removeprefix("torch."),
-                                              self.batch_first, self.training, seed, "auto", per_weight=True)
-            outputs = torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
-                                              lengths)
-        else:
-            spec = self._spec(str(compute).removeprefix("torch."), p if p < 1 else 0.0)
-            if compute == x.dtype and self._in_one_buffer(weights):
-                inputs, split = weights, _split_of(spec)
-            else:  # re-parametrised weights, or a computation in float32: one concatenation per call
-                inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
-            opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
-                                   drop_all=p == 1)
-            with _as_torch_errors():
-                outputs = torch_call.run(opts, *states, inputs, lengths)
-        return outputs
+        capturing = torch_call.capturing_graph()
+        if capturing and not (p == 1 and self.training):  # the custom op; options: a compile-time constant
+            options = torch_call.options_text(self._spec_dict(p), dtype, self.batch_first, self.training,
+                                              None, "auto", per_weight=True)
+            return torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
+                                           lengths, torch_call.seed_tensor(self.training, p, self.num_layers))
+        spec = self._spec(dtype, p if p < 1 else 0.0)
+        if compute == x.dtype and not capturing and self._in_one_buffer(weights):
+            inputs, split = weights, _split_of(spec)
+        else:  # re-parametrised weights, or a computation in float32: one concatenation per call
+            inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
+        seed = _draw_seed(self.training, spec.dropout, self.num_layers, None)
+        opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
+                               drop_all=p == 1)
+        with _as_torch_errors():
+            return torch_call.run(opts, *states, inputs, lengths)
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
         return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
@@ -556,23 +555,29 @@ class ArrayRNN(torch.nn.Module):
         compute = _compute_dtype(self.flat.dtype, self.flat.device)
         if x.dim() == 3 and x.shape[1 if self.batch_first else 0] == 0:
             raise InputError(f"x has shape {tuple(x.shape)}: T = 0 steps; expected at least one step")
-        seed = _draw_seed(self.training, self._spec.dropout, self._spec.num_layers, seed)
         states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
-        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
-            options = torch_call.options_text(self._spec_fields, str(compute).removeprefix("torch."),
-                                              self.batch_first, self.training, seed, engine, per_weight=False)
-            outputs = torch_call.run_compiled(options, self._spec.has_cell, *states, [self.flat.to(compute)],
-                                              lengths)
-        else:
-            opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
+        with _without_autocast(x.device):
+            outputs = self._compute(states, lengths, engine, seed, compute)
+        return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
+
+    def _compute(self, states: list, lengths: Any, engine: str, seed: int | None, compute: torch.dtype):
+        spec = self._spec
+        if torch_call.capturing_graph():  # the custom op; the options are a compile-time constant
             flat = self.flat
             if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
                 # the legacy exporter knows a module's tensors by state_dict(keep_vars=True), which holds
                 # nn.LSTM's per-weight views here, not `flat`: the weights enter as constants (initializers)
                 flat = flat.data
-            with _as_torch_errors(), _without_autocast(x.device):
-                outputs = torch_call.run(opts, *states, (flat.to(compute),), lengths)
-        return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
+            options = torch_call.options_text(self._spec_fields, str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, seed, engine, per_weight=False)
+            drawn = None if seed is not None else torch_call.seed_tensor(self.training, spec.dropout,
+                                                                           spec.num_layers)
+            return torch_call.run_compiled(options, spec.has_cell, *states, [flat.to(compute)], lengths,
+                                           drawn)
+        seed = _draw_seed(self.training, spec.dropout, spec.num_layers, seed)
+        opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
+        with _as_torch_errors():
+            return torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if hx is None:
