@@ -17,10 +17,12 @@ Weights that are not such views (``weight_norm``, ``parametrize``, pruning, a re
 concatenated for the call instead (one copy per forward; gradients reach them through autograd);
 ``flatten_parameters()`` puts plain Parameters back into one buffer. ``module.to()`` / ``.double()`` /
 ``.cuda()`` re-flatten. Half precision and bfloat16 run in float32 (on CPU; bfloat16 everywhere) and
-come back in the input's dtype. An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode and
-gradients of gradients run the differentiable torch-op path (:mod:`.torch_recurrence`);
-``torch.compile`` and ``torch.export`` see the custom op ``arrayrnn::rnn``; ``torch.onnx.export``
-emits ONNX's ``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_call`).
+come back in the input's dtype; under CPU autocast the results come back in the dtypes ``nn.*`` returns
+there (:func:`_autocast_dtypes`). An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode,
+``torch.func`` transforms and gradients of gradients run the differentiable torch-op path
+(:mod:`.torch_recurrence`); ``torch.compile``, ``torch.export`` and ``torch.jit.trace`` see the custom op
+``arrayrnn::rnn``; both ``torch.onnx.export`` exporters emit ONNX's ``LSTM`` / ``GRU`` / ``RNN``
+operators (:mod:`.torch_call`); ``torch.jit.script`` is refused with the alternatives.
 
 Errors: the drop-in classes run ``nn.RNNBase``'s own input checks, so they raise what ``nn.LSTM``
 raises, with its messages. Everything arrayrnn itself refuses is :class:`InputError` (a
@@ -29,7 +31,8 @@ raises, with its messages. Everything arrayrnn itself refuses is :class:`InputEr
 ``TypeError`` both keep working.
 
 Dropout: in training mode each forward draws its mask seed from torch's default generator
-(``torch.randint``), so ``torch.manual_seed`` makes a run reproducible; the masks are arrayrnn's
+(``torch.randint``; in a captured graph the graph draws it), so ``torch.manual_seed`` makes a run
+reproducible; the masks are arrayrnn's
 (:mod:`arrayrnn.frontend.dropout`), not the ones ``nn.LSTM`` would draw. ``dropout`` may be reassigned
 between calls, as on ``nn.LSTM``.
 
