@@ -15,7 +15,7 @@ from torch.nn.utils import parametrize, prune
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import arrayrnn as ar
-from arrayrnn.torch import GRU, LSTM, RNN, InputError, InputTypeError
+from arrayrnn.torch import GRU, LSTM, RNN, ArrayRNN, InputError, InputTypeError
 
 PAIRS = {"LSTM": (LSTM, nn.LSTM), "GRU": (GRU, nn.GRU), "RNN": (RNN, nn.RNN)}
 
@@ -379,6 +379,21 @@ def test_torch_compile_fullgraph_equals_eager(mode):
         results.append((y.detach(), x.grad.clone(), ours.flat_grad.clone()))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_torch_compile_fullgraph_of_modules_with_different_configurations():
+    """The code is shared by every module: once a size or the dropout differs between compilations,
+    torch.compile makes it symbolic; the options the custom op needs must stay constants."""
+    x = torch.randn(5, 2, 3)
+    for kwargs in ({"num_layers": 2}, {"num_layers": 3, "dropout": 0.5}, {"num_layers": 1, "hidden_size": 5}):
+        hidden_size = kwargs.pop("hidden_size", 4)
+        ours, theirs = pair("GRU", 3, hidden_size, **kwargs)
+        ours.eval(), theirs.eval()
+        torch.testing.assert_close(torch.compile(ours, fullgraph=True, backend="eager")(x)[0], theirs(x)[0])
+    module = ArrayRNN("lstm", 3, 4, num_layers=2, dropout=0.5, seed=0)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    for seed in (1, 2):
+        torch.testing.assert_close(compiled(x, seed=seed)[0], module(x, seed=seed)[0])
 
 
 def test_torch_compile_training_with_dropout_draws_new_masks_without_recompiling():

@@ -170,8 +170,30 @@ def _check_state_tensors(x: torch.Tensor, states: dict[str, torch.Tensor | None]
 
 
 # -- the drop-in classes ------------------------------------------------------------------------------
+_SPEC_ATTRIBUTES = ("mode", "input_size", "hidden_size", "num_layers", "bias", "bidirectional", "proj_size",
+                    "dropout")
+
+
 class _FlatWeights:
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _SPEC_ATTRIBUTES:
+            self._refresh_spec_text()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._refresh_spec_text()
+
+    def _refresh_spec_text(self) -> None:
+        """``_spec_text``: the configuration as :func:`torch_call.spec_text` (what a compiled call reads),
+        once every attribute exists and while ``dropout`` is a number (the forward refuses it otherwise)."""
+        if not all(name in self.__dict__ for name in _SPEC_ATTRIBUTES):
+            return
+        p = self.dropout
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1:
+            self.__dict__["_spec_text"] = torch_call.spec_text(self._spec_dict(float(p)))
 
     def flatten_parameters(self) -> None:
         """Put the weights into one buffer (their views) if they are not there; a no-op when they are.
@@ -323,8 +345,8 @@ class _FlatWeights:
         states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
         capturing = torch_call.capturing_graph()
         if capturing and not (p == 1 and self.training):  # the custom op; options: a compile-time constant
-            options = torch_call.options_text(self._spec_dict(p), dtype, self.batch_first, self.training,
-                                              None, "auto", per_weight=True)
+            options = torch_call.options_text(self._spec_text, dtype, self.batch_first, self.training,
+                                              "auto", per_weight=True)
             return torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
                                            lengths, torch_call.seed_tensor(self.training, p, self.num_layers))
         spec = self._spec(dtype, p if p < 1 else 0.0)
@@ -491,12 +513,17 @@ class ArrayRNN(torch.nn.Module):
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         host = ar.PackedParams.init(spec, seed=seed).data
         self._spec = spec
-        self._spec_fields = spec.to_dict()  # what a torch.compile trace reads (no dataclass work there)
+        self._spec_text = torch_call.spec_text(spec.to_dict())  # what a compiled call reads: a constant
         self.batch_first = bool(batch_first)
         self.flat = torch.nn.Parameter(torch.from_numpy(host).to(device))
 
     def __prepare_scriptable__(self) -> Any:
         raise _refuse_scripting(type(self).__name__)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "_spec_text" not in self.__dict__:  # saved before the attribute existed
+            self._spec_text = torch_call.spec_text(self._spec.to_dict())
 
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:
@@ -571,10 +598,12 @@ class ArrayRNN(torch.nn.Module):
                 # the legacy exporter knows a module's tensors by state_dict(keep_vars=True), which holds
                 # nn.LSTM's per-weight views here, not `flat`: the weights enter as constants (initializers)
                 flat = flat.data
-            options = torch_call.options_text(self._spec_fields, str(compute).removeprefix("torch."),
-                                              self.batch_first, self.training, seed, engine, per_weight=False)
-            drawn = None if seed is not None else torch_call.seed_tensor(self.training, spec.dropout,
-                                                                           spec.num_layers)
+            options = torch_call.options_text(self._spec_text, str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, engine, per_weight=False)
+            if seed is None:
+                drawn = torch_call.seed_tensor(self.training, spec.dropout, spec.num_layers)
+            else:
+                drawn = torch.full((), seed, dtype=torch.int64)
             return torch_call.run_compiled(options, spec.has_cell, *states, [flat.to(compute)], lengths,
                                            drawn)
         seed = _draw_seed(self.training, spec.dropout, spec.num_layers, seed)

@@ -255,14 +255,21 @@ def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c
 
 
 @torch.compiler.assume_constant_result
-def options_text(spec: dict, dtype: str, batch_first: bool, training: bool, seed: int | None, engine: str,
+def options_text(spec: str, dtype: str, batch_first: bool, training: bool, engine: str,
                  per_weight: bool) -> str:
     """The options of a call as the custom ops' one string argument (a custom op takes no Python objects):
-    ``spec`` as :meth:`arrayrnn.RNNSpec.to_dict`, computed in ``dtype``; ``per_weight``: the weights come
-    one per block (else as the one flat buffer)."""
-    spec = ar.RNNSpec.from_dict({**spec, "dtype": dtype})
+    ``spec``: :func:`spec_text` of the stack, computed in ``dtype``; ``per_weight``: the weights come one per
+    block (else as the one flat buffer). The seed is the op's tensor argument (:func:`seed_tensor`)."""
+    spec = ar.RNNSpec.from_dict({**json.loads(spec), "dtype": dtype})
     split = _split_of(spec) if per_weight else None
-    return _encode(_ForwardOptions(spec, None, batch_first, training, seed, engine, split))
+    return _encode(_ForwardOptions(spec, None, batch_first, training, None, engine, split))
+
+
+def spec_text(fields: dict[str, Any]) -> str:
+    """:meth:`arrayrnn.RNNSpec.to_dict`'s fields as a string, kept on a module: a string attribute is a
+    constant to ``torch.compile``, where ints and floats read from a module may become symbolic once they
+    differ between compilations (and :func:`options_text` needs constants)."""
+    return json.dumps(fields, sort_keys=True)
 
 
 def _split_of(spec: ar.RNNSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
