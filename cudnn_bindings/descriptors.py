@@ -163,6 +163,7 @@ class DropoutDescriptor(_Owned):
                  states_size: int = 0, seed: int = 0) -> None:
         super().__init__()
         self._handle: Handle | None = None
+        dropout = _as_float("dropout", dropout)
         if handle is None and dropout != 0.0:
             raise ValueError(f"dropout = {dropout} needs a Handle (and a states buffer); got handle = None")
         setup = (lambda: self.set(handle, dropout, states=states, states_size=states_size, seed=seed)

@@ -27,6 +27,7 @@ from .args import (
     Stream,
     ULongLong,
     checked,
+    integer,
 )
 from .errors import CudnnError
 
@@ -40,6 +41,7 @@ ArrayLength = Annotated[int, IntIn(0, 2**31 - 1, "C int; entries the seq_lengths
 
 def check(status: int, function: str, hint: str = "") -> None:
     """Raise `CudnnError` unless ``status`` is ``CUDNN_STATUS_SUCCESS``; reads cuDNN's last error text."""
+    status = integer("status", status, -2**31, 2**31 - 1, "a cudnnStatus_t: C int")
     if status == 0:
         return
     try:

@@ -193,3 +193,25 @@ def test_small_int_as_a_typed_handle_is_refused(descs: dict) -> None:
         cb.weight_space_size(0, descs["rnn"])
     with cb.DropoutDescriptor() as drop, pytest.raises(ValueError, match=r"states = 0x40; expected 0 "):
         drop.set(FAKE_HANDLE, 0.5, states=64, states_size=64)
+
+
+def test_other_public_entry_points() -> None:
+    with pytest.raises(TypeError, match=r"status must be an integer .*; got 'x' \(str\)"):
+        cb.check("x", "cudnnFoo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"status = 1099511627776; expected an integer in"):
+        cb.check(2**40, "cudnnFoo")
+    with pytest.raises(cb.CudnnError, match="CUDNN_STATUS_BAD_PARAM"):
+        cb.check(2000, "cudnnFoo")
+    with pytest.raises(TypeError, match=r"dropout must be a real number; got 'x'"):
+        cb.DropoutDescriptor(None, "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"dims = \(2, 65536, 65536\) is too large to pack: the outer "
+                                         r"stride would be 4294967296 > 2147483647"):
+        cb.TensorConfig(dims=(2, 2**16, 2**16))
+
+
+def test_a_large_batch_has_a_short_repr() -> None:
+    """The repr listed every length (a 2**31-row batch printed gigabytes)."""
+    cfg = cb.SeqDataConfig(max_seq_length=3, batch_size=1000, vector_size=1)
+    assert repr(cfg).endswith("seq_lengths=[3, 3, 3, 3, 3, 3, 3, 3, ... (1000 lengths)])")
+    small = cb.SeqDataConfig(max_seq_length=3, batch_size=2, vector_size=1)
+    assert repr(small).endswith("seq_lengths=[3, 3])")
