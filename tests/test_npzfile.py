@@ -261,6 +261,16 @@ def test_object_arrays_are_refused_without_unpickling(tmp_path):
         npzfile.read(path, "t", range(1, 2))
 
 
+@pytest.mark.parametrize(("path", "exc", "message"), [
+    (3, TypeError, "path has type int"),  # open(3) would read file descriptor 3
+    (b"f.npz", TypeError, "path has type bytes"),
+    ("", ValueError, "path is empty"),
+])
+def test_read_refuses_what_is_not_a_file_name(path, exc, message):
+    with pytest.raises(exc, match=message):
+        npzfile.read(path, "t", range(1, 2))
+
+
 def test_a_directory_or_a_missing_file_is_the_os_error(tmp_path):
     with pytest.raises(IsADirectoryError):
         npzfile.read(tmp_path, "t", range(1, 2))

@@ -87,13 +87,7 @@ def file_target(path: str | os.PathLike) -> Path:
     """``path`` as a file to write, or a clear error naming it: not a path (``TypeError``), empty
     (``ValueError``), a directory or ending with a separator (``IsADirectoryError``), in a folder that does
     not exist (``FileNotFoundError``) or under a file (``NotADirectoryError``)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path has type {type(path).__name__}; expected a str or os.PathLike file name")
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        raise TypeError(f"path = {text!r} is bytes; expected a str or os.PathLike file name")
-    if text == "":
-        raise ValueError("path is empty; expected a file name such as 'model.npz'")
+    text = _path_text(path)
     separators = (os.sep, os.altsep) if os.altsep else (os.sep,)
     target = Path(text)
     if text.endswith(separators) or target.is_dir():
@@ -106,6 +100,16 @@ def file_target(path: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise NotADirectoryError(f"path = {text!r}: {str(folder)!r} is a file, not a folder")
     return target
+
+
+def _path_text(path: Any) -> str:
+    """``path`` as a non-empty ``str`` (an int would open a file descriptor; bytes are refused too)."""
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise TypeError(f"path has type {type(path).__name__}; expected a str or os.PathLike file name")
+    text = os.fspath(path)
+    if text == "":
+        raise ValueError("path is empty; expected a file name such as 'model.npz'")
+    return text
 
 
 def _mode_for(path: Path) -> int:
@@ -164,7 +168,7 @@ def _check_kind(path: Any, header: dict[str, Any], kind: str, versions: range) -
 
 
 def _open_archive(path: str | os.PathLike, what: str) -> zipfile.ZipFile:
-    with open(path, "rb") as f:  # a missing file, a directory, no permission: the OSError as it is
+    with open(_path_text(path), "rb") as f:  # missing, a directory, no permission: the OSError as it is
         magic = f.read(len(_NPY_MAGIC))
     if magic == _NPY_MAGIC:
         raise ValueError(f"{path}: holds a bare .npy array; expected an .npz {what}")
