@@ -41,15 +41,15 @@ def load(path: str | os.PathLike) -> PackedParams:
     """Read a file written by :func:`save`; every field is validated (``ValueError`` if damaged/foreign).
     The spec in the header fixes the buffer's dtype and length, which are checked against the member's
     declaration before its data is read (a forged shape never reaches an allocation)."""
-    specs: list[RNNSpec] = []
+    header, members = npzfile.read(path, KIND, VERSIONS, expect=lambda h: _expected_members(path, h))
+    spec = _validate_header(path, header)
+    _validate_data(path, header, spec, members["data"])
+    return PackedParams(spec, members["data"])
 
-    def expect(header: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
-        specs.append(_validate_header(path, header))
-        return {"data": (specs[0].dtype, (layout_of(specs[0]).size,))}
 
-    header, members = npzfile.read(path, KIND, VERSIONS, expect=expect)
-    _validate_data(path, header, specs[0], members["data"])
-    return PackedParams(specs[0], members["data"])
+def _expected_members(path: Any, header: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    spec = _validate_header(path, header)
+    return {"data": (spec.dtype, (layout_of(spec).size,))}
 
 
 def _validate_header(path: Any, header: dict[str, Any]) -> RNNSpec:
