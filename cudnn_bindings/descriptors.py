@@ -134,6 +134,7 @@ class Handle(_Owned):
         super().__init__()
         self.device = _as_int("device", device, 0)
         self._stream_obj: Any = None
+        _cuda.stream_address(stream)  # a bad stream is refused before a handle is created
         _cuda.select_device(self.device)
         try:
             ptr = raw.create()

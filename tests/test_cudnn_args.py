@@ -215,3 +215,10 @@ def test_a_large_batch_has_a_short_repr() -> None:
     assert repr(cfg).endswith("seq_lengths=[3, 3, 3, 3, 3, 3, 3, 3, ... (1000 lengths)])")
     small = cb.SeqDataConfig(max_seq_length=3, batch_size=2, vector_size=1)
     assert repr(small).endswith("seq_lengths=[3, 3])")
+
+
+@pytest.mark.parametrize(("stream", "exc"), [(5, ValueError), ("s", TypeError)])
+def test_handle_checks_its_stream_before_creating(stream: object, exc: type) -> None:
+    """Without a GPU cudnnCreate fails: the stream error must come first (with a GPU: no handle made)."""
+    with pytest.raises(exc, match="stream"):
+        cb.Handle(0, stream=stream)
