@@ -51,6 +51,8 @@ def _describe(value: Any) -> str:
 def integer(name: str, value: Any, lo: int, hi: int, what: str = "") -> int:
     """``value`` as a Python int in ``lo..hi``; ``TypeError`` for non-integers and bools. ``what`` says
     where the range comes from (e.g. "C int")."""
+    if type(value) is int and lo <= value <= hi:  # the common case, first and cheap
+        return value
     note = f" ({what})" if what else ""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an integer{note}; got {_describe(value)}")
@@ -62,6 +64,8 @@ def integer(name: str, value: Any, lo: int, hi: int, what: str = "") -> int:
 
 def address(name: str, value: Any, *, nullable: bool = True) -> int | None:
     """An address: ``None``/``0`` (NULL, where ``nullable``) or an int in ``4096..2**64 - 1``."""
+    if type(value) is int and MIN_ADDRESS <= value <= _MAX_ADDRESS:  # the common case, first and cheap
+        return value
     if value is None and nullable:
         return None
     if isinstance(value, bool) or not hasattr(value, "__index__"):
@@ -152,29 +156,31 @@ def _checkers(fn: Callable) -> dict[str, Callable[[str, Any], Any]]:
     return found
 
 
+def _unchecked(name: str, value: Any) -> Any:
+    return value
+
+
 def checked(fn: Callable) -> Callable:
     """Check (and convert) every argument annotated with one of this module's C types before calling ``fn``.
     Errors name the parameter and the C function's Python wrapper."""
     sig = inspect.signature(fn)
     checks = _checkers(fn)
-    names = list(sig.parameters)
+    plan = [(name, checks.get(name, _unchecked)) for name in sig.parameters]
 
-    def convert(name: str, value: Any) -> Any:
-        check = checks.get(name)
-        if check is None:
-            return value
+    def convert(pairs: Any) -> list[Any]:
         try:
-            return check(name, value)
+            return [check(name, value) for (name, check), value in pairs]
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{fn.__name__}: {exc}") from None
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and len(args) == len(names):
-            return fn(*(convert(n, v) for n, v in zip(names, args, strict=True)))
+        if not kwargs and len(args) == len(plan):
+            return fn(*convert(zip(plan, args, strict=True)))
         bound = sig.bind(*args, **kwargs)
-        for name, value in bound.arguments.items():
-            bound.arguments[name] = convert(name, value)
+        names = list(bound.arguments)
+        values = convert(((name, checks.get(name, _unchecked)), bound.arguments[name]) for name in names)
+        bound.arguments.update(zip(names, values, strict=True))
         return fn(*bound.args, **bound.kwargs)
 
     return wrapper
