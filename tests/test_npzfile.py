@@ -286,6 +286,8 @@ def test_a_directory_or_a_missing_file_is_the_os_error(tmp_path):
     (".", IsADirectoryError, r"path = '\.' names a directory"),
     ("sub", IsADirectoryError, r"path = 'sub' names a directory"),
     ("old.npz/", IsADirectoryError, r"path = 'old.npz/' names a directory"),
+    ("newdir/.", IsADirectoryError, r"path = 'newdir/\.' names a directory"),
+    ("sub/..", IsADirectoryError, r"path = 'sub/\.\.' names a directory"),
     ("missing/m.npz", FileNotFoundError, r"path = 'missing/m.npz': its folder 'missing' does not exist"),
     ("old.npz/m.npz", NotADirectoryError, r"'old.npz' is a file, not a folder"),
     (b"m.npz", TypeError, r"path has type bytes"),

@@ -88,9 +88,8 @@ def file_target(path: str | os.PathLike) -> Path:
     (``ValueError``), a directory or ending with a separator (``IsADirectoryError``), in a folder that does
     not exist (``FileNotFoundError``) or under a file (``NotADirectoryError``)."""
     text = _path_text(path)
-    separators = (os.sep, os.altsep) if os.altsep else (os.sep,)
-    target = Path(text)
-    if text.endswith(separators) or target.is_dir():
+    target = Path(text)  # note: Path drops a trailing separator and "." ("newdir/" -> "newdir")
+    if os.path.basename(text) in ("", ".", "..") or target.is_dir():
         raise IsADirectoryError(f"path = {text!r} names a directory; expected a file name such as "
                                 f"{str(target / 'model.npz')!r}")
     folder = target.parent
