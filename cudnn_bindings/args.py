@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 __all__ = ["CInt", "CInt32", "CUInt32", "SizeT", "ULongLong", "Enum", "CFloat", "CDouble", "Address",
-           "Stream", "IntIn", "IntArray", "checked", "owned", "address", "integer", "MIN_ADDRESS"]
+           "Stream", "IntIn", "IntArray", "checked", "owned", "address", "stream", "integer", "MIN_ADDRESS"]
 
 MIN_ADDRESS = 4096  # addresses below this (the first page) are never mapped
 _MAX_ADDRESS = 2**64 - 1
