@@ -51,6 +51,8 @@ def refusal(spec: RNNSpec) -> str | None:
                 "against the reference engine on a GPU (tests/test_cudnn_engine.py::test_gpu_cell_clip)")
     if spec.dtype not in DATA_TYPES:
         return f"dtype = {spec.dtype!r}; cuDNN runs float16, float32 and float64"
+    if spec.peepholes:
+        return "peepholes=True: cuDNN's LSTM has no peephole weights; use engine='cupy' or 'reference'"
     return None
 
 
@@ -132,6 +134,8 @@ def index_map(spec: RNNSpec, itemsize: int, native_bytes: int, query: Query) -> 
     if native_bytes // itemsize >= 2**31:
         raise ValueError(f"weight space of {native_bytes // itemsize} elements; the int32 index map holds "
                          "fewer than 2**31")
+    if spec.peepholes:
+        raise ValueError(f"spec {spec} has peepholes; {refusal(spec)}")
     idx = np.empty(layout_of(spec).size, np.int32)
     for block in layout_of(spec).blocks:
         ids, part = _lin_ids(spec, block.name)
