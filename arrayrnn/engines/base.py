@@ -114,6 +114,26 @@ class Call:
 
 # -- stack level --------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
+class CellMasks:
+    """The masks of the cell variants for one call (:func:`arrayrnn.frontend.dropout.cell_masks` draws
+    them), caller's row order, index ``k = layer * D + direction`` first; ``None`` where off.
+
+    ``recurrent``: ``(L*D, B, H_out)``, 0 or ``1/(1-p)``, multiplies ``h_{t-1}`` where it enters the
+    recurrent products. ``weight``: ``(L*D, G*H, H_out)``, 0 or ``1/(1-p)``, multiplies ``W_hh``.
+    ``zoneout_h`` ``(L*D, T, B, H_out)`` and ``zoneout_c`` ``(L*D, T, B, H)``: the weight ``m`` of the
+    previous state in ``h_t = m*h_{t-1} + (1-m)*h~_t`` (0 or 1 in training, ``z`` in inference).
+    """
+
+    recurrent: Array | None = None
+    weight: Array | None = None
+    zoneout_h: Array | None = None
+    zoneout_c: Array | None = None
+
+    def __iter__(self):
+        return iter((self.recurrent, self.weight, self.zoneout_h, self.zoneout_c))
+
+
+@dataclass(frozen=True, eq=False)
 class StackForward:
     y: Array                 # caller's layout (T, B, D*H_out) or (B, T, D*H_out), zero past each row's end
     h_n: Array               # (L*D, B, H_out)
