@@ -23,6 +23,7 @@ import cudnn_bindings as cb
 
 from ..core.layout import layout_of
 from ..core.spec import RNNSpec
+from .base import call_variants
 
 Array = Any
 
@@ -56,6 +57,17 @@ def refusal(spec: RNNSpec) -> str | None:
     return None
 
 
+def variant_refusal(call: Any) -> str | None:
+    """Why cuDNN cannot run this call's cell variants (see ``arrayrnn.engines.base.call_variants``), or
+    ``None``: cuDNN's RNN has neither recurrent dropout, DropConnect nor zoneout (its dropout acts between
+    layers only), no peepholes, and returns the states of the last layer only."""
+    variants = call_variants(call)
+    if not variants:
+        return None
+    return (f"{', '.join(variants)}: cuDNN's RNN has no recurrent dropout, DropConnect, zoneout or "
+            "peepholes, and returns only the last layer's states; use engine='cupy' or 'reference'")
+
+
 def library_reason() -> str | None:
     """Why libcudnn cannot be used here (the bindings' own answer), or ``None``."""
     try:
@@ -71,7 +83,7 @@ def check(call: Any) -> str | None:
     another engine would cost more than cuDNN's fixed overhead)."""
     if call.xp is np:
         return "cuDNN runs on CuPy (GPU) arrays; these are NumPy arrays"
-    reason = library_reason() or refusal(call.spec)
+    reason = library_reason() or refusal(call.spec) or variant_refusal(call)
     if (reason is None and not call.explicit and call.params_format != "cudnn"
             and call.seq_len < AUTO_MIN_SEQ_LEN):
         reason = (f"T = {call.seq_len} is below cuDNN's threshold of {AUTO_MIN_SEQ_LEN} steps "
