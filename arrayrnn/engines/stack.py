@@ -98,7 +98,8 @@ def direction_weights(params: PackedParams, layer: int, direction: int,
     W_hh = block("W_hh") if m.weight is None else block("W_hh") * m.weight[k]
     return DirectionWeights(W_ih=block("W_ih"), W_hh=W_hh, b_ih=b_ih, b_hh=b_hh, W_hr=block("W_hr"),
                             input_bias=input_bias, inner_bias=inner_bias, P=block("P"),
-                            h_mask=mine(m.recurrent), zoneout_h=mine(m.zoneout_h), zoneout_c=mine(m.zoneout_c))
+                            h_mask=mine(m.recurrent), zoneout_h=mine(m.zoneout_h),
+                            zoneout_c=mine(m.zoneout_c))
 
 
 def sorted_cell_masks(order: BatchOrder, masks: CellMasks | None) -> CellMasks | None:
@@ -106,7 +107,8 @@ def sorted_cell_masks(order: BatchOrder, masks: CellMasks | None) -> CellMasks |
     if masks is None:
         return None
     return CellMasks(recurrent=order.sort(masks.recurrent, axis=1), weight=masks.weight,
-                     zoneout_h=order.sort(masks.zoneout_h, axis=2), zoneout_c=order.sort(masks.zoneout_c, axis=2))
+                     zoneout_h=order.sort(masks.zoneout_h, axis=2),
+                     zoneout_c=order.sort(masks.zoneout_c, axis=2))
 
 
 def input_projection(x: Array, w: DirectionWeights) -> Array:
@@ -324,7 +326,8 @@ def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int
     else:
         put("W_hh", dpre_rec.T @ h_prev)
     if cell_masks is not None and cell_masks.weight is not None:
-        grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[layer * spec.num_directions + direction]
+        k = layer * spec.num_directions + direction
+        grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
     if w.W_hr is not None:
         m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
         put("W_hr", _rows(g.d_h).T @ _rows(m))
