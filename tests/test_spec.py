@@ -139,6 +139,9 @@ def test_cell_variant_defaults_and_zoneout_cell_follows_zoneout():
     assert RNNSpec("lstm", 3, 5, zoneout=0.25) == RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.25)
     assert RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.0).zoneout_cell == 0.0
     assert RNNSpec("gru", 3, 5, zoneout=0.25).zoneout_cell is None
+    # replace(mode=...) of an LSTM spec carries its zoneout_cell: one that only follows zoneout is dropped
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).replace(mode="gru") == RNNSpec("gru", 3, 5, zoneout=0.25)
+    assert RNNSpec("lstm", 3, 5).replace(mode="rnn_tanh").zoneout_cell is None
     spec = RNNSpec("lstm", 3, 5, recurrent_dropout=np.float32(0.5), weight_dropout=0.1,
                    peepholes=np.bool_(True))
     assert spec.recurrent_dropout == 0.5 and type(spec.recurrent_dropout) is float and spec.peepholes is True

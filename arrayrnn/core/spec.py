@@ -136,7 +136,9 @@ class RNNSpec:
         if self.peepholes and self.mode != "lstm":
             raise ValueError(f"peepholes = True with mode = {self.mode!r}; peephole connections exist only "
                              "for mode='lstm' (use peepholes=False)")
-        if self.zoneout_cell is None:
+        # zoneout_cell follows zoneout unless set; a mode without a cell keeps None (a value of 0 or of
+        # zoneout, as spec.replace(mode=...) of an LSTM spec carries, means the same and becomes None)
+        if self.zoneout_cell is None or (self.mode != "lstm" and self.zoneout_cell in (0.0, self.zoneout)):
             cell = self.zoneout if self.mode == "lstm" else None
         elif self.mode != "lstm":
             raise ValueError(f"zoneout_cell = {self.zoneout_cell!r} with mode = {self.mode!r}; only an LSTM "
