@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,51 @@ def test_bool_like_numpy_values_are_not_sizes():
         ar.RNNSpec(mode="lstm", input_size=np.True_, hidden_size=2)
     with pytest.raises(ValueError, match="bidirectional = 1"):
         ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2, bidirectional=1)
+
+
+# -- cell variants (issue 24) -------------------------------------------------------------------------
+def test_cell_variant_defaults_and_zoneout_cell_follows_zoneout():
+    plain = RNNSpec("lstm", 3, 5)
+    fields = (plain.recurrent_dropout, plain.weight_dropout, plain.zoneout, plain.peepholes)
+    assert fields == (0.0, 0.0, 0.0, False)
+    assert plain.zoneout_cell == 0.0 and plain.variants == ()
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).zoneout_cell == 0.25
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25) == RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.25)
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.0).zoneout_cell == 0.0
+    assert RNNSpec("gru", 3, 5, zoneout=0.25).zoneout_cell is None
+    # replace(mode=...) of an LSTM spec carries its zoneout_cell: one that only follows zoneout is dropped
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).replace(mode="gru") == RNNSpec("gru", 3, 5, zoneout=0.25)
+    assert RNNSpec("lstm", 3, 5).replace(mode="rnn_tanh").zoneout_cell is None
+    spec = RNNSpec("lstm", 3, 5, recurrent_dropout=np.float32(0.5), weight_dropout=0.1,
+                   peepholes=np.bool_(True))
+    assert spec.recurrent_dropout == 0.5 and type(spec.recurrent_dropout) is float and spec.peepholes is True
+    assert spec.variants == ("recurrent_dropout", "weight_dropout", "peepholes")
+    assert RNNSpec("lstm", 3, 5, zoneout_cell=0.5).variants == ("zoneout_cell",)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(mode="lstm", recurrent_dropout=1.0), r"recurrent_dropout = 1.0; expected a probability in \[0, 1"),
+    (dict(mode="lstm", weight_dropout=-0.1), r"weight_dropout = -0.1; expected a probability"),
+    (dict(mode="gru", zoneout="0.1"), r"zoneout = '0.1'; expected a probability"),
+    (dict(mode="lstm", zoneout_cell=True), r"zoneout_cell = True; expected a probability"),
+    (dict(mode="gru", zoneout_cell=0.1), r"zoneout_cell = 0.1 with mode = 'gru'; only an LSTM has a cell"),
+    (dict(mode="gru", peepholes=True), r"peepholes = True with mode = 'gru'; .*only for mode='lstm'"),
+    (dict(mode="lstm", peepholes=1), r"peepholes = 1; expected True or False"),
+])
+def test_cell_variant_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RNNSpec(input_size=3, hidden_size=4, **kwargs)
+
+
+def test_plain_spec_dict_has_no_variant_fields_and_variant_dicts_round_trip():
+    assert set(RNNSpec("lstm", 3, 5).to_dict()) == {
+        "mode", "input_size", "hidden_size", "num_layers", "bidirectional", "bias", "proj_size", "cell_clip",
+        "dropout", "reset_after", "dtype"}
+    for spec in (RNNSpec("lstm", 3, 5, recurrent_dropout=0.2, weight_dropout=0.3, zoneout=0.1,
+                         zoneout_cell=0.05, peepholes=True),
+                 RNNSpec("lstm", 3, 5, zoneout=0.1), RNNSpec("gru", 3, 5, zoneout=0.1, reset_after=False),
+                 RNNSpec("rnn_relu", 3, 5, weight_dropout=0.5)):
+        d = json.loads(json.dumps(spec.to_dict()))
+        assert RNNSpec.from_dict(d) == spec and hash(RNNSpec.from_dict(d)) == hash(spec)
+    assert RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()["zoneout"] == 0.1
+    assert "zoneout_cell" not in RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()
