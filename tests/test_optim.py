@@ -167,7 +167,7 @@ def test_a_gradient_of_another_dtype_changes_no_state():
     (lambda h: h["hyperparameters"].update(momentum=0.9), "unknown entries"),
     (lambda h: h.update(hyperparameters=[1]), "hyperparameters"),
     (lambda h: h.update(names="exp_avg"), "names"),
-    (lambda h: h.update(names=[["nope"]]), "does not hold"),
+    (lambda h: h.update(names=[["nope"]]), r"missing: \['state/0/nope'\], unexpected: \['state/0/exp_avg'"),
     (lambda h: h.update(step="3"), "step"),
     (lambda h: h["hyperparameters"].update(lr="x"), "lr"),
 ])
@@ -225,3 +225,21 @@ def test_clip_grad_norm_takes_a_numpy_norm_type():
     from arrayrnn import optim
     g = np.array([3.0, 4.0])
     assert optim.clip_grad_norm(g, np.float32(10.0), norm_type=np.float64(2.0)) == 5.0
+
+
+def test_load_errors_name_the_file(tmp_path):
+    """Errors found while restoring the state (after the file was read) did not name the file."""
+    path = tmp_path / "opt.npz"
+    opt = optim.Adam(np.ones(3))
+    opt.step(np.ones(3))
+    opt.save(path)
+    with pytest.raises(ValueError, match=rf"^{path}: holds state for 1 buffers; this optimizer has 2"):
+        optim.Adam([np.ones(3), np.ones(3)]).load(path)
+    with pytest.raises(ValueError, match=rf"^{path}: member 'state/0/exp_avg' declares shape \(3,\) and "
+                                         r"dtype float64; expected shape \(4,\) and dtype float64"):
+        optim.Adam(np.ones(4)).load(path)
+    with pytest.raises(ValueError, match=rf"^{path}: state_dict is for optimizer 'Adam'; this one is 'SGD'"):
+        optim.SGD(np.ones(3), momentum=0.9).load(path)
+    with pytest.raises(ValueError, match=rf"^{path}: member 'state/0/exp_avg' declares shape \(3,\) and "
+                                         r"dtype float64; expected shape \(3,\) and dtype float32"):
+        optim.Adam(np.ones(3, np.float32)).load(path)

@@ -169,20 +169,29 @@ class Optimizer:
         npzfile.write(path, KIND, VERSIONS[-1], header, arrays)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore the state written by :meth:`save` (a damaged or foreign file is a ``ValueError``; the
-        optimizer is unchanged then)."""
-        header, arrays = npzfile.read(path, KIND, VERSIONS)
+        """Restore the state written by :meth:`save` (a damaged or foreign file, or one saved for other
+        buffers, is a ``ValueError`` naming the file; the optimizer is unchanged then). Each state array's
+        declared shape and dtype are checked against its parameter before the array is read."""
+        header, arrays = npzfile.read(path, KIND, VERSIONS, expect=lambda h: self._expected_arrays(path, h))
+        names = header["names"]
+        state = [{k: arrays[f"state/{i}/{k}"] for k in n} for i, n in enumerate(names)]
+        try:
+            self.load_state_dict({"type": header.get("type"), "step": header.get("step"), "state": state,
+                                  "hyperparameters": header.get("hyperparameters")})
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def _expected_arrays(self, path: Any, header: dict[str, Any]) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        """``{member: (dtype, shape)}`` a file's header announces, each state array like its parameter."""
         names = header.get("names")
         if not isinstance(names, list) or not all(
                 isinstance(n, list) and all(isinstance(k, str) for k in n) for n in names):
             raise ValueError(f"{path}: header 'names' = {names!r}; expected a list of lists of state names")
-        missing = sorted(f"state/{i}/{k}" for i, n in enumerate(names) for k in n
-                         if f"state/{i}/{k}" not in arrays)
-        if missing:
-            raise ValueError(f"{path}: the header names arrays {missing} that the file does not hold")
-        state = [{k: arrays[f"state/{i}/{k}"] for k in n} for i, n in enumerate(names)]
-        self.load_state_dict({"type": header.get("type"), "hyperparameters": header.get("hyperparameters"),
-                              "step": header.get("step"), "state": state})
+        if len(names) != len(self._params):
+            raise ValueError(f"{path}: holds state for {len(names)} buffers; this optimizer has "
+                             f"{len(self._params)}")
+        return {f"state/{i}/{k}": (np.dtype(p.dtype), tuple(p.shape))
+                for i, (n, p) in enumerate(zip(names, self._params, strict=True)) for k in n}
 
 
 class SGD(Optimizer):
