@@ -37,17 +37,18 @@ def _mpiexec() -> str:
     return found
 
 
-def run_job(cmd: list[str]) -> subprocess.CompletedProcess:
+def run_job(cmd: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a new session; kill its whole process group on timeout or when done."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=TIMEOUT)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not end within {TIMEOUT} s (killed)")
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s (killed); stdout:\n{out[-2000:]}\n"
+                    f"stderr:\n{err[-2000:]}")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
