@@ -30,7 +30,8 @@ _HASH_BITS = 62   # non-negative and far from the int64 limits, so -v never over
 
 @dataclass(frozen=True)
 class Collectives:
-    """The two integer collectives the agreement needs, on host int64 vectors of equal length everywhere."""
+    """The two integer collectives the agreement needs, on fresh host int64 vectors (equal length on every
+    rank; they may be reduced in place)."""
 
     rank: int
     allreduce_max: Callable[[np.ndarray], np.ndarray]   # (n,) -> element-wise max over the ranks, (n,)
@@ -44,42 +45,37 @@ def agree(call: str, names: Sequence[str], buffers: Sequence[Any], comm: Collect
     ``refused``: this rank's own arguments failed its local checks (it takes part with no buffers, so the
     others learn of it instead of waiting for it; the caller then raises its own error).
     """
-    rows = _describe(buffers)
-    header = np.array([CALLS.index(call), root, int(refused), len(buffers)], dtype=np.int64)
+    rows = [(_dtype_code(b), len(b.shape), *b.shape) for b in buffers]
+    header = (CALLS.index(call), int(root), int(refused), len(rows))
     mine = _fingerprint(header, rows)
-    both = comm.allreduce_max(np.concatenate([mine, -mine]))
-    highest, lowest = both[:mine.size], -both[mine.size:]
-    if np.array_equal(highest, lowest):
+    both = comm.allreduce_max(np.array([*mine, *(-v for v in mine)], dtype=np.int64)).tolist()
+    highest, lowest = both[:len(mine)], [-v for v in both[len(mine):]]
+    if highest == lowest:
         return
-    count, ndim = int(highest[3]), int(highest[4])
+    count, ndim = highest[3], highest[4]
     table = comm.allgather(_padded(header, rows, count, ndim))
     raise ValueError(_mismatch_message(call, names, table, comm.rank, ndim))
 
 
 # -- this rank's description ---------------------------------------------------------------------------
 def _dtype_code(buf: Any) -> int:
-    dtype = np.dtype(buf.dtype)
+    dtype = buf.dtype
     return (int(is_cupy_array(buf)) << 48) | (ord(dtype.kind) << 32) | dtype.itemsize
 
 
-def _describe(buffers: Sequence[Any]) -> list[tuple[int, ...]]:
-    """One row per buffer: ``(dtype code, ndim, *shape)``."""
-    return [(_dtype_code(b), len(b.shape), *(int(n) for n in b.shape)) for b in buffers]
-
-
-def _fingerprint(header: np.ndarray, rows: list[tuple[int, ...]]) -> np.ndarray:
-    digest = hashlib.blake2b(repr((header.tolist(), rows)).encode(), digest_size=8).digest()
-    hashed = int.from_bytes(digest, "little") >> (64 - _HASH_BITS)
+def _fingerprint(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """``(*header, largest ndim, 62-bit hash of header and rows)``."""
+    digest = hashlib.blake2b(repr((header, rows)).encode(), digest_size=8).digest()
     ndim = max((row[1] for row in rows), default=0)
-    return np.array([*header.tolist(), ndim, hashed], dtype=np.int64)
+    return (*header, ndim, int.from_bytes(digest, "little") >> (64 - _HASH_BITS))
 
 
-def _padded(header: np.ndarray, rows: list[tuple[int, ...]], count: int, ndim: int) -> np.ndarray:
+def _padded(header: tuple[int, ...], rows: list[tuple[int, ...]], count: int, ndim: int) -> np.ndarray:
     """``header`` then ``count`` rows of ``2 + ndim`` entries (missing rows and dimensions: -1)."""
     table = np.full((count, 2 + ndim), _PAD, dtype=np.int64)
     for i, row in enumerate(rows):
         table[i, :len(row)] = row
-    return np.concatenate([header, table.ravel()])
+    return np.concatenate([np.array(header, dtype=np.int64), table.ravel()])
 
 
 # -- the error every rank raises -----------------------------------------------------------------------

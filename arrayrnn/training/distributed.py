@@ -100,9 +100,8 @@ def _mpi_broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
 
 def _mpi_allreduce_max(comm: Any, vector: np.ndarray) -> np.ndarray:
     from mpi4py import MPI
-    out = vector.copy()
-    comm.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
-    return out
+    comm.Allreduce(MPI.IN_PLACE, vector, op=MPI.MAX)
+    return vector
 
 
 def _mpi_allgather(comm: Any, vector: np.ndarray) -> np.ndarray:
@@ -192,7 +191,7 @@ def _torch_host_tensor(group: Any, vector: np.ndarray) -> Any:
     import torch.distributed as dist
     backend = str(dist.get_backend(group))
     on_cpu = "gloo" in backend or "mpi" in backend
-    return torch.from_numpy(vector.copy()).to("cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}")
+    return torch.from_numpy(vector).to("cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}")
 
 
 def _torch_allreduce_max(group: Any, vector: np.ndarray) -> np.ndarray:
