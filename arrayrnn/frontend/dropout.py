@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import RNNSpec
+from ..core.spec import RNNSpec, check_seed
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -41,6 +41,7 @@ def dropout_masks(spec: RNNSpec, seq_len: int, batch: int, seed: int | None,
     p, layers = spec.dropout, spec.num_layers
     if p == 0.0 or layers == 1:
         return None
+    seed = check_seed(seed)
     if seed is None:
         seed = secrets.randbits(63)
     features = spec.num_directions * spec.output_size

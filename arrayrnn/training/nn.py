@@ -27,7 +27,7 @@ from ..autodiff.bias_act import dense_bias_act
 from ..autodiff.tape import value_of
 from ..core.backend import get_xp, module_for
 from ..core.params import PackedParams
-from ..core.spec import RNNSpec
+from ..core.spec import RNNSpec, check_seed
 
 
 def _check_layer_params(name: str, params: Any, shape: tuple[int, ...], dtype: str) -> None:
@@ -55,7 +55,7 @@ class Dense:
         self.dtype = str(np.dtype(dtype))
         size = out_features * in_features + (out_features if self.bias else 0)
         bound = 1.0 / math.sqrt(in_features)
-        host = np.random.default_rng(seed).uniform(-bound, bound, size).astype(self.dtype)
+        host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, size).astype(self.dtype)
         self.params = module_for(xp).asarray(host)
 
     @property
@@ -99,7 +99,8 @@ class Embedding:
                 raise ValueError(f"Embedding: {name} = {n!r}; expected an integer >= 1")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.dtype = str(np.dtype(dtype))
-        host = np.random.default_rng(seed).standard_normal((num_embeddings, embedding_dim)).astype(self.dtype)
+        rng = np.random.default_rng(check_seed(seed))
+        host = rng.standard_normal((num_embeddings, embedding_dim)).astype(self.dtype)
         self.params = module_for(xp).asarray(host)
 
     def apply(self, params: Any, ids: Any) -> Any:
