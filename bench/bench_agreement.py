@@ -101,7 +101,7 @@ def main() -> None:
         "The agreement is a fixed cost per call (one more collective, of 12 int64, plus the Python that "
         "describes the buffers), whatever the buffers' sizes: it shows as a large ratio only next to the "
         "all-reduce of a tiny buffer. On this oversubscribed machine every extra collective is also one more "
-        "point where a rank can wait for the other to be scheduled, so ratios move by 10-20% between runs.",
+        "point where a rank can wait for the other to be scheduled: ratios vary between runs.",
     ]
     table = "\n".join(lines)
     print(table)
