@@ -56,6 +56,7 @@ class _Backend:
     allreduce_max: Callable[[Any, np.ndarray], np.ndarray]  # (comm, host int64 vector) -> element-wise max
     allgather: Callable[[Any, np.ndarray], np.ndarray]      # (comm, host int64 (n,)) -> (size, n)
     buffer_kind: str                                 # "numpy", "cupy" or "any"
+    dtypes: tuple[str, ...] | None = None            # the dtypes it reduces; None: any native-order dtype
 
 
 def _loaded_class(module: str, attr: str) -> type | None:
@@ -111,13 +112,20 @@ def _mpi_allgather(comm: Any, vector: np.ndarray) -> np.ndarray:
 
 
 # CuPy NCCL
+_NCCL_TYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+               "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+               "int64": "NCCL_INT64", "uint64": "NCCL_UINT64"}
+# what torch.from_dlpack takes from NumPy / CuPy
+_TORCH_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+                 "complex64", "complex128")
+
+
 def _nccl_args(buf: Any) -> tuple[int, int, int, int]:
     """``(pointer, count, NCCL datatype, current stream pointer)`` of a CuPy buffer."""
     import cupy
     from cupy.cuda import nccl
-    types = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
-             "int64": nccl.NCCL_INT64}
-    return buf.data.ptr, buf.size, types[str(buf.dtype)], cupy.cuda.get_current_stream().ptr
+    dtype = getattr(nccl, _NCCL_TYPES[str(buf.dtype)])
+    return buf.data.ptr, buf.size, dtype, cupy.cuda.get_current_stream().ptr
 
 
 def _nccl_allreduce_sum(comm: Any, buf: Any) -> None:
@@ -220,10 +228,10 @@ _BACKENDS = (
              "numpy"),
     _Backend("nccl", _isinstance_of("cupy.cuda.nccl", "NcclCommunicator"), _nothing_to_check,
              lambda c: c.size(), lambda c: c.rank_id(), _nccl_allreduce_sum, _nccl_broadcast,
-             _nccl_allreduce_max, _nccl_allgather, "cupy"),
+             _nccl_allreduce_max, _nccl_allgather, "cupy", tuple(_NCCL_TYPES)),
     _Backend("torch.distributed", _isinstance_of("torch.distributed", "ProcessGroup"), _torch_check,
              _torch_size, _torch_rank, _torch_allreduce_sum, _torch_broadcast, _torch_allreduce_max,
-             _torch_allgather, "any"),
+             _torch_allgather, "any", _TORCH_DTYPES),
 )
 
 
@@ -267,6 +275,9 @@ def _flat_buffers(tree: Any, what: str, backend: _Backend) -> list[tuple[str, An
     out = []
     for i, item in enumerate(items):
         name = what if not isinstance(tree, (list, tuple)) else f"{what}[{i}]"
+        if isinstance(item, np.generic):
+            raise TypeError(f"{name} is a NumPy scalar ({type(item).__name__}), which cannot be updated in "
+                            "place; expected an array (e.g. np.atleast_1d(x), kept and reused)")
         buf = item.data if isinstance(item, PackedParams) else as_array(item, name)
         _check_reducible(name, buf, backend)
         out.append((name, buf))
@@ -281,6 +292,13 @@ def _check_reducible(name: str, buf: Any, backend: _Backend) -> None:
     if backend.buffer_kind == "cupy" and not on_gpu:
         raise TypeError(f"{name} is a {type(buf).__module__}.{type(buf).__name__}; a {backend.name} "
                         "communicator takes CuPy buffers")
+    dtype = np.dtype(buf.dtype)
+    if not dtype.isnative:
+        raise TypeError(f"{name} has dtype {dtype.str} (non-native byte order); expected a native-order "
+                        f"dtype (convert with .astype({dtype.newbyteorder('=').str!r}))")
+    if backend.dtypes is not None and dtype.name not in backend.dtypes:
+        raise TypeError(f"{name} has dtype {dtype.name}; a {backend.name} communicator reduces "
+                        f"{', '.join(backend.dtypes)} (convert explicitly)")
     if not buf.flags.c_contiguous:
         raise ValueError(f"{name} with shape {tuple(buf.shape)} is not C-contiguous; expected a contiguous "
                          "buffer (gradients from value_and_grad are)")
@@ -355,24 +373,26 @@ def _check_root(root: Any, size: int) -> None:
 
 def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]], list[tuple[Any, Any]]]:
     """Every ``(name, buffer)`` to broadcast; ``(optimizer, its one-element step-count buffer)`` each."""
-    items = list(tree) if isinstance(tree, (list, tuple)) else [tree]
+    is_list = isinstance(tree, (list, tuple))
+    items = list(tree) if is_list else [tree]
     named: list[tuple[str, Any]] = []
     counters: list[tuple[Optimizer, Any]] = []
     for i, item in enumerate(items):
+        where = f"tree[{i}]" if is_list else "tree"
         if not isinstance(item, Optimizer):
-            named += _flat_buffers(item, f"tree[{i}]", backend)
+            named += _flat_buffers(item, where, backend)
             continue
-        named += _flat_buffers(item._params, f"tree[{i}].params", backend)
+        named += _flat_buffers(item._params, f"{where}.params", backend)
         for j, state in enumerate(item.state):
             for key in sorted(state):
-                name = f"tree[{i}].state[{j}][{key!r}]"
+                name = f"{where}.state[{j}][{key!r}]"
                 _check_reducible(name, state[key], backend)
                 named.append((name, state[key]))
         counter = np.array([item.step_count], dtype=np.int64)
         if backend.buffer_kind == "cupy":
             import cupy
             counter = cupy.asarray(counter)
-        named.append((f"tree[{i}].step_count", counter))
+        named.append((f"{where}.step_count", counter))
         counters.append((item, counter))
     return named, counters
 
@@ -389,6 +409,10 @@ def abort_on_error(comm: Any, errorcode: int = 1) -> Iterator[None]:
         raise TypeError(f"comm has type {type(comm).__module__}.{type(comm).__name__}; expected an "
                         "mpi4py.MPI.Comm")
     _BACKENDS[0].check(comm)
+    if isinstance(errorcode, (bool, np.bool_)) or not isinstance(errorcode, (int, np.integer)) or not (
+            1 <= errorcode <= 255):
+        raise ValueError(f"errorcode = {errorcode!r}; expected an int in 1..255 (the exit status mpiexec "
+                         "reports; 0 would report success)")
     try:
         yield
     except Exception:
