@@ -18,6 +18,10 @@ Semantics roughly equal to this loop (``sum`` across the ranks of ``comm``)::
 - a ``cupy.cuda.nccl.NcclCommunicator`` (CuPy buffers, on CuPy's current stream),
 - a ``torch.distributed.ProcessGroup`` (NumPy or CuPy buffers seen as tensors through DLPack, no copy).
 
+Before any data moves, the ranks agree on what the call reduces (function, root, number of buffers,
+shapes, dtypes) in one small collective (agreement.py): a disagreement, or a rank whose own arguments were
+refused, raises a ``ValueError`` on every rank instead of a hang or an abort inside the library.
+
 Nothing is pickled and nothing is called per named weight. mpi4py, CuPy and torch are imported only when
 a communicator of theirs is passed (a communicator's own module is then already loaded).
 """
@@ -254,7 +258,7 @@ def _agreed(call: str, backend: _Backend, comm: Any, plan: Callable[[], tuple[li
     try:
         names, buffers = plan()
         refused: Exception | None = None
-    except (TypeError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - whatever stops this rank, the others must hear of it
         names, buffers, refused = [], [], err
     collectives = Collectives(backend.rank(comm), lambda v: backend.allreduce_max(comm, v),
                               lambda v: backend.allgather(comm, v))
