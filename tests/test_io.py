@@ -15,6 +15,8 @@ SPECS = [
     ar.RNNSpec("lstm", 3, 5, num_layers=2, bidirectional=True, proj_size=2, cell_clip=(-2, 3), dropout=0.1),
     ar.RNNSpec("gru", 3, 5, bias="single_rec", reset_after=False, dtype="float64"),
     ar.RNNSpec("rnn_relu", 1, 1, bias=False),
+    ar.RNNSpec("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2, peepholes=True, zoneout=0.1,
+               zoneout_cell=0.2, recurrent_dropout=0.3, weight_dropout=0.4),
 ]
 
 
@@ -191,3 +193,13 @@ def test_load_of_a_deeply_nested_header(tmp_path):
     np.savez(path, header=np.frombuffer(deep.encode(), dtype=np.uint8), data=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="header is not valid JSON"):
         ar.load(path)
+
+
+def test_a_header_written_before_the_cell_variants_existed_still_loads(saved):
+    """Files from before issue 24 have no recurrent_dropout ... peepholes in their spec: defaults apply."""
+    path, header, params = saved
+    old_fields = ("mode", "input_size", "hidden_size", "num_layers", "bidirectional", "bias", "proj_size",
+                  "cell_clip", "dropout", "reset_after", "dtype")
+    assert set(header["spec"]) == set(old_fields)  # a plain spec writes exactly the old header
+    loaded = ar.load(path)
+    assert loaded.spec == params.spec and loaded.spec.variants == ()

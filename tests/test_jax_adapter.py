@@ -163,3 +163,25 @@ def test_length_out_of_range_surfaces_the_librarys_message():
     with pytest.raises(Exception, match=r"lengths\[1\] = 9"):
         jax.block_until_ready(rnn(spec, ar.PackedParams.init(spec).data, np.ones((4, 2, 2)),
                                   lengths=np.array([4, 9])))
+
+
+@pytest.mark.parametrize("fields", [dict(dropout=0.5, num_layers=2), dict(zoneout=0.3, zoneout_cell=0.2),
+                                    dict(recurrent_dropout=0.5, weight_dropout=0.5, peepholes=True)],
+                         ids=["dropout", "zoneout", "dropouts-peepholes"])
+def test_gradient_is_that_of_the_inference_forward_with_dropout_and_cell_variants(fields):
+    """The forward is the inference computation, so its gradient must be too: no dropout mask drawn in the
+    backward, zoneout's expectation (before: the backward ran a training forward with fresh masks)."""
+    spec = ar.RNNSpec("lstm", 3, 4, dtype="float64", **fields)
+    params = ar.PackedParams.init(spec, seed=1)
+    r = np.random.default_rng(0)
+    x = r.standard_normal((5, 2, 3))
+
+    def loss(p, x):
+        y, h_n, c_n = rnn(spec, p, x)
+        return jnp.sum(y) + jnp.sum(h_n) + jnp.sum(c_n)
+
+    g_params, g_x = jax.grad(loss, argnums=(0, 1))(jnp.asarray(params.data), jnp.asarray(x))
+    res = ar.rnn_forward(params, x)  # inference
+    want = ar.rnn_backward(res, np.ones_like(res.y), np.ones_like(res.h_n), np.ones_like(res.c_n))
+    np.testing.assert_allclose(np.asarray(g_params), want.dparams.data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(g_x), want.dx, rtol=1e-10, atol=1e-12)

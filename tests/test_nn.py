@@ -151,3 +151,26 @@ def test_recurrent_apply_and_initial_state_refuse_bad_arguments():
             lstm.initial_state(batch)
     h0, c0 = lstm.initial_state(np.int64(2))
     assert h0.shape == c0.shape == (1, 2, 4)
+@pytest.mark.parametrize("layer", [
+    lambda: nn.LSTM(3, 4, 2, recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1, zoneout_cell=0.2,
+                    peepholes=True, dtype="float64"),
+    lambda: nn.GRU(3, 4, recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1, dtype="float64"),
+    lambda: nn.RNN(3, 4, nonlinearity="relu", recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1,
+                   dtype="float64"),
+], ids=["lstm", "gru", "rnn"])
+def test_layers_expose_the_cell_variants_training_under_differentiation(layer):
+    """The options reach the spec; differentiating runs the training masks (seeded), a plain call the
+    inference semantics, both equal to rnn_forward with the same options."""
+    layer = layer()
+    spec = layer.spec
+    assert spec.recurrent_dropout == 0.3 and spec.weight_dropout == 0.2 and spec.zoneout == 0.1
+    assert spec.peepholes == (spec.mode == "lstm") and spec.zoneout_cell == (0.2 if spec.has_cell else None)
+    x = np.random.default_rng(2).standard_normal((5, 2, 3))
+    lengths = np.array([5, 2])
+    np.testing.assert_allclose(layer(x, lengths)[0], ar.rnn_forward(layer.params, x, lengths).y, rtol=1e-12)
+    g = ar.grad(lambda p: ops.sum(layer.apply(p, x, lengths, seed=9)[0]))(layer.params)
+    res = ar.rnn_forward(layer.params, x, lengths=lengths, training=True, seed=9)
+    expected = ar.rnn_backward(res, dy=np.ones_like(res.y))
+    np.testing.assert_allclose(g.data, expected.dparams.data, rtol=1e-10, atol=1e-12)
+    inference = ar.rnn_forward(layer.params, x, lengths=lengths, seed=9)
+    assert not np.allclose(res.y, inference.y)  # the training masks acted

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,7 @@ def _seed_entry_points():
         "rnn_forward": lambda s: ar.rnn_forward(params, x, training=True, seed=s),
         "ops.rnn": lambda s: ar.value_and_grad(lambda p: ar.ops.mean(ar.ops.rnn(p, x, seed=s)[0]))(params),
         "dropout_masks": lambda s: dropout_masks(spec, 2, 1, s),
+        "cell_masks": lambda s: ar.cell_masks(spec.replace(recurrent_dropout=0.5), s, 1, 2),
         "PackedParams.init": lambda s: ar.PackedParams.init(spec, seed=s),
         "nn.Dense": lambda s: ar.nn.Dense(3, 4, seed=s),
         "nn.Embedding": lambda s: ar.nn.Embedding(3, 4, seed=s),
@@ -210,3 +213,49 @@ def test_the_torch_adapter_refuses_bad_seeds(seed, error, message):
     module = ArrayRNN("lstm", 3, 4, num_layers=2, dropout=0.5, seed=0)
     with pytest.raises(error, match=message):
         module(torch.ones(2, 1, 3), seed=seed)
+# -- cell variants (issue 24) -------------------------------------------------------------------------
+def test_cell_variant_defaults_and_zoneout_cell_follows_zoneout():
+    plain = RNNSpec("lstm", 3, 5)
+    fields = (plain.recurrent_dropout, plain.weight_dropout, plain.zoneout, plain.peepholes)
+    assert fields == (0.0, 0.0, 0.0, False)
+    assert plain.zoneout_cell == 0.0 and plain.variants == ()
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).zoneout_cell == 0.25
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25) == RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.25)
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.0).zoneout_cell == 0.0
+    assert RNNSpec("gru", 3, 5, zoneout=0.25).zoneout_cell is None
+    # replace(mode=...) of an LSTM spec carries its zoneout_cell: one that only follows zoneout is dropped
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).replace(mode="gru") == RNNSpec("gru", 3, 5, zoneout=0.25)
+    assert RNNSpec("lstm", 3, 5).replace(mode="rnn_tanh").zoneout_cell is None
+    spec = RNNSpec("lstm", 3, 5, recurrent_dropout=np.float32(0.5), weight_dropout=0.1,
+                   peepholes=np.bool_(True))
+    assert spec.recurrent_dropout == 0.5 and type(spec.recurrent_dropout) is float and spec.peepholes is True
+    assert spec.variants == ("recurrent_dropout", "weight_dropout", "peepholes")
+    assert RNNSpec("lstm", 3, 5, zoneout_cell=0.5).variants == ("zoneout_cell",)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(mode="lstm", recurrent_dropout=1.0), r"recurrent_dropout = 1.0; expected a probability in \[0, 1"),
+    (dict(mode="lstm", weight_dropout=-0.1), r"weight_dropout = -0.1; expected a probability"),
+    (dict(mode="gru", zoneout="0.1"), r"zoneout = '0.1'; expected a probability"),
+    (dict(mode="lstm", zoneout_cell=True), r"zoneout_cell = True; expected a probability"),
+    (dict(mode="gru", zoneout_cell=0.1), r"zoneout_cell = 0.1 with mode = 'gru'; only an LSTM has a cell"),
+    (dict(mode="gru", peepholes=True), r"peepholes = True with mode = 'gru'; .*only for mode='lstm'"),
+    (dict(mode="lstm", peepholes=1), r"peepholes = 1; expected True or False"),
+])
+def test_cell_variant_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RNNSpec(input_size=3, hidden_size=4, **kwargs)
+
+
+def test_plain_spec_dict_has_no_variant_fields_and_variant_dicts_round_trip():
+    assert set(RNNSpec("lstm", 3, 5).to_dict()) == {
+        "mode", "input_size", "hidden_size", "num_layers", "bidirectional", "bias", "proj_size", "cell_clip",
+        "dropout", "reset_after", "dtype"}
+    for spec in (RNNSpec("lstm", 3, 5, recurrent_dropout=0.2, weight_dropout=0.3, zoneout=0.1,
+                         zoneout_cell=0.05, peepholes=True),
+                 RNNSpec("lstm", 3, 5, zoneout=0.1), RNNSpec("gru", 3, 5, zoneout=0.1, reset_after=False),
+                 RNNSpec("rnn_relu", 3, 5, weight_dropout=0.5)):
+        d = json.loads(json.dumps(spec.to_dict()))
+        assert RNNSpec.from_dict(d) == spec and hash(RNNSpec.from_dict(d)) == hash(spec)
+    assert RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()["zoneout"] == 0.1
+    assert "zoneout_cell" not in RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()

@@ -11,8 +11,9 @@ per callback, see ``_writable``), so it composes with ``jax.jit`` and
 
 The residuals kept from forward to backward are the inputs themselves (``params``, ``x``, ``lengths``,
 ``h0``, ``c0``: arrays, so they live happily inside ``jit``); the backward callback recomputes the forward
-with the cache and then runs the hand-written BPTT. Inter-layer dropout is not applied (the call is the
-inference computation, ``training=False``); use :mod:`arrayrnn.torch` or ``rnn_forward`` for dropout.
+with the cache and then runs the hand-written BPTT. Inter-layer dropout, recurrent dropout and DropConnect
+are not applied and zoneout is its expectation (forward and gradient are the inference computation,
+``training=False``); use :mod:`arrayrnn.torch` or ``rnn_forward`` for the training masks.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def _host_forward(spec, params, x, lengths, h0, c0):
 
 
 def _host_backward(spec, params, x, lengths, h0, c0, dy, dh_n, dc_n=None):
-    res = _run(spec, params, x, lengths, h0, c0, training=True)
+    # the inference forward again (rnn_backward recomputes it with the cache): a training forward would
+    # draw dropout masks and zoneout's training masks that the forward never used
+    res = _run(spec, params, x, lengths, h0, c0, training=False)
     g = ar.rnn_backward(res, _writable(dy), _writable(dh_n), None if dc_n is None else _writable(dc_n))
     return (g.dparams.data, g.dx, g.dh0) + ((g.dc0,) if c0 is not None else ())
