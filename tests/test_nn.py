@@ -114,6 +114,43 @@ def test_layers_accept_numpy_integer_sizes():
         ar.nn.Dense(True, 2)
 
 
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda: nn.Dense(3, 4, dtype="int64"), ValueError, r"dtype = 'int64'; expected one of \('float16'"),
+    (lambda: nn.Dense(3, 4, dtype="bogus"), ValueError, r"dtype = 'bogus'; expected one of"),
+    (lambda: nn.Embedding(3, 4, dtype="complex64"), ValueError, r"dtype = 'complex64'; expected one of"),
+    (lambda: nn.Dense(3, 4, bias="yes"), ValueError, r"bias = 'yes'; expected True or False"),
+    (lambda: nn.LSTM(3, 4, engine="bogus"), ValueError, r"LSTM: engine = 'bogus'; expected one of \('auto'"),
+    (lambda: nn.GRU(3, 4, engine=3), ValueError, r"GRU: engine = 3; expected one of"),
+    (lambda: nn.RNN(3, 4, batch_first="no"), ValueError, r"batch_first = 'no'; expected True or False"),
+])
+def test_layers_refuse_bad_options_when_built(build, error, message):
+    """Used to be accepted: int/complex layers, bias='yes' and batch_first='no' as True, an unknown engine
+    until the first call."""
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_embedding_refuses_negative_ids_like_torch():
+    """``take`` counts negative ids from the end: id -1 silently gathered the last row."""
+    emb = nn.Embedding(5, 2)
+    for ids in (np.array([0, -1]), [[-5]], np.array([-2], np.int8)):
+        with pytest.raises(ValueError, match=r"Embedding: ids has the entry -\d; expected ids in 0..4"):
+            emb(ids)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(IndexError):                 # the oracle refuses them too
+        torch.nn.Embedding(5, 2)(torch.tensor([-1]))
+    np.testing.assert_array_equal(emb(np.array([4, 0])), emb.params[[4, 0]])
+
+
+def test_recurrent_apply_and_initial_state_refuse_bad_arguments():
+    lstm = nn.LSTM(3, 4)
+    with pytest.raises(TypeError, match=r"LSTM: params has type ndarray; expected a PackedParams"):
+        lstm.apply(lstm.params.data, np.ones((2, 1, 3), np.float32))
+    for batch in (-1, 2.5, True, "2"):
+        with pytest.raises(ValueError, match=rf"batch_size = {batch!r}; expected an integer >= 0"):
+            lstm.initial_state(batch)
+    h0, c0 = lstm.initial_state(np.int64(2))
+    assert h0.shape == c0.shape == (1, 2, 4)
 @pytest.mark.parametrize("layer", [
     lambda: nn.LSTM(3, 4, 2, recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1, zoneout_cell=0.2,
                     peepholes=True, dtype="float64"),

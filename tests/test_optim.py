@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -243,3 +244,26 @@ def test_load_errors_name_the_file(tmp_path):
     with pytest.raises(ValueError, match=rf"^{path}: member 'state/0/exp_avg' declares shape \(3,\) and "
                                          r"dtype float64; expected shape \(3,\) and dtype float32"):
         optim.Adam(np.ones(3, np.float32)).load(path)
+
+
+def test_params_that_cannot_be_updated_in_place_are_refused():
+    """A NumPy scalar was accepted (a copy was updated: nothing changed); a buffer listed twice took two
+    updates per step (PyTorch warns about it)."""
+    with pytest.raises(TypeError, match=r"params is a NumPy scalar \(float64\), which cannot be updated"):
+        optim.SGD(np.float64(1.0), lr=0.1)
+    w = np.ones(3)
+    with pytest.raises(ValueError, match=r"params\[2\] is the same buffer as params\[0\]; expected each "):
+        optim.Adam([w, np.ones(3), w])
+    flat = np.ones(6)
+    optim.SGD([flat[:3], flat[3:]], lr=0.1)          # disjoint views of one buffer are fine
+
+
+@pytest.mark.parametrize("bad", ["x", float("nan"), -1.0, math.inf, None, True])
+def test_a_bad_learning_rate_set_between_steps_is_refused(bad):
+    """``opt.lr = ...`` (a schedule) was not checked: NaN turned every parameter into NaN at the next step."""
+    w = np.ones(3)
+    opt = optim.SGD([w], lr=0.1)
+    with pytest.raises(ValueError, match=rf"lr = {re.escape(repr(bad))}; expected a number in \[0.0, inf\]"):
+        opt.lr = bad
+    opt.step([np.ones(3)])
+    np.testing.assert_allclose(w, 0.9)

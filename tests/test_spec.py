@@ -129,6 +129,90 @@ def test_bool_like_numpy_values_are_not_sizes():
         ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2, bidirectional=1)
 
 
+# -- seeds: one rule (core/spec.py check_seed) at every entry point that takes one -----------------------
+def _seed_entry_points():
+    """``name -> fn(seed)`` for every public API taking a seed (the torch adapter's below)."""
+    from arrayrnn.autodiff.gradcheck import check_grads
+    from arrayrnn.frontend.dropout import dropout_masks
+
+    spec = RNNSpec("gru", 3, 4, num_layers=2, dropout=0.5, dtype="float64")
+    params = ar.PackedParams.init(spec)
+    x = np.ones((2, 1, 3))
+    layer = ar.nn.GRU(3, 4, 2, dropout=0.5, dtype="float64")
+    return {
+        "check_seed": ar.core.spec.check_seed,
+        "rnn_forward": lambda s: ar.rnn_forward(params, x, training=True, seed=s),
+        "ops.rnn": lambda s: ar.value_and_grad(lambda p: ar.ops.mean(ar.ops.rnn(p, x, seed=s)[0]))(params),
+        "dropout_masks": lambda s: dropout_masks(spec, 2, 1, s),
+        "cell_masks": lambda s: ar.cell_masks(spec.replace(recurrent_dropout=0.5), s, 1, 2),
+        "PackedParams.init": lambda s: ar.PackedParams.init(spec, seed=s),
+        "nn.Dense": lambda s: ar.nn.Dense(3, 4, seed=s),
+        "nn.Embedding": lambda s: ar.nn.Embedding(3, 4, seed=s),
+        "nn.LSTM": lambda s: ar.nn.LSTM(3, 4, seed=s),
+        "nn.GRU.apply": lambda s: ar.value_and_grad(
+            lambda p: ar.ops.mean(layer.apply(p, x, seed=s)[0]))(layer.params),
+        "check_grads": lambda s: check_grads(lambda v: v * 2.0, np.ones(2), seed=s),
+    }
+
+
+BAD_SEEDS = [(2**64, ValueError, r"seed = 18446744073709551616; expected None or an int in \[0, 2\*\*64\)"),
+             (2**100, ValueError, r"seed = 1267650600228229401496703205376; expected"),
+             (-1, ValueError, r"seed = -1; expected None or an int in \[0, 2\*\*64\)"),
+             (True, TypeError, r"seed has type bool; expected None or an int in \[0, 2\*\*64\)"),
+             (np.bool_(False), TypeError, r"seed has type bool"),
+             (1.0, TypeError, r"seed has type float"),
+             ("1", TypeError, r"seed has type str")]
+
+
+@pytest.mark.parametrize("entry", sorted(_seed_entry_points()))
+@pytest.mark.parametrize(("seed", "error", "message"), BAD_SEEDS)
+def test_every_entry_point_refuses_bad_seeds(entry, seed, error, message):
+    with pytest.raises(error, match=message):
+        _seed_entry_points()[entry](seed)
+
+
+@pytest.mark.parametrize("entry", sorted(_seed_entry_points()))
+def test_every_entry_point_takes_the_64_bit_extremes(entry):
+    fn = _seed_entry_points()[entry]
+    for seed in (0, 2**64 - 1, np.uint64(2**64 - 1), np.int8(3)):
+        fn(seed)
+
+
+def test_the_seed_limit_is_torch_manual_seeds():
+    """The same upper limit as PyTorch (which also maps negative seeds >= -2**63; we refuse them)."""
+    torch = pytest.importorskip("torch")
+    for seed in (2**64 - 1, 2**64):
+        accepted = []
+        for fn in (torch.manual_seed, ar.core.spec.check_seed):
+            try:
+                fn(seed)
+                accepted.append(True)
+            except ValueError:
+                accepted.append(False)
+        assert accepted == [seed < 2**64] * 2
+
+
+def test_seeds_past_64_bits_no_longer_alias_seed_zero():
+    """2**64 drew exactly seed 0's masks (the key is reduced modulo 2**64); now it is refused, and the
+    largest seed draws its own masks."""
+    from arrayrnn.frontend.dropout import dropout_masks
+
+    spec = RNNSpec("lstm", 3, 8, num_layers=2, dropout=0.5)
+    zero, top = dropout_masks(spec, 4, 3, 0)[0], dropout_masks(spec, 4, 3, 2**64 - 1)[0]
+    assert not np.array_equal(zero, top)
+    np.testing.assert_array_equal(dropout_masks(spec, 4, 3, np.uint64(2**64 - 1))[0], top)
+
+
+@pytest.mark.parametrize(("seed", "error", "message"), BAD_SEEDS)
+def test_the_torch_adapter_refuses_bad_seeds(seed, error, message):
+    torch = pytest.importorskip("torch")
+    from arrayrnn.torch import ArrayRNN
+
+    with pytest.raises(error, match=message):
+        ArrayRNN("lstm", 3, 4, seed=seed)
+    module = ArrayRNN("lstm", 3, 4, num_layers=2, dropout=0.5, seed=0)
+    with pytest.raises(error, match=message):
+        module(torch.ones(2, 1, 3), seed=seed)
 # -- cell variants (issue 24) -------------------------------------------------------------------------
 def test_cell_variant_defaults_and_zoneout_cell_follows_zoneout():
     plain = RNNSpec("lstm", 3, 5)

@@ -232,12 +232,15 @@ class RNNSpec:
         return dataclasses.replace(self, **changes)
 
 
+SEED_LIMIT = 2**64  # seeds are 64-bit (the dropout generator's key), like torch.manual_seed's
+
+
 def check_seed(seed: Any) -> int | None:
-    """The one seed rule (``rnn_forward``, ``PackedParams.init``, layers): ``None`` or an int >= 0."""
+    """The one seed rule (every API that takes a seed): ``None`` or an int in ``[0, 2**64)``."""
     if seed is None:
         return None
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed has type {type(seed).__name__}; expected None or a non-negative int")
-    if seed < 0:
-        raise ValueError(f"seed = {seed}; expected None or a non-negative int")
+        raise TypeError(f"seed has type {type(seed).__name__}; expected None or an int in [0, 2**64)")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed = {seed}; expected None or an int in [0, 2**64) (a 64-bit seed)")
     return int(seed)

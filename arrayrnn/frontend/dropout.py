@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import RNNSpec
+from ..core.spec import RNNSpec, check_seed
 from ..engines.base import CellMasks
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -45,6 +45,7 @@ def dropout_masks(spec: RNNSpec, seq_len: int, batch: int, seed: int | None,
     p, layers = spec.dropout, spec.num_layers
     if p == 0.0 or layers == 1:
         return None
+    seed = check_seed(seed)
     if seed is None:
         seed = secrets.randbits(63)
     features = spec.num_directions * spec.output_size
@@ -106,6 +107,7 @@ def cell_masks(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, *, tra
     training = bool(training)
     kd, T, B = spec.num_layers * spec.num_directions, int(seq_len), int(batch)
     h_out, dtype = spec.output_size, spec.dtype
+    seed = check_seed(seed)
     if seed is None:
         seed = secrets.randbits(63)
     base = _mix_int(seed)

@@ -44,6 +44,28 @@ def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
     return single, out
 
 
+def _check_updatable(single: bool, buffers: list[Any]) -> None:
+    """Parameters are updated in place: no NumPy scalars (a copy would be updated), no buffer twice."""
+    seen: dict[tuple[int, tuple[int, ...]], int] = {}
+    for i, buf in enumerate(buffers):
+        name = "params" if single else f"params[{i}]"
+        if isinstance(buf, np.generic):
+            raise TypeError(f"{name} is a NumPy scalar ({type(buf).__name__}), which cannot be updated in "
+                            "place; expected an array")
+        key = (_address(buf), tuple(buf.shape))
+        if key in seen:
+            raise ValueError(f"{name} is the same buffer as params[{seen[key]}]; expected each parameter "
+                             "once (it would be updated twice per step; PyTorch warns that this will become "
+                             "an error)")
+        seen[key] = i
+
+
+def _address(buf: Any) -> int:
+    """The first byte of ``buf`` (NumPy or CuPy), or its id when it exposes no address."""
+    interface = getattr(buf, "__array_interface__", None) or getattr(buf, "__cuda_array_interface__", None)
+    return interface["data"][0] if interface else id(buf)
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
@@ -65,10 +87,20 @@ class Optimizer:
     def __init__(self, params: Any, lr: float):
         self.params = params
         self._single, self._params = _buffers(params, "params")
-        self.lr = _check_number("lr", lr)
+        _check_updatable(self._single, self._params)
+        self.lr = lr
         self.step_count = 0
         self.state = [{name: get_xp(p).zeros_like(p) for name in self.state_names} for p in self._params]
         self._scratch: list[tuple[Any, Any] | None] = [None] * len(self._params)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate; may be changed between steps (a schedule), checked on assignment."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = _check_number("lr", value)
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {"lr": self.lr}
