@@ -156,7 +156,8 @@ def _comm_self():
                                    r"dtype \(convert with .astype\('<f8'\)\)"),
     (np.ones(3, np.int64), TypeError, r"grads has dtype int64; expected a floating dtype"),
     (np.ones((3, 4))[:, ::2], ValueError, r"grads with shape \(3, 2\) is not C-contiguous"),
-    ({"w": np.ones(3)}, TypeError, r"grads has type dict; expected an array"),
+    ({"w": np.ones(3)}, TypeError, r"grads is a dict; expected an array, a PackedParams, or a list/tuple of "
+                                   r"them \(pass list\(grads.values\(\)\)\)"),
 ])
 def test_allreduce_mean_refuses_bad_buffers(grads, error, message):
     with pytest.raises(error, match=message):

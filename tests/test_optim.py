@@ -267,3 +267,18 @@ def test_a_bad_learning_rate_set_between_steps_is_refused(bad):
         opt.lr = bad
     opt.step([np.ones(3)])
     np.testing.assert_allclose(w, 0.9)
+
+
+def test_state_dict_entries_and_step_range_are_checked():
+    """A dict that is not a state_dict said "state_dict is for optimizer None"; a step of 2**70 was taken
+    (and could not be saved as int64)."""
+    opt = optim.Adam(np.ones(3))
+    with pytest.raises(ValueError, match=r"state_dict has entries \['x'\]; expected \['hyperparameters', "
+                                         r"'state', 'step', 'type'\]"):
+        opt.load_state_dict({"x": 1})
+    state = opt.state_dict()
+    with pytest.raises(ValueError, match=r"state_dict\['step'\] = 1180591620717411303424; expected an "
+                                         r"integer in \[0, 2\*\*63\)"):
+        opt.load_state_dict({**state, "step": 2**70})
+    opt.load_state_dict({**state, "step": 2**63 - 1})
+    assert opt.step_count == 2**63 - 1

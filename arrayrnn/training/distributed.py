@@ -275,6 +275,9 @@ def _agreed(call: str, backend: _Backend, comm: Any, plan: Callable[[], tuple[li
 # -- buffers ----------------------------------------------------------------------------------------------
 def _flat_buffers(tree: Any, what: str, backend: _Backend) -> list[tuple[str, Any]]:
     """``(name, contiguous buffer)`` of a PackedParams / array or of each of a list/tuple of them."""
+    if isinstance(tree, dict):
+        raise TypeError(f"{what} is a dict; expected an array, a PackedParams, or a list/tuple of them "
+                        f"(pass list({what}.values()))")
     items = list(tree) if isinstance(tree, (list, tuple)) else [tree]
     out = []
     for i, item in enumerate(items):

@@ -153,6 +153,10 @@ class Optimizer:
         """Restore what :meth:`state_dict` returned (validated against this optimizer's buffers)."""
         if not isinstance(state_dict, dict):
             raise ValueError(f"state_dict is a {type(state_dict).__name__}; expected a dict")
+        expected_keys = {"type", "hyperparameters", "step", "state"}
+        if set(state_dict) != expected_keys:
+            raise ValueError(f"state_dict has entries {sorted(map(str, state_dict))}; expected "
+                             f"{sorted(expected_keys)}, as Optimizer.state_dict() returns")
         kind = state_dict.get("type")
         if kind != type(self).__name__:
             raise ValueError(f"state_dict is for optimizer {kind!r}; this one is {type(self).__name__!r}")
@@ -161,8 +165,9 @@ class Optimizer:
             raise ValueError(f"state_dict has state for {len(states) if isinstance(states, list) else 'no'} "
                              f"buffers; this optimizer has {len(self._params)}")
         step = state_dict.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"state_dict['step'] = {step!r}; expected an integer >= 0")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+            raise ValueError(f"state_dict['step'] = {step!r}; expected an integer in [0, 2**63) (a file "
+                             "stores it as int64)")
         fresh = self._fresh_from(state_dict.get("hyperparameters"))
         for i, (saved, mine) in enumerate(zip(states, fresh.state, strict=True)):
             if not isinstance(saved, dict) or set(saved) != set(mine):
