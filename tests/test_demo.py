@@ -80,6 +80,10 @@ def test_command_line_rejects_bad_options(capsys):
     (["--seq-len", str(10**7)], "--seq-len = 10000000; expected at most 418471"),
     (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--recurrent-dropout", "1"], "--recurrent-dropout = 1.0; expected a number in [0, 1)"),
+    (["--weight-dropout=-0.1"], "--weight-dropout = -0.1; expected a number in [0, 1)"),
+    (["--weight-dropout", "nan"], "--weight-dropout = nan; expected a number in [0, 1)"),
+    (["--engine", "numba", "--recurrent-dropout", "0.2"], "--engine = numba: "),
 ])
 def test_every_bad_option_is_a_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit) as info:
@@ -114,6 +118,7 @@ def test_save_to_a_directory_and_distributed_without_mpi4py_are_usage_errors(cap
 @pytest.mark.parametrize(("field", "value"), [
     ("seed", -1), ("seed", 2**64), ("seed", None), ("seed", 1.0), ("steps", True), ("lr", float("nan")),
     ("clip", 0.0), ("engine", "bogus"), ("engine", None), ("eval_chars", 32), ("sample_chars", -1),
+    ("recurrent_dropout", 1.0), ("weight_dropout", -0.5), ("weight_dropout", "0.1"),
 ])
 def test_config_refuses_bad_fields(field, value):
     with pytest.raises(ValueError, match=rf"^{field} = "):
@@ -135,3 +140,35 @@ def test_a_sequence_longer_than_a_ranks_text_is_refused():
     cfg = demo.Config(**{**longest.__dict__, "seq_len": 99})
     with pytest.raises(ValueError, match=r"seq_len = 99; expected an integer <= 98"):
         demo.train(cfg, ids, demo.CharModel(7, cfg), progress=False)
+
+
+def test_recurrent_and_weight_dropout_train_beside_the_plain_model(tmp_path):
+    """The demo's cell-variant options: the same model is trained without and with them, both reported;
+    the masks act (the losses differ from the plain run's) and come from the seed (a rerun repeats them)."""
+    cfg = demo.Config(**{**TINY.__dict__, "steps": 12, "recurrent_dropout": 0.25, "weight_dropout": 0.3})
+    out = io.StringIO()
+    result = demo.run_with_and_without(cfg, save=str(tmp_path / "model.npz"), progress=False, out=out)
+    text = out.getvalue()
+    assert "== without recurrent or weight dropout" in text
+    assert "== with recurrent_dropout=0.25, weight_dropout=0.3" in text
+    assert (f"{result['without']['bpc_after']:.3f} without, {result['with']['bpc_after']:.3f} with "
+            "recurrent_dropout=0.25, weight_dropout=0.3") in text
+    without, with_variants = result["without"]["losses"], result["with"]["losses"]
+    assert all(math.isfinite(v) for v in with_variants) and with_variants != without
+    assert demo.run(cfg, progress=False, out=io.StringIO())["losses"] == with_variants
+    model, _, loaded = demo.load_model(str(tmp_path / "model.npz"))
+    assert loaded == cfg
+    assert (model.lstm.spec.recurrent_dropout, model.lstm.spec.weight_dropout) == (0.25, 0.3)
+
+
+def test_a_saved_model_with_a_member_of_the_wrong_shape_is_refused_before_reading(tmp_path):
+    from arrayrnn.core import npzfile
+
+    path = tmp_path / "model.npz"
+    cfg = demo.Config(steps=1, hidden=8, embed=4, batch=2, seq_len=8)
+    demo.save_model(str(path), demo.CharModel(10, cfg), demo.Vocabulary("abcdefghij"), cfg)
+    header, arrays = npzfile.read(path, demo.MODEL_KIND, range(1, 2))
+    header = {k: v for k, v in header.items() if k not in ("format", "version")}
+    npzfile.write(path, demo.MODEL_KIND, 1, header, {**arrays, "head": np.zeros((3, 3), np.float32)})
+    with pytest.raises(ValueError, match=r"member 'head' declares shape \(3, 3\)"):
+        demo.load_model(str(path))
