@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
-from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, call_variants
 from .numba_blas import BlasNotFoundError, blas_binding, flipped_scratch, transposed
 from .stack import StackEngine
 
@@ -139,6 +139,9 @@ class NumbaEngine(StackEngine):
             blas_binding()
         except BlasNotFoundError as err:
             return f"the numba engine calls NumPy's BLAS from compiled code, but {err}"
+        variants = call_variants(call)
+        if variants:
+            return f"{', '.join(variants)}: not yet on the numba engine (use engine='reference')"
         return None
 
 
