@@ -625,7 +625,7 @@ class ArrayRNN(torch.nn.Module):
 
     # -- state_dict: the canonical blocks under PyTorch's keys ------------------------------------
     def _blocks(self) -> dict[str, Any]:
-        return {torch_key(b): b for b in ar.layout_of(self._spec).blocks}
+        return {_state_key(b): b for b in ar.layout_of(self._spec).blocks}
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         flat = self.flat if keep_vars else self.flat.detach()
@@ -649,6 +649,13 @@ class ArrayRNN(torch.nn.Module):
         if strict:  # as nn.Module: a key under this prefix must name one of our blocks (no children here)
             unexpected_keys.extend(k for k in state_dict
                                    if k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] not in blocks)
+
+
+def _state_key(block: Any) -> str:
+    """nn.LSTM's key of a block; peephole weights (which nn.LSTM has not) as ``weight_peephole_l0``."""
+    if block.name == "P":
+        return f"weight_peephole_l{block.layer}{'_reverse' if block.direction else ''}"
+    return torch_key(block)
 
 
 def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_layers, bias, dropout,

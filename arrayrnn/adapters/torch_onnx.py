@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import arrayrnn as ar
+from arrayrnn.core.layout import PEEPHOLE_GATES
 
 from . import onnx as onnx_graph
 from . import torch_recurrence
@@ -51,6 +52,9 @@ def emit(spec: ar.RNNSpec, batch_first: bool, x: _Tensor, h0: _Tensor | None, c0
         inputs = [inp, W, R, bias, seq, h0[rows] if h0 is not None else None]
         if spec.has_cell:
             inputs.append(c0[rows] if c0 is not None else None)
+        if spec.peepholes:  # the LSTM node's input P [D, 3*H], rows in ONNX's order i, o, f
+            order = [PEEPHOLE_GATES.index(g) for g in ("i", "o", "f")]
+            inputs.append(torch.stack([views[(layer, d, "P")][order].reshape(-1) for d in range(D)]))
         if torch.jit.is_tracing():  # the legacy exporter
             outputs = _LegacyLayer.apply(spec, *inputs)
         else:
