@@ -89,7 +89,7 @@ def test_outputs_and_every_gradient_equal_rnn_forward_backward(mode, training):
     np.testing.assert_allclose(x.grad.numpy(), grads.dx, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(h0.grad.numpy(), grads.dh0, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(module.flat_grad.numpy(), grads.dparams.data, rtol=1e-10, atol=1e-12)
-    for k, (layer, direction) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+    for layer, direction in [(0, 0), (0, 1), (1, 0), (1, 1)]:
         suffix = f"l{layer}{'_reverse' if direction else ''}"
         np.testing.assert_allclose(getattr(module, f"weight_hh_{suffix}").grad.numpy(),
                                    grads.dparams.view(layer, direction, "W_hh"), rtol=1e-10, atol=1e-12)
@@ -101,15 +101,18 @@ def test_outputs_and_every_gradient_equal_rnn_forward_backward(mode, training):
         np.testing.assert_allclose(c0.grad.numpy(), grads.dc0, rtol=1e-10, atol=1e-12)
 
 
-def test_training_masks_change_the_result_and_a_seed_reproduces_it():
-    module = build("gru", recurrent_dropout=0.5)
-    x, h0, _ = inputs("gru", requires_grad=False)
+@pytest.mark.parametrize("option", ["recurrent_dropout", "weight_dropout", "zoneout"])
+def test_one_layer_without_dropout_still_draws_its_seed_from_torch(option):
+    """The seed is drawn for every training-time variant, not only for inter-layer dropout (before: a
+    one-layer module left the seed to arrayrnn, and torch.manual_seed did not reproduce the call)."""
+    module = GRU(I, H, dtype=torch.float64, **{option: 0.5})
+    x = inputs("gru", requires_grad=False)[0]
     torch.manual_seed(0)
-    first = module(x, h0)[0]
+    first = module(x)[0]
     torch.manual_seed(0)
-    assert torch.equal(module(x, h0)[0], first)
-    assert not torch.equal(module(x, h0)[0], first)  # a new seed, new masks
-    assert not torch.allclose(module.eval()(x, h0)[0], first)
+    assert torch.equal(module(x)[0], first)
+    assert not torch.equal(module(x)[0], first)  # a new seed, new masks
+    assert not torch.allclose(module.eval()(x)[0], first)
 
 
 def test_eval_zoneout_with_a_backward_is_the_inference_result_and_its_gradient():
@@ -148,7 +151,8 @@ def test_gradcheck_deterministic_cases(options):
                  for shape in ((3, 2, 2), (4, 2, 2), (4, 2, 2)))
 
     def outputs(x, h0, c0, weights):
-        y, (h_n, c_n) = torch.func.functional_call(module, dict(zip(names, weights, strict=True)), (x, (h0, c0)))
+        parameters = dict(zip(names, weights, strict=True))
+        y, (h_n, c_n) = torch.func.functional_call(module, parameters, (x, (h0, c0)))
         return y, h_n, c_n
 
     own = [getattr(module, n) for n in names]
@@ -191,7 +195,8 @@ def test_peepholes_are_views_of_the_one_flat_buffer_in_the_layout_order():
     for layer in range(2):
         for direction, suffix in ((0, ""), (1, "_reverse")):
             w = getattr(module, f"weight_peephole_l{layer}{suffix}")
-            assert w.shape == (3, H) and w.untyped_storage().data_ptr() == module.flat.untyped_storage().data_ptr()
+            assert w.shape == (3, H)
+            assert w.untyped_storage().data_ptr() == module.flat.untyped_storage().data_ptr()
             np.testing.assert_array_equal(w.detach().numpy(), params.view(layer, direction, "P"))
     assert "peepholes=True" in repr(module) and "zoneout" not in repr(module)
     assert repr(GRU(I, H, num_layers=2)) == repr(torch.nn.GRU(I, H, num_layers=2))  # nothing added when off

@@ -529,12 +529,13 @@ class ArrayRNN(torch.nn.Module):
         super().__init__()
         unknown = sorted(set(variants) - set(torch_variants.DEFAULTS))
         if unknown:
-            raise TypeError(f"ArrayRNN got unexpected keyword arguments {unknown}; the cell variants' options "
-                            f"are {list(torch_variants.DEFAULTS)}")
+            raise TypeError(f"ArrayRNN got unexpected keyword arguments {unknown}; the cell variants' "
+                            f"options are {list(torch_variants.DEFAULTS)}")
         if isinstance(mode, ar.RNNSpec):
             if input_size is not None or hidden_size is not None or dtype is not None or variants:
-                raise ValueError(f"input_size, hidden_size, dtype or {sorted(variants) or 'a variant option'} "
-                                 "was given with an RNNSpec; the spec already fixes them (use "
+                given = sorted(variants) or "a variant option"
+                raise ValueError(f"input_size, hidden_size, dtype or {given} was given with an RNNSpec; the "
+                                 "spec already fixes them (use "
                                  "dataclasses.replace on the spec instead)")
             spec = mode
         else:

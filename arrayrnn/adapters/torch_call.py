@@ -98,7 +98,8 @@ def needs_seed(spec: ar.RNNSpec, training: bool) -> bool:
     if not training:
         return False
     inter_layer = spec.dropout > 0 and spec.num_layers > 1
-    return inter_layer or bool(spec.recurrent_dropout or spec.weight_dropout or spec.zoneout or spec.zoneout_cell)
+    variants = spec.recurrent_dropout or spec.weight_dropout or spec.zoneout or spec.zoneout_cell
+    return inter_layer or bool(variants)
 
 
 @torch.compiler.assume_constant_result
@@ -275,7 +276,8 @@ def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c
         from . import torch_onnx
 
         opts = _decode(options, None)
-        return torch_onnx.emit(inference_spec(opts.spec), opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
+        return torch_onnx.emit(inference_spec(opts.spec), opts.batch_first, x, h0, c0, flat_of(opts, weights),
+                               lengths)
     lengths = torch.as_tensor(lengths, device="cpu") if lengths is not None else None
     y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, seed, options)
     return y, h_n, (c_n if has_cell else None)
