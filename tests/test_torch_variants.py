@@ -246,15 +246,18 @@ def test_array_rnn_takes_the_options_and_draws_its_seed_from_torch():
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_torch_compile_runs_the_variants(training):
-    """torch.compile sees the custom op (no graph break expected); the same seed gives the eager result."""
+    """torch.compile sees the custom op (fullgraph: no graph break); the same seed gives the eager result and
+    gradients (its backward op recomputes the forward: in eval mode with zoneout, as inference)."""
     module = build("lstm", **variants("lstm")).train(training)
-    x, h0, c0 = inputs("lstm", requires_grad=False)
+    x, h0, c0 = inputs("lstm")
     compiled = torch.compile(module, backend="eager", fullgraph=True)
-    torch.manual_seed(9)
-    got = compiled(x, (h0, c0))
-    torch.manual_seed(9)
-    want = module(x, (h0, c0))
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    results = []
+    for run in (compiled, module):
+        torch.manual_seed(9)
+        y = run(x, (h0, c0))[0]
+        results.append((y, *torch.autograd.grad(y.sum(), (x, h0, module.weight_peephole_l1))))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("transform", ["double_backward", "func_grad"])
