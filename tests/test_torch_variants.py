@@ -284,3 +284,19 @@ def test_eval_mode_dropouts_are_off_on_the_torch_op_path():
     (gx_plain,) = torch.autograd.grad(y_plain.sum(), x, create_graph=True)
     torch.testing.assert_close(gx, gx_plain, rtol=0, atol=1e-13)
     torch.testing.assert_close(y, y_plain, rtol=0, atol=0)
+
+
+def test_array_rnn_from_a_drop_in_keeps_its_variants_and_peepholes():
+    module = build("lstm", **variants("lstm"))
+    array = ArrayRNN.from_torch(module)
+    assert {name: getattr(array.spec, name) for name in variants("lstm")} == variants("lstm")
+    torch.testing.assert_close(array.flat.detach(), module.flat, rtol=0, atol=0)
+    x, h0, c0 = inputs("lstm", requires_grad=False)
+    for training in (True, False):
+        module.train(training), array.train(training)
+        torch.manual_seed(4)
+        want = call(module, x, h0, c0)
+        torch.manual_seed(4)
+        y, (h_n, c_n) = array(x, (h0, c0))
+        for got, expected in zip((y, h_n, c_n), want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)

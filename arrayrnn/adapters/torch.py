@@ -560,10 +560,23 @@ class ArrayRNN(torch.nn.Module):
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:
         """An ``ArrayRNN`` with the weights (bit-exact), configuration and device of ``nn.LSTM/GRU/RNN``."""
+        if isinstance(module, _FlatWeights) and any(module._variants().values()):
+            return cls._from_variant_drop_in(module)
         params = ar.from_torch(module)
         new = cls(params.spec, batch_first=getattr(module, "batch_first", False), seed=0)
         device = next(module.parameters()).device
         new.flat = torch.nn.Parameter(torch.from_numpy(params.data).to(device))
+        return new
+
+    @classmethod
+    def _from_variant_drop_in(cls, module: _FlatWeights) -> ArrayRNN:
+        """A drop-in with cell variants (which ``ar.from_torch``'s ``nn.*`` configuration cannot hold): its
+        spec and its weights in the canonical order (peepholes included)."""
+        weights = [w.detach() for w in module._weights()]
+        dropout = float(module.dropout)
+        spec = module._spec(str(weights[0].dtype).removeprefix("torch."), dropout if dropout < 1 else 0.0)
+        new = cls(spec, batch_first=module.batch_first, seed=0)
+        new.flat = torch.nn.Parameter(torch.cat([w.reshape(-1) for w in weights]))
         return new
 
     @property
