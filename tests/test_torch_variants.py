@@ -300,3 +300,14 @@ def test_array_rnn_from_a_drop_in_keeps_its_variants_and_peepholes():
         y, (h_n, c_n) = array(x, (h0, c0))
         for got, expected in zip((y, h_n, c_n), want, strict=True):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_the_dropouts_and_zoneout_may_be_reassigned_but_not_peepholes():
+    module = GRU(I, H, dtype=torch.float64)
+    x = inputs("gru", requires_grad=False)[0]
+    plain = module(x)[0]
+    module.zoneout = 0.5
+    assert "zoneout=0.5" in repr(module)
+    assert not torch.allclose(module.eval()(x)[0], plain)
+    with pytest.raises(AttributeError, match="peepholes = True"):
+        LSTM(I, H).peepholes = True

@@ -180,6 +180,9 @@ class _FlatWeights:
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "peepholes" and "_flat_weights_names" in self.__dict__ and value != self.peepholes:
+            raise AttributeError(f"peepholes = {value!r}: the peephole weights are fixed at construction "
+                                 f"(this module has peepholes={self.peepholes}); build a new module instead")
         super().__setattr__(name, value)
         if name in _SPEC_ATTRIBUTES:
             self._refresh_spec_text()
