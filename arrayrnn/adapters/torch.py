@@ -34,7 +34,9 @@ Dropout: in training mode each forward draws its mask seed from torch's default 
 (``torch.randint``; in a captured graph the graph draws it), so ``torch.manual_seed`` makes a run
 reproducible; the masks are arrayrnn's
 (:mod:`arrayrnn.frontend.dropout`), not the ones ``nn.LSTM`` would draw. ``dropout`` may be reassigned
-between calls, as on ``nn.LSTM``.
+between calls, as on ``nn.LSTM``. The cell variants (:mod:`.torch_variants`: ``recurrent_dropout``,
+``weight_dropout``, ``zoneout``, ``zoneout_cell``, ``peepholes``) are keyword-only extras of the
+constructors; the seed is drawn whenever one of them acts in training mode too.
 
 ``ArrayRNN`` is the arrayrnn-native module: ONE ``nn.Parameter``, ``flat``, any :class:`arrayrnn.RNNSpec`
 (cell clipping, single biases, reset-before GRU), ``forward(x, hx=None, lengths=None, engine=, seed=)``;
