@@ -34,7 +34,9 @@ Dropout: in training mode each forward draws its mask seed from torch's default 
 (``torch.randint``; in a captured graph the graph draws it), so ``torch.manual_seed`` makes a run
 reproducible; the masks are arrayrnn's
 (:mod:`arrayrnn.frontend.dropout`), not the ones ``nn.LSTM`` would draw. ``dropout`` may be reassigned
-between calls, as on ``nn.LSTM``.
+between calls, as on ``nn.LSTM``. The cell variants (:mod:`.torch_variants`: ``recurrent_dropout``,
+``weight_dropout``, ``zoneout``, ``zoneout_cell``, ``peepholes``) are keyword-only extras of the
+constructors; the seed is drawn whenever one of them acts in training mode too.
 
 ``ArrayRNN`` is the arrayrnn-native module: ONE ``nn.Parameter``, ``flat``, any :class:`arrayrnn.RNNSpec`
 (cell clipping, single biases, reset-before GRU), ``forward(x, hx=None, lengths=None, engine=, seed=)``;
@@ -55,7 +57,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 import arrayrnn as ar
 from arrayrnn.core.interop import TORCH_MODES, torch_key
 
-from . import torch_call
+from . import torch_call, torch_variants
 from .torch_call import _ForwardOptions
 
 __all__ = ["GRU", "LSTM", "RNN", "ArrayRNN", "InputError", "InputTypeError"]
@@ -137,8 +139,10 @@ def _onednn_lstm(dtype: torch.dtype, empty: bool) -> bool:
     return dtype == torch.float32
 
 
-def _draw_seed(training: bool, dropout: float, num_layers: int, seed: int | None) -> int | None:
-    if seed is not None or not training or dropout == 0.0 or num_layers == 1:
+def _draw_seed(spec: ar.RNNSpec, training: bool, seed: int | None) -> int | None:
+    """``seed``, or when None and the call draws masks, one from torch's generator (``torch.manual_seed``
+    reproduces the call)."""
+    if seed is not None or not torch_call.needs_seed(spec, training):
         return seed
     return int(torch.randint(0, 2**31 - 1, ()).item())
 
@@ -171,20 +175,42 @@ def _check_state_tensors(x: torch.Tensor, states: dict[str, torch.Tensor | None]
 
 # -- the drop-in classes ------------------------------------------------------------------------------
 _SPEC_ATTRIBUTES = ("mode", "input_size", "hidden_size", "num_layers", "bias", "bidirectional", "proj_size",
-                    "dropout")
+                    "dropout", *torch_variants.DEFAULTS)
 
 
 class _FlatWeights:
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "peepholes" and "_flat_weights_names" in self.__dict__ and value != self.peepholes:
+            raise AttributeError(f"peepholes = {value!r}: the peephole weights are fixed at construction "
+                                 f"(this module has peepholes={self.peepholes}); build a new module instead")
         super().__setattr__(name, value)
         if name in _SPEC_ATTRIBUTES:
             self._refresh_spec_text()
 
     def __setstate__(self, state: dict) -> None:
+        for name, default in torch_variants.DEFAULTS.items():  # a module saved before the options existed
+            state.setdefault(name, default)
         super().__setstate__(state)
         self._refresh_spec_text()
+
+    def _set_variants(self, kwargs: dict[str, Any], mode: str) -> None:
+        """The cell variants' keyword-only options (:mod:`.torch_variants`), set before ``RNNBase``'s
+        constructor builds the weights."""
+        for name, value in torch_variants.pop_options(kwargs, mode).items():
+            setattr(self, name, value)
+
+    def _variants(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in torch_variants.DEFAULTS}
+
+    def _init_flat_weights(self) -> None:
+        if self.__dict__.get("peepholes"):
+            torch_variants.add_peepholes(self)
+        super()._init_flat_weights()
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + torch_variants.extra_repr(self._variants())
 
     def _refresh_spec_text(self) -> None:
         """``_spec_text``: the configuration as :func:`torch_call.spec_text` (what a compiled call reads),
@@ -348,13 +374,13 @@ class _FlatWeights:
             options = torch_call.options_text(self._spec_text, dtype, self.batch_first, self.training,
                                               "auto", per_weight=True)
             return torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
-                                           lengths, torch_call.seed_tensor(self.training, p, self.num_layers))
+                                           lengths, torch_call.seed_tensor(self.training, self._spec_text))
         spec = self._spec(dtype, p if p < 1 else 0.0)
         if compute == x.dtype and not capturing and self._in_one_buffer(weights):
             inputs, split = weights, _split_of(spec)
         else:  # re-parametrised weights, or a computation in float32: one concatenation per call
             inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
-        seed = _draw_seed(self.training, spec.dropout, self.num_layers, None)
+        seed = _draw_seed(spec, self.training, None)
         opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
                                drop_all=p == 1)
         with _as_torch_errors():
@@ -364,14 +390,15 @@ class _FlatWeights:
         return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
                 "hidden_size": self.hidden_size, "num_layers": self.num_layers, "bias": self.bias,
                 "bidirectional": self.bidirectional,
-                "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0}
+                "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0, **self._variants()}
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._flat_weights_names]
 
     def _spec(self, dtype: str, dropout: float) -> ar.RNNSpec:
         return _spec_of(TORCH_MODES[self.mode], self.input_size, self.hidden_size, self.num_layers, self.bias,
-                        self.bidirectional, self.proj_size, dropout, dtype)
+                        self.bidirectional, self.proj_size, dropout, dtype,
+                        tuple(sorted(self._variants().items())))
 
     def _in_one_buffer(self, tensors: Sequence[Any]) -> bool:
         """True when ``tensors`` are consecutive contiguous views of one storage, in weight order."""
@@ -403,6 +430,7 @@ class LSTM(_FlatWeights, torch.nn.RNNBase):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
+        self._set_variants(kwargs, "lstm")
         super().__init__("LSTM", *args, **kwargs)
 
     def get_expected_cell_size(self, input: torch.Tensor,
@@ -437,6 +465,7 @@ class GRU(_FlatWeights, torch.nn.RNNBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         _refuse_projection(kwargs)
+        self._set_variants(kwargs, "gru")
         super().__init__("GRU", *args, **kwargs)
 
 
@@ -458,6 +487,7 @@ class RNN(_FlatWeights, torch.nn.RNNBase):
         if nonlinearity not in modes:
             raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
         self.nonlinearity = nonlinearity
+        self._set_variants(kwargs, f"rnn_{nonlinearity}")
         super().__init__(modes[nonlinearity], *args, **kwargs)
 
 
@@ -476,10 +506,10 @@ def _refuse_projection(kwargs: dict[str, Any]) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias: bool, bidirectional: bool,
-             proj_size: int, dropout: float, dtype: str) -> ar.RNNSpec:
+             proj_size: int, dropout: float, dtype: str, variants: tuple[tuple[str, Any], ...]) -> ar.RNNSpec:
     return ar.RNNSpec(mode=mode, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
                       bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout,
-                      dtype=dtype)
+                      dtype=dtype, **dict(variants))
 
 
 _split_of = functools.lru_cache(maxsize=64)(torch_call._split_of)
@@ -499,16 +529,23 @@ class ArrayRNN(torch.nn.Module):
     def __init__(self, mode: str | ar.RNNSpec, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int = 1, bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
                  bidirectional: bool = False, proj_size: int = 0, *, nonlinearity: str = "tanh",
-                 dtype: torch.dtype | None = None, device: Any = None, seed: int | None = None):
+                 dtype: torch.dtype | None = None, device: Any = None, seed: int | None = None,
+                 **variants: Any):
         super().__init__()
+        unknown = sorted(set(variants) - set(torch_variants.DEFAULTS))
+        if unknown:
+            raise TypeError(f"ArrayRNN got unexpected keyword arguments {unknown}; the cell variants' "
+                            f"options are {list(torch_variants.DEFAULTS)}")
         if isinstance(mode, ar.RNNSpec):
-            if input_size is not None or hidden_size is not None or dtype is not None:
-                raise ValueError("input_size, hidden_size or dtype was given with an RNNSpec; the spec "
-                                 "already fixes them (use dataclasses.replace on the spec instead)")
+            if input_size is not None or hidden_size is not None or dtype is not None or variants:
+                given = sorted(variants) or "a variant option"
+                raise ValueError(f"input_size, hidden_size, dtype or {given} was given with an RNNSpec; the "
+                                 "spec already fixes them (use "
+                                 "dataclasses.replace on the spec instead)")
             spec = mode
         else:
             spec = _spec_from_args(mode, nonlinearity, input_size, hidden_size, num_layers, bias, dropout,
-                                   bidirectional, proj_size, dtype or torch.get_default_dtype())
+                                   bidirectional, proj_size, dtype or torch.get_default_dtype(), variants)
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         host = ar.PackedParams.init(spec, seed=seed).data
@@ -528,10 +565,23 @@ class ArrayRNN(torch.nn.Module):
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:
         """An ``ArrayRNN`` with the weights (bit-exact), configuration and device of ``nn.LSTM/GRU/RNN``."""
+        if isinstance(module, _FlatWeights) and any(module._variants().values()):
+            return cls._from_variant_drop_in(module)
         params = ar.from_torch(module)
         new = cls(params.spec, batch_first=getattr(module, "batch_first", False), seed=0)
         device = next(module.parameters()).device
         new.flat = torch.nn.Parameter(torch.from_numpy(params.data).to(device))
+        return new
+
+    @classmethod
+    def _from_variant_drop_in(cls, module: _FlatWeights) -> ArrayRNN:
+        """A drop-in with cell variants (which ``ar.from_torch``'s ``nn.*`` configuration cannot hold): its
+        spec and its weights in the canonical order (peepholes included)."""
+        weights = [w.detach() for w in module._weights()]
+        dropout = float(module.dropout)
+        spec = module._spec(str(weights[0].dtype).removeprefix("torch."), dropout if dropout < 1 else 0.0)
+        new = cls(spec, batch_first=module.batch_first, seed=0)
+        new.flat = torch.nn.Parameter(torch.cat([w.reshape(-1) for w in weights]))
         return new
 
     @property
@@ -548,7 +598,8 @@ class ArrayRNN(torch.nn.Module):
         s = self._spec
         return (f"{s.mode}, {s.input_size}, {s.hidden_size}, num_layers={s.num_layers}, "
                 f"bidirectional={s.bidirectional}, proj_size={s.proj_size}, batch_first={self.batch_first}, "
-                f"dropout={s.dropout}, parameters={self.flat.numel()}")
+                f"dropout={s.dropout}{torch_variants.extra_repr(_variant_fields(s))}, "
+                f"parameters={self.flat.numel()}")
 
     def forward(self, x: torch.Tensor | PackedSequence, hx: Any = None, lengths: Any = None,
                 engine: str = "auto", seed: int | None = None):
@@ -601,12 +652,12 @@ class ArrayRNN(torch.nn.Module):
             options = torch_call.options_text(self._spec_text, str(compute).removeprefix("torch."),
                                               self.batch_first, self.training, engine, per_weight=False)
             if seed is None:
-                drawn = torch_call.seed_tensor(self.training, spec.dropout, spec.num_layers)
+                drawn = torch_call.seed_tensor(self.training, self._spec_text)
             else:
                 drawn = torch.full((), seed, dtype=torch.int64)
             return torch_call.run_compiled(options, spec.has_cell, *states, [flat.to(compute)], lengths,
                                            drawn)
-        seed = _draw_seed(self.training, spec.dropout, spec.num_layers, seed)
+        seed = _draw_seed(spec, self.training, seed)
         opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
         with _as_torch_errors():
             return torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
@@ -654,12 +705,20 @@ class ArrayRNN(torch.nn.Module):
 def _state_key(block: Any) -> str:
     """nn.LSTM's key of a block; peephole weights (which nn.LSTM has not) as ``weight_peephole_l0``."""
     if block.name == "P":
-        return f"weight_peephole_l{block.layer}{'_reverse' if block.direction else ''}"
+        return torch_variants.peephole_name(block.layer, block.direction)
     return torch_key(block)
 
 
+def _variant_fields(spec: ar.RNNSpec) -> dict[str, Any]:
+    """The spec's cell-variant options; ``zoneout_cell`` only where it differs from ``zoneout``."""
+    fields = {name: getattr(spec, name) for name in torch_variants.DEFAULTS}
+    if fields["zoneout_cell"] == spec.zoneout:
+        fields["zoneout_cell"] = None
+    return fields
+
+
 def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_layers, bias, dropout,
-                    bidirectional, proj_size, dtype: torch.dtype) -> ar.RNNSpec:
+                    bidirectional, proj_size, dtype: torch.dtype, variants: dict[str, Any]) -> ar.RNNSpec:
     if not isinstance(mode, str) or mode.lower() not in _MODE_ALIASES:
         raise ValueError(f"mode = {mode!r}; expected an RNNSpec or one of 'lstm', 'gru', 'rnn_tanh', "
                          "'rnn_relu', 'rnn'")
@@ -672,7 +731,7 @@ def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_l
                          "unless an RNNSpec is given")
     return ar.RNNSpec(mode=_MODE_ALIASES[mode.lower()], input_size=input_size, hidden_size=hidden_size,
                       num_layers=num_layers, bias=bias, dropout=dropout, bidirectional=bidirectional,
-                      proj_size=proj_size, dtype=str(dtype).removeprefix("torch."))
+                      proj_size=proj_size, dtype=str(dtype).removeprefix("torch."), **variants)
 
 
 # torch.save(module) / torch.load(path, weights_only=True): the classes a saved module's pickle names

@@ -76,7 +76,8 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
     if torch.onnx.is_in_onnx_export():
         from . import torch_onnx
 
-        return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
+        return torch_onnx.emit(inference_spec(opts.spec), opts.batch_first, x, h0, c0, flat_of(opts, weights),
+                               lengths)
     inputs = (x, h0, c0, *weights)
     if _needs_torch_ops(opts, x) or _any_transformed((*inputs, lengths)):  # (the latter is not traceable)
         return _torch_ops_forward(opts, x, h0, c0, weights, lengths)  # lengths: maybe a wrapper tensor
@@ -91,12 +92,35 @@ def capturing_graph() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
-def seed_tensor(training: bool, dropout: float, num_layers: int) -> _Tensor | None:
-    """The dropout seed of one call as a tensor the traced graph draws itself (so each call of a compiled
-    or traced module draws a new one), or None when no dropout applies."""
-    if not training or dropout == 0.0 or num_layers == 1:
+def needs_seed(spec: ar.RNNSpec, training: bool) -> bool:
+    """Whether a call draws masks: in training mode, with inter-layer dropout (two layers or more), recurrent
+    dropout, DropConnect or zoneout (whose inference masks are constants)."""
+    if not training:
+        return False
+    inter_layer = spec.dropout > 0 and spec.num_layers > 1
+    variants = spec.recurrent_dropout or spec.weight_dropout or spec.zoneout or spec.zoneout_cell
+    return inter_layer or bool(variants)
+
+
+@torch.compiler.assume_constant_result
+def _needs_seed_text(spec: str, training: bool) -> bool:
+    return needs_seed(ar.RNNSpec.from_dict(json.loads(spec)), training)
+
+
+def seed_tensor(training: bool, spec: str) -> _Tensor | None:
+    """The mask seed of one call as a tensor the traced graph draws itself (so each call of a compiled
+    or traced module draws a new one), or None when no mask applies. ``spec``: :func:`spec_text`."""
+    if not _needs_seed_text(spec, training):
         return None
     return torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
+
+
+def inference_spec(spec: ar.RNNSpec) -> ar.RNNSpec:
+    """``spec`` as an eval-mode call computes it: without the training-only dropouts (zoneout stays: its
+    inference form is its expectation)."""
+    if not (spec.dropout or spec.recurrent_dropout or spec.weight_dropout):
+        return spec
+    return spec.replace(dropout=0.0, recurrent_dropout=0.0, weight_dropout=0.0)
 
 
 def _host_lengths(lengths: Any) -> np.ndarray | None:
@@ -130,7 +154,8 @@ def _torch_ops_forward(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0
                        weights: Sequence[_Tensor], lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
     T, B = (x.shape[1], x.shape[0]) if opts.batch_first else x.shape[:2]
     lengths = torch.as_tensor(lengths) if lengths is not None else None
-    return torch_recurrence.run(opts.spec, flat_of(opts, weights), x, lengths, h0, c0, opts.batch_first,
+    spec = opts.spec if opts.training else inference_spec(opts.spec)
+    return torch_recurrence.run(spec, flat_of(opts, weights), x, lengths, h0, c0, opts.batch_first,
                                 _masks(opts, T, B, x))
 
 
@@ -188,13 +213,16 @@ def _flat_view(opts: _ForwardOptions, weights: Sequence[_Tensor]) -> _Tensor:
 
 def _engine_forward(opts: _ForwardOptions, flat: _Tensor, x: _Tensor, h0: _Tensor | None,
                     c0: _Tensor | None, keep_cache: bool) -> ar.RNNResult:
-    """``rnn_forward`` on views. ``opts.training`` is the module's mode (dropout); the cache for the
-    backward is kept whenever gradients may be asked for (an eval-mode forward runs without dropout)."""
-    spec = opts.spec if opts.training else opts.spec.replace(dropout=0.0)
+    """``rnn_forward`` on views. ``opts.training`` is the module's mode (the dropouts, zoneout's masks).
+    An eval-mode forward that a backward may follow runs with ``training=True`` and the dropouts off, which
+    keeps the cache; with zoneout it runs as inference (``training=True`` would draw zoneout's training
+    masks) and :func:`arrayrnn.rnn_backward` recomputes it with the cache."""
+    spec = opts.spec if opts.training else inference_spec(opts.spec)
+    zoneout = bool(spec.zoneout or spec.zoneout_cell)
+    training = opts.training or (keep_cache and not zoneout)
     params = ar.PackedParams(spec, ar.as_array(flat, "flat"))
     return ar.rnn_forward(params, _view(x, "x"), opts.lengths, _view(h0, "h0"), _view(c0, "c0"),
-                          batch_first=opts.batch_first, training=opts.training or keep_cache,
-                          seed=opts.seed, engine=opts.engine)
+                          batch_first=opts.batch_first, training=training, seed=opts.seed, engine=opts.engine)
 
 
 def _engine_grads(opts: _ForwardOptions, res: ar.RNNResult, cotangents: Sequence[_Tensor | None],
@@ -248,7 +276,8 @@ def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c
         from . import torch_onnx
 
         opts = _decode(options, None)
-        return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
+        return torch_onnx.emit(inference_spec(opts.spec), opts.batch_first, x, h0, c0, flat_of(opts, weights),
+                               lengths)
     lengths = torch.as_tensor(lengths, device="cpu") if lengths is not None else None
     y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, seed, options)
     return y, h_n, (c_n if has_cell else None)
