@@ -31,7 +31,9 @@ import numpy as np
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
 from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
-from .numba_blas import BlasNotFoundError, blas_binding, flipped_scratch, transposed
+from .cells import gate_slice
+from .numba_blas import BlasNotFoundError, blas_binding
+from .packed_gemm import new_scratch, pack_b, vector_lanes
 from .stack import StackEngine
 
 Array = Any
@@ -42,16 +44,21 @@ def _absent(dtype: Any, ndim: int) -> np.ndarray:
     return np.empty((0,) * ndim, dtype=dtype)
 
 
+def _no_packed(dtype: Any) -> np.ndarray:
+    return np.empty((0, 0, vector_lanes(dtype)), dtype=dtype)
+
+
 def _c(a: Array) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The r, z rows and the n rows of a GRU's ``W_hh`` (the reset-before GRU multiplies them apart)."""
+    return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
+
+
 class NumbaKernel:
     """:class:`~arrayrnn.engines.base.DirectionKernel` running the time loop in compiled code."""
-
-    @staticmethod
-    def _run(loop: Any, batch: int, *args: Any) -> None:
-        loop(blas_binding().ilp64, 0, batch, *args)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, spec: RNNSpec, w: DirectionWeights, xw: Array, batch_sizes: np.ndarray, h0: Array,
@@ -62,31 +69,34 @@ class NumbaKernel:
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         y = np.empty((T, B, spec.output_size), dtype=dtype)
         h = np.array(h0, dtype=dtype, order="C", copy=True)
-        W_hh, W_hhT = _c(w.W_hh), transposed(w.W_hh)
-        flip = flipped_scratch(B, *W_hhT.shape, dtype)  # per-step products of a few rows run flipped
+        scratch = new_scratch(dtype)
         H = spec.hidden_size
         if spec.mode == "lstm":
             c = np.array(c0, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
-            W_hrT = transposed(w.W_hr) if project else _absent(dtype, 2)
+            W_hr_p = pack_b(w.W_hr.T) if project else _no_packed(dtype)
             c_all = np.empty((T, B, H), dtype) if keep_cache else _absent(dtype, 3)
             tanh_c_all = np.empty((T if keep_cache else 1, B, H), dtype) if project else _absent(dtype, 3)
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
-            self._run(nk.lstm_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, project,
-                      h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
-                      dtype.type(hi))
+            nk.lstm_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p, project, h, c, y,
+                                 np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
+                                 dtype.type(hi), scratch)
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
             return DirectionForward(y, h, c, cache if keep_cache else None)
         if spec.mode == "gru":
             keep_hn = keep_cache and spec.reset_after
             hn_all = np.empty((T if keep_hn else 1, B, H), dtype)
             b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(H, dtype)
-            self._run(nk.gru_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, spec.reset_after,
-                      b_hn, h, y, np.empty((B, 3 * H), dtype), keep_hn, hn_all)
+            if spec.reset_after:
+                packed = (pack_b(w.W_hh.T, gates=3), _no_packed(dtype), _no_packed(dtype))
+            else:
+                W_rz, W_n = _gru_parts(spec, w.W_hh)
+                packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
+            nk.gru_forward_loop(0, B, xw, bs, reverse, *packed, spec.reset_after, b_hn, h, y,
+                                np.empty((B, 3 * H), dtype), keep_hn, hn_all, scratch)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
-        self._run(nk.rnn_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, spec.mode == "rnn_relu",
-                  h, y)
+        nk.rnn_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, y, scratch)
         return DirectionForward(y, h, None, DirectionCache() if keep_cache else None)
 
     # -- backward -------------------------------------------------------------------------------
@@ -98,7 +108,7 @@ class NumbaKernel:
         dtype = dy.dtype
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         dh = np.array(dh_n, dtype=dtype, order="C", copy=True)
-        W_hh = _c(w.W_hh)
+        scratch = new_scratch(dtype)
         H = spec.hidden_size
         cache = fwd.cache
         if spec.mode == "lstm":
@@ -108,21 +118,26 @@ class NumbaKernel:
             d_h = np.empty((T, B, spec.output_size), dtype) if project else _absent(dtype, 3)
             use_clip = spec.cell_clip is not None
             lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
-            self._run(nk.lstm_backward_loop, B, _c(cache.gates), _c(cache.c),
-                      _c(c_prev), _c(cache.tanh_c) if project else _absent(dtype, 3), bs, reverse, W_hh,
-                      _c(w.W_hr) if project else _absent(dtype, 2), project, dy, dh, dc, dpre_in, d_h,
-                      np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi))
+            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cache.c), _c(c_prev),
+                                  _c(cache.tanh_c) if project else _absent(dtype, 3), bs, reverse, pack_b(w.W_hh),
+                                  pack_b(w.W_hr) if project else _no_packed(dtype), project, dy, dh, dc, dpre_in,
+                                  d_h, np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), scratch)
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
             dpre_rec = np.empty_like(dpre_in) if spec.reset_after else _absent(dtype, 3)
             hn_all = _c(cache.hn) if spec.reset_after else _absent(dtype, 3)
-            self._run(nk.gru_backward_loop, B, _c(cache.gates), hn_all, _c(h_prev), bs,
-                      reverse, W_hh, spec.reset_after, dy, dh, dpre_in, dpre_rec, np.empty((B, H), dtype))
+            if spec.reset_after:
+                packed = (pack_b(w.W_hh), _no_packed(dtype), _no_packed(dtype))
+            else:
+                W_rz, W_n = _gru_parts(spec, w.W_hh)
+                packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
+            nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed, spec.reset_after,
+                                 dy, dh, dpre_in, dpre_rec, np.empty((B, H), dtype), scratch)
             return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
-        self._run(nk.rnn_backward_loop, B, _c(fwd.y), bs, reverse, W_hh,
-                  spec.mode == "rnn_relu", dy, dh, d_pre)
+        nk.rnn_backward_loop(0, B, _c(fwd.y), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy, dh, d_pre,
+                             scratch)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 
 

@@ -42,9 +42,11 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from . import gate_math as gm
 from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
-from .numba_blas import gemm, gemm_step
+from .packed_gemm import gate_group, gemm
+from .simd_ir import ROWS_BY_NV, simd_jit
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
+# the time loops reach the SIMD kernels: their cache is keyed on the variant (simd_ir.simd_jit)
 
 
 # -- activations ----------------------------------------------------------------------------------
@@ -148,43 +150,60 @@ def _step_time(s, T, reverse):
 
 
 # -- LSTM -----------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
-def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, project, h, c, y, m,
-                      keep, c_all, tanh_c_all, clip_lo, clip_hi):
+@register_jitable(inline="always")
+def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
+    """The LSTM gate math of rows ``i0 .. i1``, units ``j0 .. j1`` of step ``t`` (pre-activations in
+    ``xw[t]``, just written by the tile's GEMM)."""
+    for b in range(i0, i1):
+        g = xw[t, b]
+        cb = c[b]
+        out = m[b] if project else y[t, b]
+        tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
+        for j in range(j0, j1):
+            gi = sigmoid(g[LSTM_I * H + j])
+            gf = sigmoid(g[LSTM_F * H + j])
+            gg = tanh(g[LSTM_G * H + j])
+            go = sigmoid(g[LSTM_O * H + j])
+            cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+            tc = tanh(cn)
+            g[LSTM_I * H + j] = gi
+            g[LSTM_F * H + j] = gf
+            g[LSTM_G * H + j] = gg
+            g[LSTM_O * H + j] = go
+            cb[j] = cn
+            tc_out[j] = tc
+            out[j] = go * tc
+
+
+@simd_jit(**_JIT)
+def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y, m, keep, c_all, tanh_c_all,
+                      clip_lo, clip_hi, scratch):
     """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
     ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
-    ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only)."""
+    ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only).
+    ``W_hh_p = pack_b(W_hh.T, gates=4)``, ``W_hr_p = pack_b(W_hr.T)``. Per step, per unit group and
+    row tile: the tile's four gates (one GEMM tile) and at once their gate math."""
     T = xw.shape[0]
     H = c.shape[1]
+    W = W_hh_p.shape[2]
+    mr_max = ROWS_BY_NV[4]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            gates = xw[t, r0:n]
-            gemm_step(ilp64, h[r0:n], W_hhT, W_hh, gates, 1.0, flip)
-            for b in range(r0, n):
-                g = xw[t, b]
-                cb = c[b]
-                out = m[b] if project else y[t, b]
-                tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
-                for j in range(H):
-                    gi = sigmoid(g[LSTM_I * H + j])
-                    gf = sigmoid(g[LSTM_F * H + j])
-                    gg = tanh(g[LSTM_G * H + j])
-                    go = sigmoid(g[LSTM_O * H + j])
-                    cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
-                    tc = tanh(cn)
-                    g[LSTM_I * H + j] = gi
-                    g[LSTM_F * H + j] = gf
-                    g[LSTM_G * H + j] = gg
-                    g[LSTM_O * H + j] = go
-                    cb[j] = cn
-                    tc_out[j] = tc
-                    out[j] = go * tc
-                if keep:
-                    c_all[t, b] = cb
+            gates = xw[t]
+            for u in range(W_hh_p.shape[0] // 4):
+                j0 = u * W
+                j1 = min(H, j0 + W)
+                for i0 in range(r0, n, mr_max):
+                    i1 = min(n, i0 + mr_max)
+                    gate_group(h, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
+                    _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+            if keep:
+                for b in range(r0, n):
+                    c_all[t, b] = c[b]
             if project:
-                gemm(ilp64, m[r0:n], W_hrT, y[t, r0:n], 0.0)
+                gemm(m[r0:n], W_hr_p, 1, y[t, r0:n], False, scratch)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
         if keep:
@@ -194,13 +213,14 @@ def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, 
                 tanh_c_all[t, max(n, r0):r1] = 0.0
 
 
-@numba.njit(**_JIT)
-def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh, W_hr, project,
-                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi):
+@simd_jit(**_JIT)
+def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh_p, W_hr_p, project,
+                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, scratch):
     """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
     forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
     (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
-    out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection."""
+    out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection.
+    ``W_hh_p = pack_b(W_hh)``, ``W_hr_p = pack_b(W_hr)``."""
     T = gates.shape[0]
     H = dc.shape[1]
     one = one_of(gates)
@@ -213,7 +233,7 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
                     dhb, dyb, out = dh[b], dy[t, b], d_h[t, b]
                     for j in range(out.shape[0]):
                         out[j] = dyb[j] + dhb[j]
-                gemm(ilp64, d_h[t, r0:n], W_hr, dm[r0:n], 0.0)
+                gemm(d_h[t, r0:n], W_hr_p, 1, dm[r0:n], False, scratch)
             for b in range(r0, n):
                 g = gates[t, b]
                 d = dpre_in[t, b]
@@ -234,19 +254,41 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
                     d[LSTM_G * H + j] = dg
                     d[LSTM_O * H + j] = do
                     dcb[j] = dcp
-            gemm(ilp64, dpre_in[t, r0:n], W_hh, dh[r0:n], 0.0)
+            gemm(dpre_in[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
         dpre_in[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
 
 
 # -- GRU ------------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
-def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_after, b_hn, h, y, hh, keep,
-                     hn_all):
+@register_jitable(inline="always")
+def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
+    """Reset-after GRU gate math of rows ``i0 .. i1``, units ``j0 .. j1`` (``hh = h @ W_hh.T`` there)."""
+    R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
+    for b in range(i0, i1):
+        g, hb, q, yb = xw[t, b], h[b], hh[b], y[t, b]
+        hn_out = hn_all[t if keep else 0, b]
+        for j in range(j0, j1):
+            r = sigmoid(g[R + j] + q[R + j])
+            z = sigmoid(g[Z + j] + q[Z + j])
+            hn = q[N + j] + b_hn[j]
+            nn = tanh(gm.gru_candidate_input(g[N + j], r, hn))
+            g[R + j] = r
+            g[Z + j] = z
+            g[N + j] = nn
+            hn_out[j] = hn
+            yb[j] = gm.gru_output(z, nn, hb[j])
+
+
+@simd_jit(**_JIT)
+def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, b_hn, h, y, hh, keep,
+                     hn_all, scratch):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
     ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
-    ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after)."""
+    ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after).
+    Reset-after: ``W_hh_p = pack_b(W_hh.T, gates=3)``, one fused tile per unit group and row tile.
+    Reset-before: ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (``pack_b(W.T)``);
+    the n product needs every unit's ``r * h`` first, so it runs after the r, z product."""
     T = xw.shape[0]
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -255,23 +297,17 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
         n = min(bs[t], r1)
         if n > r0:
             if reset_after:
-                gemm_step(ilp64, h[r0:n], W_hhT, W_hh, hh[r0:n], 0.0, flip)
-                for b in range(r0, n):
-                    g, hb, q, yb = xw[t, b], h[b], hh[b], y[t, b]
-                    hn_out = hn_all[t if keep else 0, b]
-                    for j in range(H):
-                        r = sigmoid(g[R + j] + q[R + j])
-                        z = sigmoid(g[Z + j] + q[Z + j])
-                        hn = q[N + j] + b_hn[j]
-                        nn = tanh(gm.gru_candidate_input(g[N + j], r, hn))
-                        g[R + j] = r
-                        g[Z + j] = z
-                        g[N + j] = nn
-                        hn_out[j] = hn
-                        yb[j] = gm.gru_output(z, nn, hb[j])
+                W = W_hh_p.shape[2]
+                mr_max = ROWS_BY_NV[3]
+                for u in range(W_hh_p.shape[0] // 3):
+                    j0 = u * W
+                    j1 = min(H, j0 + W)
+                    for i0 in range(r0, n, mr_max):
+                        i1 = min(n, i0 + mr_max)
+                        gate_group(h, i0, i1 - i0, W_hh_p, 3, u, hh, False, scratch)
+                        _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep)
             else:
-                rz = xw[t, r0:n, RZ:RZ + 2 * H]
-                gemm_step(ilp64, h[r0:n], W_hhT[:, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], rz, 1.0, flip)
+                gemm(h[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
                 for b in range(r0, n):
                     g, hb, q = xw[t, b], h[b], hh[b]
                     for j in range(H):
@@ -279,8 +315,7 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
                         g[R + j] = r
                         g[Z + j] = sigmoid(g[Z + j])
                         q[j] = r * hb[j]
-                gemm_step(ilp64, hh[r0:n, :H], W_hhT[:, N:N + H], W_hh[N:N + H], xw[t, r0:n, N:N + H], 1.0,
-                          flip)
+                gemm(hh[r0:n, :H], W_n_p, 1, xw[t, r0:n, N:N + H], True, scratch)
                 for b in range(r0, n):
                     g, hb, yb = xw[t, b], h[b], y[t, b]
                     for j in range(H):
@@ -296,12 +331,13 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
                 hn_all[t, max(n, r0):r1] = 0.0
 
 
-@numba.njit(**_JIT)
-def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, reset_after, dy, dh, dpre_in,
-                      dpre_rec, drh):
+@simd_jit(**_JIT)
+def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, dy, dh,
+                      dpre_in, dpre_rec, drh, scratch):
     """``dpre_in (T,B,3H)`` out; ``dpre_rec (T,B,3H)`` out for reset-after (the n part is ``dpre_in``'s
     times r), unused for reset-before (equal to ``dpre_in``); ``drh (B,H)`` scratch (reset-before: the
-    gradient of ``r*h``)."""
+    gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)`` (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows
+    and the n rows of ``W_hh`` packed (reset-before)."""
     T = gates.shape[0]
     H = dh.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -329,44 +365,53 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
                         e[R + j] = dr
                         e[Z + j] = d[Z + j]
                         e[N + j] = d[N + j] * r
-                gemm(ilp64, dpre_rec[t, r0:n], W_hh, dh[r0:n], 1.0)
+                gemm(dpre_rec[t, r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
             else:
-                gemm(ilp64, dpre_in[t, r0:n, N:N + H], W_hh[N:N + H], drh[r0:n], 0.0)
+                gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
                 for b in range(r0, n):
                     g, hp, d, q, dhb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], dh[b]
                     for j in range(H):
                         r = g[R + j]
                         d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
                         dhb[j] += q[j] * r
-                gemm(ilp64, dpre_in[t, r0:n, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], dh[r0:n], 1.0)
+                gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
         dpre_in[t, max(n, r0):r1] = 0.0
         if reset_after:
             dpre_rec[t, max(n, r0):r1] = 0.0
 
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
-@numba.njit(**_JIT)
-def rnn_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, relu, h, y):
-    """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch."""
+@simd_jit(**_JIT)
+def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, scratch):
+    """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch; ``W_hh_p = pack_b(W_hh.T)``.
+    The activation runs on each GEMM tile (one vector of units) as it is written."""
     T = xw.shape[0]
     H = h.shape[1]
+    W = W_hh_p.shape[2]
+    mr_max = ROWS_BY_NV[1]
     zero = one_of(xw) * 0
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            pre = xw[t, r0:n]
-            gemm_step(ilp64, h[r0:n], W_hhT, W_hh, pre, 1.0, flip)
-            for b in range(r0, n):
-                p, yb = xw[t, b], y[t, b]
-                for j in range(H):
-                    yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+            pre = xw[t]
+            for u in range(W_hh_p.shape[0]):
+                j0 = u * W
+                j1 = min(H, j0 + W)
+                for i0 in range(r0, n, mr_max):
+                    i1 = min(n, i0 + mr_max)
+                    gate_group(h, i0, i1 - i0, W_hh_p, 1, u, pre, True, scratch)
+                    for b in range(i0, i1):
+                        p, yb = pre[b], y[t, b]
+                        for j in range(j0, j1):
+                            yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
 
 
-@numba.njit(**_JIT)
-def rnn_backward_loop(ilp64, r0, r1, y, bs, reverse, W_hh, relu, dy, dh, d_pre):
+@simd_jit(**_JIT)
+def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, scratch):
+    """``W_hh_p = pack_b(W_hh)``."""
     T = y.shape[0]
     H = dh.shape[1]
     one = one_of(y)
@@ -378,7 +423,5 @@ def rnn_backward_loop(ilp64, r0, r1, y, bs, reverse, W_hh, relu, dy, dh, d_pre):
                 yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], d_pre[t, b]
                 for j in range(H):
                     d[j] = gm.rnn_grad(one, relu, yb[j], dyb[j] + dhb[j])
-            gemm(ilp64, d_pre[t, r0:n], W_hh, dh[r0:n], 0.0)
+            gemm(d_pre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
         d_pre[t, max(n, r0):r1] = 0.0
-
-

@@ -98,21 +98,22 @@ ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
-class _VariantCache(caching.FunctionCache):
-    """numba's on-disk function cache with :data:`VARIANT` in the index key (see the module doc)."""
+def _variant_index_key(cache: caching.FunctionCache):
+    """numba's index key of ``cache`` with :data:`VARIANT` appended (see the module doc)."""
+    plain = cache._index_key
 
-    def _index_key(self, sig, codegen):
-        return super()._index_key(sig, codegen) + (("arrayrnn-simd", VARIANT),)
+    def key(sig, codegen):
+        return plain(sig, codegen) + (("arrayrnn-simd", VARIANT),)
+    return key
 
 
 def simd_jit(**options):
-    """``numba.njit(**options)`` whose ``cache=True`` cache is keyed on the SIMD variant too."""
-    cache = options.pop("cache", False)
-
+    """``numba.njit(**options)`` whose ``cache=True`` on-disk cache is keyed on the SIMD variant too."""
     def decorate(fn):
         dispatcher = numba.njit(**options)(fn)
-        if cache:
-            dispatcher._cache = _VariantCache(dispatcher.py_func)  # numba's enable_caching, re-keyed
+        cache = getattr(dispatcher, "_cache", None)
+        if isinstance(cache, caching.FunctionCache):
+            cache._index_key = _variant_index_key(cache)
         return dispatcher
     return decorate
 
