@@ -140,9 +140,10 @@ def _k_loops(asm: str) -> list[str]:
 
 @pytest.mark.skipif(simd_ir.VARIANT == "portable", reason="the portable variant's code is the target's own")
 def test_k_loops_keep_accumulators_in_registers():
-    a = np.zeros((1, 1), np.float32)
-    _one_tile(1, 1, a, np.zeros((1, 1, pg.vector_lanes(np.float32)), np.float32), a)
-    asm = _one_tile.inspect_asm(_one_tile.signatures[0])
+    f32 = numba.float32
+    sig = (numba.int64, numba.int64, f32[:, ::1], f32[:, :, ::1], f32[:, ::1])
+    _one_tile.compile(sig)                               # compiled, not run
+    asm = _one_tile.inspect_asm(sig)
     loops = _k_loops(asm)
     expected = sum(simd_ir.max_rows(nv) for nv in range(1, simd_ir.MAX_NV + 1))
     assert len(loops) == expected                        # one K loop per tile shape, none unrolled

@@ -118,10 +118,11 @@ class NumbaKernel:
             d_h = np.empty((T, B, spec.output_size), dtype) if project else _absent(dtype, 3)
             use_clip = spec.cell_clip is not None
             lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
-            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cache.c), _c(c_prev),
-                                  _c(cache.tanh_c) if project else _absent(dtype, 3), bs, reverse, pack_b(w.W_hh),
-                                  pack_b(w.W_hr) if project else _no_packed(dtype), project, dy, dh, dc, dpre_in,
-                                  d_h, np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), scratch)
+            W_hr_p = pack_b(w.W_hr) if project else _no_packed(dtype)
+            tanh_c = _c(cache.tanh_c) if project else _absent(dtype, 3)
+            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cache.c), _c(c_prev), tanh_c, bs, reverse,
+                                  pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
+                                  np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), scratch)
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
@@ -132,12 +133,13 @@ class NumbaKernel:
             else:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
-            nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed, spec.reset_after,
-                                 dy, dh, dpre_in, dpre_rec, np.empty((B, H), dtype), scratch)
+            drh = np.empty((B, H), dtype)
+            nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed,
+                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, scratch)
             return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
-        nk.rnn_backward_loop(0, B, _c(fwd.y), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy, dh, d_pre,
-                             scratch)
+        nk.rnn_backward_loop(0, B, _c(fwd.y), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy, dh,
+                             d_pre, scratch)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 
 

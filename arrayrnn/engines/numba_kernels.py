@@ -153,23 +153,26 @@ def _step_time(s, T, reverse):
 @register_jitable(inline="always")
 def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
     """The LSTM gate math of rows ``i0 .. i1``, units ``j0 .. j1`` of step ``t`` (pre-activations in
-    ``xw[t]``, just written by the tile's GEMM)."""
+    ``xw[t]``, just written by the tile's GEMM). The loop runs over views that start at ``j0``: indexed
+    from ``j0`` directly, LLVM did not vectorise it (scalar divisions, several times slower)."""
     for b in range(i0, i1):
         g = xw[t, b]
-        cb = c[b]
-        out = m[b] if project else y[t, b]
-        tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
-        for j in range(j0, j1):
-            gi = sigmoid(g[LSTM_I * H + j])
-            gf = sigmoid(g[LSTM_F * H + j])
-            gg = tanh(g[LSTM_G * H + j])
-            go = sigmoid(g[LSTM_O * H + j])
+        gi_, gf_ = g[LSTM_I * H + j0:LSTM_I * H + j1], g[LSTM_F * H + j0:LSTM_F * H + j1]
+        gg_, go_ = g[LSTM_G * H + j0:LSTM_G * H + j1], g[LSTM_O * H + j0:LSTM_O * H + j1]
+        cb = c[b, j0:j1]
+        out = m[b, j0:j1] if project else y[t, b, j0:j1]
+        tc_out = tanh_c_all[t if keep else 0, b, j0:j1] if project else m[b, j0:j1]
+        for j in range(j1 - j0):
+            gi = sigmoid(gi_[j])
+            gf = sigmoid(gf_[j])
+            gg = tanh(gg_[j])
+            go = sigmoid(go_[j])
             cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
             tc = tanh(cn)
-            g[LSTM_I * H + j] = gi
-            g[LSTM_F * H + j] = gf
-            g[LSTM_G * H + j] = gg
-            g[LSTM_O * H + j] = go
+            gi_[j] = gi
+            gf_[j] = gf
+            gg_[j] = gg
+            go_[j] = go
             cb[j] = cn
             tc_out[j] = tc
             out[j] = go * tc
@@ -185,20 +188,17 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
     row tile: the tile's four gates (one GEMM tile) and at once their gate math."""
     T = xw.shape[0]
     H = c.shape[1]
-    W = W_hh_p.shape[2]
     mr_max = ROWS_BY_NV[4]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
             gates = xw[t]
-            for u in range(W_hh_p.shape[0] // 4):
-                j0 = u * W
-                j1 = min(H, j0 + W)
-                for i0 in range(r0, n, mr_max):
-                    i1 = min(n, i0 + mr_max)
+            for i0 in range(r0, n, mr_max):
+                i1 = min(n, i0 + mr_max)
+                for u in range(W_hh_p.shape[0] // 4):
                     gate_group(h, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
-                    _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+                _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
             if keep:
                 for b in range(r0, n):
                     c_all[t, b] = c[b]
@@ -263,19 +263,24 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
 # -- GRU ------------------------------------------------------------------------------------------
 @register_jitable(inline="always")
 def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
-    """Reset-after GRU gate math of rows ``i0 .. i1``, units ``j0 .. j1`` (``hh = h @ W_hh.T`` there)."""
+    """Reset-after GRU gate math of rows ``i0 .. i1``, units ``j0 .. j1`` (``hh = h @ W_hh.T`` there);
+    over views that start at ``j0`` (see :func:`_lstm_tile`)."""
     R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
+    bias = b_hn[j0:j1]
     for b in range(i0, i1):
-        g, hb, q, yb = xw[t, b], h[b], hh[b], y[t, b]
-        hn_out = hn_all[t if keep else 0, b]
-        for j in range(j0, j1):
-            r = sigmoid(g[R + j] + q[R + j])
-            z = sigmoid(g[Z + j] + q[Z + j])
-            hn = q[N + j] + b_hn[j]
-            nn = tanh(gm.gru_candidate_input(g[N + j], r, hn))
-            g[R + j] = r
-            g[Z + j] = z
-            g[N + j] = nn
+        g, q = xw[t, b], hh[b]
+        gr, gz, gn = g[R + j0:R + j1], g[Z + j0:Z + j1], g[N + j0:N + j1]
+        qr, qz, qn = q[R + j0:R + j1], q[Z + j0:Z + j1], q[N + j0:N + j1]
+        hb, yb = h[b, j0:j1], y[t, b, j0:j1]
+        hn_out = hn_all[t if keep else 0, b, j0:j1]
+        for j in range(j1 - j0):
+            r = sigmoid(gr[j] + qr[j])
+            z = sigmoid(gz[j] + qz[j])
+            hn = qn[j] + bias[j]
+            nn = tanh(gm.gru_candidate_input(gn[j], r, hn))
+            gr[j] = r
+            gz[j] = z
+            gn[j] = nn
             hn_out[j] = hn
             yb[j] = gm.gru_output(z, nn, hb[j])
 
@@ -297,15 +302,12 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
         n = min(bs[t], r1)
         if n > r0:
             if reset_after:
-                W = W_hh_p.shape[2]
                 mr_max = ROWS_BY_NV[3]
-                for u in range(W_hh_p.shape[0] // 3):
-                    j0 = u * W
-                    j1 = min(H, j0 + W)
-                    for i0 in range(r0, n, mr_max):
-                        i1 = min(n, i0 + mr_max)
+                for i0 in range(r0, n, mr_max):
+                    i1 = min(n, i0 + mr_max)
+                    for u in range(W_hh_p.shape[0] // 3):
                         gate_group(h, i0, i1 - i0, W_hh_p, 3, u, hh, False, scratch)
-                        _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep)
+                    _gru_after_tile(xw, t, i0, i1, 0, H, H, h, hh, b_hn, y, hn_all, keep)
             else:
                 gemm(h[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
                 for b in range(r0, n):
@@ -387,7 +389,6 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, scratch):
     The activation runs on each GEMM tile (one vector of units) as it is written."""
     T = xw.shape[0]
     H = h.shape[1]
-    W = W_hh_p.shape[2]
     mr_max = ROWS_BY_NV[1]
     zero = one_of(xw) * 0
     for s in range(T):
@@ -395,16 +396,14 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, scratch):
         n = min(bs[t], r1)
         if n > r0:
             pre = xw[t]
-            for u in range(W_hh_p.shape[0]):
-                j0 = u * W
-                j1 = min(H, j0 + W)
-                for i0 in range(r0, n, mr_max):
-                    i1 = min(n, i0 + mr_max)
+            for i0 in range(r0, n, mr_max):
+                i1 = min(n, i0 + mr_max)
+                for u in range(W_hh_p.shape[0]):
                     gate_group(h, i0, i1 - i0, W_hh_p, 1, u, pre, True, scratch)
-                    for b in range(i0, i1):
-                        p, yb = pre[b], y[t, b]
-                        for j in range(j0, j1):
-                            yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+                for b in range(i0, i1):
+                    p, yb = pre[b], y[t, b]
+                    for j in range(H):
+                        yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
 

@@ -214,28 +214,48 @@ def _tile_ir(typingctx, mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate,
     sig = types.void(i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, i64, types.boolean, real_type)
 
     def codegen(context, builder, signature, args):
-        mr_v, nv_v, a_v, lda_v, bp_v, ps_v, k_v, c_v, ldc_v, cvs_v, acc_v, _ = args
         real = context.get_value_type(real_type)
-        ptr = real.as_pointer()
-        em = _Emitter(builder, real, real_type.bitwidth // 8)
-        a_p, b_p, c_p = (builder.inttoptr(x, ptr) for x in (a_v, bp_v, c_v))
-        done = builder.append_basic_block("tile_done")
-        switch_bb = builder.block
-        cases = []
-        for nv_c in range(1, MAX_NV + 1):
-            for mr_c in range(1, max_rows(nv_c) + 1):
-                case = builder.append_basic_block(f"tile_{mr_c}x{nv_c}")
-                builder.position_at_end(case)
-                em.tile(mr_c, nv_c, a_p, lda_v, b_p, ps_v, k_v, c_p, ldc_v, cvs_v, acc_v, done)
-                cases.append((nv_c * 64 + mr_c, case))
-        builder.position_at_end(switch_bb)
-        key = builder.add(builder.mul(nv_v, ir.Constant(ir.IntType(64), 64)), mr_v)
-        switch = builder.switch(key, done)
-        for value, case in cases:
-            switch.add_case(ir.Constant(ir.IntType(64), value), case)
-        builder.position_at_end(done)
+        kernel = _kernel_function(builder.module, real, real_type.bitwidth // 8)
+        values = list(args[:-1])
+        for at in (2, 4, 7):                          # the addresses of A, B and C
+            values[at] = builder.inttoptr(values[at], real.as_pointer())
+        builder.call(kernel, values)
         return context.get_dummy_value()
     return sig, codegen
+
+
+def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Function:
+    """The module's copy of the whole kernel (every tile shape behind one switch) as one function,
+    ``noinline``: its callers then share one body instead of inlining 40 K loops each (compile time)."""
+    name = f"arrayrnn_simd_tile_{VARIANT}_f{8 * itemsize}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    i64, ptr = ir.IntType(64), real.as_pointer()
+    fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, i64, ir.IntType(1)])
+    fn = ir.Function(module, fnty, name=name)
+    fn.linkage = "linkonce_odr"
+    fn.attributes.add("noinline")
+    fn.attributes.add("nounwind")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    mr_v, nv_v, a_p, lda_v, b_p, ps_v, k_v, c_p, ldc_v, cvs_v, acc_v = fn.args
+    em = _Emitter(builder, real, itemsize)
+    done = builder.append_basic_block("tile_done")
+    switch_bb = builder.block
+    cases = []
+    for nv_c in range(1, MAX_NV + 1):
+        for mr_c in range(1, max_rows(nv_c) + 1):
+            case = builder.append_basic_block(f"tile_{mr_c}x{nv_c}")
+            builder.position_at_end(case)
+            em.tile(mr_c, nv_c, a_p, lda_v, b_p, ps_v, k_v, c_p, ldc_v, cvs_v, acc_v, done)
+            cases.append((nv_c * 64 + mr_c, case))
+    builder.position_at_end(switch_bb)
+    switch = builder.switch(builder.add(builder.mul(nv_v, ir.Constant(i64, 64)), mr_v), done)
+    for value, case in cases:
+        switch.add_case(ir.Constant(i64, value), case)
+    builder.position_at_end(done)
+    builder.ret_void()
+    return fn
 
 
 @numba.njit(nogil=True)
