@@ -1,25 +1,19 @@
 """The numba engine: the shared stack driver with compiled per-direction time loops (the default on CPU).
 
-The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and every GEMM that can be hoisted
-out of the time loop (input projections, weight gradients, ``dx``). :class:`NumbaKernel` replaces the
-per-direction time loop: the loop itself, the per-step recurrent GEMM (through NumPy's own BLAS, see
-:mod:`.numba_blas`) and the fused gate math run in compiled code (:mod:`.numba_kernels`), with every
-buffer allocated once per call and ``W_hh.T`` made contiguous once per call (by BLAS's ``omatcopy``).
+The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and the GEMMs hoisted out of the
+time loop (input projections, weight gradients, ``dx``, through NumPy's BLAS). :class:`NumbaKernel`
+replaces the per-direction time loop: the loop itself, the per-step recurrent products and the fused
+gate math run in compiled code (:mod:`.numba_kernels`) on the engine's own packed SIMD GEMM
+(:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and ``W_hr`` with
+projection) is packed once per call, in compiled code: gate-grouped for the forward (one GEMM tile
+computes every gate of a group of hidden units, and the gate math runs on each row tile's gates while
+they are in L1), plain for the backward's ``dgates @ W_hh``. Buffers are allocated once per call.
 
-Per-step products of a few rows (4..16 active rows) by a large ``W_hh`` run flipped, ``W_hh @ h.T`` then
-transposed in (:func:`.numba_blas.gemm_step`): with the weight as BLAS's left operand the same product
-measured 1.3-2x faster in OpenBLAS here (one-layer S2 LSTM forward 27-31 -> 23 ms).
+Threads: the time loops run on the calling thread (one core); the hoisted GEMMs use NumPy's BLAS
+with its thread count (set it with threadpoolctl).
 
-Threads: the engine starts none of its own. The per-step GEMMs and the hoisted ones use NumPy's BLAS
-with its thread count (set it with threadpoolctl); the gate math runs on the calling thread between
-GEMMs. Splitting the batch into row chunks on numba threads (no barrier per step, rows never
-interact) was measured slower here: after every multi-threaded BLAS call OpenBLAS's idle workers spin
-for about 0.1 s, and the numba workers then share the cores with them (S1 LSTM forward 36 ms with
-chunks vs 27 ms without). So was splitting each step of a small batch by hidden units across threads
-with a spin barrier per step (bench/RESULTS.md, "tried and dropped").
-
-Compiled code is cached on disk (``cache=True``); the first call in a fresh environment compiles the
-kernels for the dtype in use.
+Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too); the first call in a
+fresh environment compiles the kernels for the dtype in use.
 """
 
 from __future__ import annotations

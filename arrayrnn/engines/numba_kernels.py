@@ -1,12 +1,14 @@
-"""Compiled time loops of the numba engine: per-step GEMM plus fused gate math, forward and backward.
+"""Compiled time loops of the numba engine: per-step packed GEMM plus fused gate math, forward and backward.
 
 Each ``*_forward_loop`` / ``*_backward_loop`` function runs the WHOLE time loop of one direction for the
-rows ``[r0, r1)`` of the length-sorted batch; step ``t`` works on the active rows ``[r0, min(bs[t], r1))``.
-Per step: the recurrent GEMM through NumPy's BLAS (:mod:`.numba_blas`, using BLAS's threads), then one
-pass of fused, vectorisable gate math that writes the new state, the output and the residuals in place.
-The engine passes ``r0, r1 = 0, B``. The row range stays a run-time argument on purpose: with the bounds
-known at compile time (0 and ``xw.shape[1]``) LLVM's code for the gate loop ran 3.5x slower here
-(S1 LSTM forward time loop without GEMMs: 57 vs 12 ms).
+rows ``[r0, r1)`` of the length-sorted batch; step ``t`` works on the active rows ``[r0, min(bs[t], r1))``
+(variable lengths shrink the per-step product to the active prefix). The per-step products run on the
+packed SIMD kernels (:mod:`.packed_gemm`) with the weights packed by the caller. Forward: for each row
+tile, every gate-grouped GEMM tile of ``h @ W_hh.T`` is added into ``xw[t]`` and then the gate math runs
+over the row tile's full rows while they are in L1, writing the new state, the output and the
+residuals in place (per unit group, the gate loop over 16 units did not vectorise). The engine passes
+``r0, r1 = 0, B``. The row range stays a run-time argument on purpose: with the bounds known at
+compile time (0 and ``xw.shape[1]``) LLVM's code for the gate loop ran 3.5x slower here.
 
 Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of step ``t`` of an LSTM, roughly::
 
@@ -16,11 +18,10 @@ Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of st
 
 Argument conventions, to keep one compiled signature per dtype: every array is C-contiguous; an absent
 array (no projection, no cache, no inner bias) is a zero-size array, announced by a flag; ``bs`` is the
-int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``. The forward loops take the recurrent weight
-both ways, ``W_hhT`` and ``W_hh``, and ``flip``, the scratch of :func:`.numba_blas.gemm_step` (zero-size:
-every per-step product direct). Buffers are preallocated by the caller; nothing
-is allocated per step. Entries of inactive rows (``b >= bs[t]``) of ``y``, the residuals and the
-gradient stacks are set to zero.
+int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``; ``*_p`` are packed weights
+(:func:`.packed_gemm.pack_b`, zero-size when absent) and ``scratch`` is :func:`.packed_gemm.new_scratch`.
+Buffers are preallocated by the caller; nothing is allocated per step. Entries of inactive rows
+(``b >= bs[t]``) of ``y``, the residuals and the gradient stacks are set to zero.
 
 The gate formulas themselves (how activated gates combine into the state, and their derivatives) live
 in :mod:`.gate_math` and are shared with the cupy engine's CUDA kernels; numba inlines them here, so the

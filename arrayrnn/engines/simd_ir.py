@@ -28,12 +28,15 @@ Pitfalls this module avoids (each measured to cost speed or correctness): withou
 ``llvm.loop.unroll.disable`` metadata LLVM unrolls the K loop and spills accumulators; llvmlite cannot
 declare vector intrinsics by itself (they are declared by full name, e.g. ``llvm.fma.v16f32``); numba's
 on-disk cache does not see IR selected by an environment variable, so every cached function that
-reaches this kernel is compiled with :func:`simd_jit`, whose cache key includes the variant.
+reaches this kernel is compiled with :func:`simd_jit`, whose cache key includes the variant and a digest
+of the kernel modules' source (numba's cache of a caller does not notice a change in a callee's module).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
 import numba
 from llvmlite import binding as llvm
@@ -98,12 +101,26 @@ ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
+def _kernel_sources_digest() -> str:
+    """A digest of this module's and :mod:`.packed_gemm`'s source: numba's cache of a caller does not
+    notice a change in a callee's module, so the key of every function compiled with :func:`simd_jit`
+    carries it."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in ("simd_ir.py", "packed_gemm.py"):
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_CACHE_TAG = ("arrayrnn-simd", VARIANT, _kernel_sources_digest())
+
+
 def _variant_index_key(cache: caching.FunctionCache):
-    """numba's index key of ``cache`` with :data:`VARIANT` appended (see the module doc)."""
+    """numba's index key of ``cache`` with the variant and the kernel sources' digest appended."""
     plain = cache._index_key
 
     def key(sig, codegen):
-        return plain(sig, codegen) + (("arrayrnn-simd", VARIANT),)
+        return plain(sig, codegen) + (_CACHE_TAG,)
     return key
 
 
@@ -162,34 +179,60 @@ class _Emitter:
     def vstore(self, value, ptr):
         self.b.store(value, self.b.bitcast(ptr, self.vec.as_pointer()), align=self.align)
 
-    def tile(self, mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, done):
-        """One ``mr x nv`` tile: the K loop, then the stores; branches to ``done``."""
+    def k_loop(self, mr, nv, a, lda, bp, pstride, k, kk_start, init_sets):
+        """A K loop from ``kk_start`` taking one ``k`` per accumulator set per iteration while all fit
+        (``kk + len(sets) <= k``); returns the ``kk`` it stopped at and the sets."""
         b, i64 = self.b, self.i64
+        split = len(init_sets)
         entry = b.block
         header = b.append_basic_block(f"k_head_{mr}x{nv}")
         body = b.append_basic_block(f"k_body_{mr}x{nv}")
-        store = b.append_basic_block(f"store_{mr}x{nv}")
+        exit_ = b.append_basic_block(f"k_exit_{mr}x{nv}")
         b.branch(header)
         b.position_at_end(header)
         kk = b.phi(i64, name="kk")
-        kk.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [[b.phi(self.vec) for _ in range(nv)] for _ in range(mr)]
-        for row in accs:
-            for acc in row:
-                acc.add_incoming(self.zero_vec, entry)
-        b.cbranch(b.icmp_signed("<", kk, k), body, store)
+        kk.add_incoming(kk_start, entry)
+        sets = [[[b.phi(self.vec) for _ in range(nv)] for _ in range(mr)] for _ in range(split)]
+        for acc_set, init in zip(sets, init_sets, strict=True):
+            for row, init_row in zip(acc_set, init, strict=True):
+                for acc, value in zip(row, init_row, strict=True):
+                    acc.add_incoming(value, entry)
+        b.cbranch(b.icmp_signed("<=", b.add(kk, ir.Constant(i64, split)), k), body, exit_)
         b.position_at_end(body)
-        b_kk = b.mul(kk, ir.Constant(i64, self.W))
-        bvecs = [self.vload(self.gep(bp, b.add(b.mul(ir.Constant(i64, v), pstride), b_kk)))
-                 for v in range(nv)]
-        for i in range(mr):
-            a_vec = self.splat(b.load(self.gep(a, b.add(b.mul(ir.Constant(i64, i), lda), kk))))
-            for v in range(nv):
-                accs[i][v].add_incoming(b.call(self.fma, [a_vec, bvecs[v], accs[i][v]]), body)
-        kk.add_incoming(b.add(kk, ir.Constant(i64, 1)), body)
+        new_sets = []
+        for part, accs in enumerate(sets):
+            at = b.add(kk, ir.Constant(i64, part))
+            b_at = b.mul(at, ir.Constant(i64, self.W))
+            bvecs = [self.vload(self.gep(bp, b.add(b.mul(ir.Constant(i64, v), pstride), b_at)))
+                     for v in range(nv)]
+            new = []
+            for i in range(mr):
+                a_vec = self.splat(b.load(self.gep(a, b.add(b.mul(ir.Constant(i64, i), lda), at))))
+                new.append([b.call(self.fma, [a_vec, bvecs[v], accs[i][v]]) for v in range(nv)])
+            new_sets.append(new)
+        latch = b.block
+        kk.add_incoming(b.add(kk, ir.Constant(i64, split)), latch)
+        for accs, new in zip(sets, new_sets, strict=True):
+            for row, new_row in zip(accs, new, strict=True):
+                for acc, value in zip(row, new_row, strict=True):
+                    acc.add_incoming(value, latch)
         b.branch(header).set_metadata("llvm.loop", _no_unroll(b.module))
-        b.position_at_end(store)
-        finals = accs
+        b.position_at_end(exit_)
+        return kk, sets
+
+    def tile(self, mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, done):
+        """One ``mr x nv`` tile: the K loop, then the stores; branches to ``done``. A tile of at most 4
+        accumulators would wait on the FMA latency: it runs two sets (even and odd ``k``), then a
+        remainder loop, and adds the sets."""
+        b, i64 = self.b, self.i64
+        zeros = [[self.zero_vec] * nv for _ in range(mr)]
+        split = 2 if mr * nv <= 4 else 1
+        kk, sets = self.k_loop(mr, nv, a, lda, bp, pstride, k, ir.Constant(i64, 0), [zeros] * split)
+        if split > 1:
+            _, (rest,) = self.k_loop(mr, nv, a, lda, bp, pstride, k, kk, [sets[0]])
+            finals = [[b.fadd(rest[i][v], sets[1][i][v]) for v in range(nv)] for i in range(mr)]
+        else:
+            finals = sets[0]
         ptrs = [[self.gep(c, b.add(b.mul(ir.Constant(i64, i), ldc), b.mul(ir.Constant(i64, v), cvs)))
                  for v in range(nv)] for i in range(mr)]
         with b.if_else(accumulate) as (add, overwrite):
