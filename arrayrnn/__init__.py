@@ -11,6 +11,7 @@ from .core.io import load, save
 from .core.layout import Layout, layout_of
 from .core.params import PackedParams
 from .core.spec import RNNSpec
+from .frontend.dropout import cell_masks
 from .frontend.rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ __all__ = [
     "activations",
     "as_array",
     "bias_act",
+    "cell_masks",
     "dense_bias_act",
     "distributed",
     "grad",

@@ -6,6 +6,10 @@ every CPython). The model is ``Embedding -> LSTM -> Dense`` built from ``ar.nn``
 is held out. It prints the unigram entropy of the text (the bits per character of a model that knows only
 character frequencies), the validation bits per character before and after training, and a sample.
 The same seed gives the same numbers.
+
+``--recurrent-dropout p`` / ``--weight-dropout p`` train the LSTM with variational dropout on ``h_{t-1}``
+or DropConnect on ``W_hh`` (see ``arrayrnn.RNNSpec``); the demo then trains the same model without them
+first and reports the validation bits per character of both.
 """
 
 from __future__ import annotations
@@ -15,19 +19,23 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from . import ops
+from . import engines, ops
 from .autodiff import value_and_grad
 from .core import npzfile
+from .core.errors import EngineUnavailableError
+from .core.spec import SEED_LIMIT, RNNSpec, check_seed
 from .training import distributed, nn, optim
 
 MODEL_KIND = "arrayrnn-demo"  # the kind of file save_model writes (see arrayrnn.core.npzfile)
 
 LN2 = math.log(2.0)
+TRAIN_FRACTION = 0.9   # the first 90% of the text trains, the rest is held out
+EVAL_ROWS = 32   # bits_per_char cuts the held-out text into this many parallel streams
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,62 @@ class Config:
     seed: int = 0
     eval_chars: int = 16384
     sample_chars: int = 300
+    recurrent_dropout: float = 0.0
+    weight_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field, minimum in (("steps", 1), ("hidden", 1), ("layers", 1), ("embed", 1), ("batch", 1),
+                               ("seq_len", 1), ("eval_chars", EVAL_ROWS + 1), ("sample_chars", 0)):
+            if not (_is_int(getattr(self, field)) and getattr(self, field) >= minimum):
+                raise BadOption(field, getattr(self, field), f"an integer >= {minimum}")
+        for field in ("lr", "clip"):
+            if not _is_positive_number(getattr(self, field)):
+                raise BadOption(field, getattr(self, field), "a finite number > 0")
+        for field in ("recurrent_dropout", "weight_dropout"):
+            if not _is_probability(getattr(self, field)):
+                raise BadOption(field, getattr(self, field), "a number in [0, 1)")
+        if not isinstance(self.engine, str) or self.engine not in engines.engine_names():
+            raise BadOption("engine", self.engine, f"one of {', '.join(engines.engine_names())}")
+        try:
+            check_seed(self.seed)
+        except (TypeError, ValueError):
+            raise BadOption("seed", self.seed, "an integer in [0, 2**64)") from None
+        if self.seed is None:
+            raise BadOption("seed", None, "an integer in [0, 2**64) (the demo is reproducible)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_positive_number(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    return math.isfinite(value) and value > 0
+
+
+def _is_probability(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    return 0.0 <= value < 1.0
+
+
+def variants_text(cfg: Config) -> str:
+    """``"recurrent_dropout=0.25, weight_dropout=0.5"``: the cell variants ``cfg`` turns on ("" if none)."""
+    names = ("recurrent_dropout", "weight_dropout")
+    return ", ".join(f"{name}={getattr(cfg, name)}" for name in names if getattr(cfg, name))
+
+
+class BadOption(ValueError):
+    """A :class:`Config` field (a command-line option) with a value outside its range."""
+
+    def __init__(self, field: str, value: Any, expected: str):
+        super().__init__(f"{field} = {value!r}; expected {expected}")
+        self.field, self.value, self.expected = field, value, expected
+
+    def as_option(self) -> str:
+        """The message in command-line terms: ``--seq-len = 0; expected ...``."""
+        return f"--{self.field.replace('_', '-')} = {self.value}; expected {self.expected}"
 
 
 def load_text() -> str:
@@ -77,26 +141,35 @@ def unigram_entropy(ids: np.ndarray, vocab_size: int) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
+def derived_seed(seed: int, offset: int) -> int:
+    """``seed + offset``, wrapped into the 64-bit seed range (so ``--seed 2**64 - 1`` is valid too)."""
+    return (seed + offset) % SEED_LIMIT
+
+
 class CharModel:
     """``Embedding -> LSTM -> Dense``; ``params`` is the list of the three layers' buffers."""
 
     def __init__(self, vocab_size: int, cfg: Config):
-        self.embedding = nn.Embedding(vocab_size, cfg.embed, seed=cfg.seed)
-        self.lstm = nn.LSTM(cfg.embed, cfg.hidden, cfg.layers, seed=cfg.seed + 1, engine=cfg.engine)
-        self.head = nn.Dense(cfg.hidden, vocab_size, seed=cfg.seed + 2)
+        self.embedding = nn.Embedding(vocab_size, cfg.embed, seed=derived_seed(cfg.seed, 0))
+        self.lstm = nn.LSTM(cfg.embed, cfg.hidden, cfg.layers, seed=derived_seed(cfg.seed, 1),
+                            engine=cfg.engine, recurrent_dropout=cfg.recurrent_dropout,
+                            weight_dropout=cfg.weight_dropout)
+        self.head = nn.Dense(cfg.hidden, vocab_size, seed=derived_seed(cfg.seed, 2))
 
     @property
     def params(self) -> list:
         return [self.embedding.params, self.lstm.params, self.head.params]
 
-    def logits(self, params: list, ids: Any, h0: Any = None, c0: Any = None) -> tuple[Any, Any, Any]:
-        """Time-major ``ids`` ``(T, B)`` -> logits ``(T, B, V)`` and the final ``(h, c)``."""
+    def logits(self, params: list, ids: Any, h0: Any = None, c0: Any = None,
+               seed: int | None = None) -> tuple[Any, Any, Any]:
+        """Time-major ``ids`` ``(T, B)`` -> logits ``(T, B, V)`` and the final ``(h, c)``. ``seed`` draws the
+        dropout masks of a differentiated call (training); evaluation uses none."""
         emb, lstm, head = params
-        y, h_n, c_n = self.lstm.apply(lstm, self.embedding.apply(emb, ids), h0=h0, c0=c0)
+        y, h_n, c_n = self.lstm.apply(lstm, self.embedding.apply(emb, ids), h0=h0, c0=c0, seed=seed)
         return self.head.apply(head, y), h_n, c_n
 
-    def loss(self, params: list, inputs: Any, targets: Any) -> Any:
-        logits, _, _ = self.logits(params, inputs)
+    def loss(self, params: list, inputs: Any, targets: Any, seed: int | None = None) -> Any:
+        logits, _, _ = self.logits(params, inputs, seed=seed)
         return ops.softmax_cross_entropy(logits, targets)
 
 
@@ -106,7 +179,7 @@ def random_windows(ids: np.ndarray, batch: int, seq_len: int, rng: np.random.Gen
     return np.stack([ids[s:s + seq_len + 1] for s in starts], axis=1)
 
 
-def bits_per_char(model: CharModel, ids: np.ndarray, rows: int = 32) -> float:
+def bits_per_char(model: CharModel, ids: np.ndarray, rows: int = EVAL_ROWS) -> float:
     """Mean next-character cross-entropy in bits over ``ids`` cut into ``rows`` parallel streams."""
     length = (len(ids) - 1) // rows
     windows = np.stack([ids[r * length:(r + 1) * length + 1] for r in range(rows)], axis=1)
@@ -135,8 +208,11 @@ def train(cfg: Config, train_ids: np.ndarray, model: CharModel, progress: bool =
     from tqdm import tqdm
 
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    if cfg.seq_len > max_seq_len(len(train_ids), size):
+        raise BadOption("seq_len", cfg.seq_len, f"an integer <= {max_seq_len(len(train_ids), size)} (each "
+                        "rank's share of the training text must hold a sequence and its next character)")
     train_ids = train_ids[rank * len(train_ids) // size:(rank + 1) * len(train_ids) // size]
-    rng = np.random.default_rng(cfg.seed + rank)
+    rng = np.random.default_rng(derived_seed(cfg.seed, rank))
     opt = optim.Adam(model.params, lr=cfg.lr)
     if comm is not None:
         distributed.broadcast_from_root([model.params, opt], comm)
@@ -148,7 +224,8 @@ def train(cfg: Config, train_ids: np.ndarray, model: CharModel, progress: bool =
               file=sys.stderr, dynamic_ncols=True) as bar:
         for step in bar:
             window = random_windows(train_ids, cfg.batch, cfg.seq_len, rng)
-            loss, grads = loss_and_grads(model.params, window[:-1], window[1:])
+            masks_seed = derived_seed(cfg.seed, 3 + step * size + rank)  # new masks every step and rank
+            loss, grads = loss_and_grads(model.params, window[:-1], window[1:], seed=masks_seed)
             loss = float(loss)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"step {step}: the training loss is {loss}; training diverged "
@@ -183,25 +260,31 @@ def sample(model: CharModel, vocab: Vocabulary, prompt: str, n: int, seed: int,
 def save_model(path: str, model: CharModel, vocab: Vocabulary, cfg: Config) -> None:
     """An ``.npz`` with a JSON header (config, vocabulary) and the three parameter buffers; no pickle."""
     header = {"config": asdict(cfg), "chars": vocab.chars}
-    emb, lstm, head = model.params
-    npzfile.write(path, MODEL_KIND, 1, header, {"embedding": emb, "lstm": lstm.data, "head": head})
+    npzfile.write(path, MODEL_KIND, 1, header, _buffers(model))
 
 
 def load_model(path: str) -> tuple[CharModel, Vocabulary, Config]:
-    header, arrays = npzfile.read(path, MODEL_KIND, range(1, 2))  # version 1, the only one
-    try:
-        cfg = Config(**header["config"])
-        vocab = Vocabulary("".join(header["chars"]))
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: damaged demo model header ({type(e).__name__}: {e})") from None
-    model = CharModel(len(vocab), cfg)
-    for target, name in ((model.embedding.params, "embedding"), (model.lstm.params.data, "lstm"),
-                         (model.head.params, "head")):
-        if name not in arrays or arrays[name].shape != target.shape:
-            raise ValueError(f"{path}: member {name!r} is missing or has the wrong shape; expected "
-                             f"{target.shape}")
+    built: dict[str, Any] = {}
+
+    def expect(header: dict[str, Any]) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        """Build the model the header describes; its buffers are what the members must be."""
+        try:
+            cfg = Config(**header["config"])
+            vocab = Vocabulary("".join(header["chars"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: damaged demo model header ({type(e).__name__}: {e})") from None
+        built.update(model=CharModel(len(vocab), cfg), vocab=vocab, cfg=cfg)
+        return {name: (a.dtype, a.shape) for name, a in _buffers(built["model"]).items()}
+
+    _, arrays = npzfile.read(path, MODEL_KIND, range(1, 2), expect=expect)  # version 1, the only one
+    for name, target in _buffers(built["model"]).items():
         target[...] = arrays[name]
-    return model, vocab, cfg
+    return built["model"], built["vocab"], built["cfg"]
+
+
+def _buffers(model: CharModel) -> dict[str, np.ndarray]:
+    """The model's parameter buffers by their member names in a saved model."""
+    return {"embedding": model.embedding.params, "lstm": model.lstm.params.data, "head": model.head.params}
 
 
 def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = sys.stdout,
@@ -211,12 +294,13 @@ def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = 
     text = load_text()
     vocab = Vocabulary(text)
     ids = vocab.encode(text)
-    split = int(0.9 * len(ids))
+    split = int(TRAIN_FRACTION * len(ids))
     train_ids, valid_ids = ids[:split], ids[split:split + cfg.eval_chars + 1]
     model = CharModel(len(vocab), cfg)
     entropy = unigram_entropy(train_ids, len(vocab))
-    print(f"text: pydoc_data.topics, {len(text):,} characters, {len(vocab)} distinct; "
-          f"model: LSTM hidden={cfg.hidden} layers={cfg.layers} engine={model.lstm.engine}", file=out)
+    variants = f" {variants_text(cfg)}" if variants_text(cfg) else ""
+    print(f"text: pydoc_data.topics, {len(text):,} characters, {len(vocab)} distinct; model: LSTM "
+          f"hidden={cfg.hidden} layers={cfg.layers}{variants} engine={model.lstm.engine}", file=out)
     print(f"unigram entropy of the text:        {entropy:.3f} bits/char", file=out)
     before = bits_per_char(model, valid_ids)
     print(f"validation bits/char before:        {before:.3f}", file=out)
@@ -238,6 +322,20 @@ def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = 
             "sample": text_sample, "train_seconds": train_seconds, "total_seconds": total}
 
 
+def run_with_and_without(cfg: Config, save: str | None = None, progress: bool = True, out: Any = sys.stdout,
+                         comm: Any = None) -> dict[str, Any]:
+    """``run`` the model without its cell variants, then with them (``save`` keeps the latter), and print
+    both validation bits per character; returns ``{"without": ..., "with": ...}``."""
+    plain = replace(cfg, recurrent_dropout=0.0, weight_dropout=0.0)
+    print("== without recurrent or weight dropout", file=out)
+    without = run(plain, progress=progress, out=out, comm=comm)
+    print(f"== with {variants_text(cfg)}", file=out)
+    with_variants = run(cfg, save=save, progress=progress, out=out, comm=comm)
+    print(f"validation bits/char after {cfg.steps} steps: {without['bpc_after']:.3f} without, "
+          f"{with_variants['bpc_after']:.3f} with {variants_text(cfg)}", file=out)
+    return {"without": without, "with": with_variants}
+
+
 def main(argv: list[str] | None = None) -> None:
     defaults = Config()
     parser = argparse.ArgumentParser(prog="python -m arrayrnn.demo", description=__doc__.split("\n\n")[0])
@@ -245,33 +343,81 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=defaults.hidden, help="LSTM hidden size (%(default)s)")
     parser.add_argument("--layers", type=int, default=defaults.layers, help="LSTM layers (%(default)s)")
     parser.add_argument("--engine", default=defaults.engine,
-                        help="auto | reference | numba | cupy | cudnn (%(default)s)")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed (%(default)s)")
+                        help=f"{' | '.join(engines.engine_names())} (%(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed, 0 <= seed < 2**64 "
+                        "(%(default)s)")
     parser.add_argument("--batch", type=int, default=defaults.batch, help="sequences per step (%(default)s)")
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="characters per sequence "
                         "(%(default)s)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak Adam learning rate (%(default)s)")
+    parser.add_argument("--recurrent-dropout", type=float, default=defaults.recurrent_dropout,
+                        help="variational dropout on h_{t-1} in the LSTM's recurrent product, 0 <= p < 1; "
+                        "also trains without it and reports both (%(default)s)")
+    parser.add_argument("--weight-dropout", type=float, default=defaults.weight_dropout,
+                        help="DropConnect on W_hh, 0 <= p < 1; also trains without it and reports both "
+                        "(%(default)s)")
     parser.add_argument("--distributed", action="store_true", help="data-parallel under MPI: "
                         "mpiexec -n 2 python -m arrayrnn.demo --distributed (needs the mpi extra)")
     parser.add_argument("--save", metavar="PATH", help="write the trained model to PATH (.npz)")
     args = parser.parse_args(argv)
-    for name in ("steps", "hidden", "layers", "batch", "seq_len"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} = {getattr(args, name)}; expected an integer >= 1")
+    cfg = _config_from(parser, args)
+    comm = _communicator(parser, args.distributed)
+    _check_fits(parser, cfg, comm)
+    if args.save and os.path.isdir(args.save):
+        parser.error(f"--save {args.save}: is a directory; expected a file path (e.g. {args.save}/model.npz)")
     if args.save and not os.path.isdir(os.path.dirname(os.path.abspath(args.save))):
         parser.error(f"--save {args.save}: the directory does not exist")
-    cfg = Config(steps=args.steps, hidden=args.hidden, layers=args.layers, engine=args.engine, seed=args.seed,
-                 batch=args.batch, seq_len=args.seq_len, lr=args.lr)
-    if not args.distributed:
-        run(cfg, save=args.save)
+    run_demo = run_with_and_without if variants_text(cfg) else run
+    if comm is None:
+        run_demo(cfg, save=args.save)
         return
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
     with distributed.abort_on_error(comm), open(os.devnull, "w") as devnull:
         lead = comm.Get_rank() == 0     # rank 0 prints, shows the progress bar and saves
-        run(cfg, save=args.save if lead else None, progress=lead, out=sys.stdout if lead else devnull,
-            comm=comm)
+        run_demo(cfg, save=args.save if lead else None, progress=lead, out=sys.stdout if lead else devnull,
+                 comm=comm)
+
+
+def _config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
+    """The options as a :class:`Config`; a value out of range is argparse's usage error."""
+    try:
+        return Config(steps=args.steps, hidden=args.hidden, layers=args.layers, engine=args.engine,
+                      seed=args.seed, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
+                      recurrent_dropout=args.recurrent_dropout, weight_dropout=args.weight_dropout)
+    except BadOption as err:
+        parser.error(err.as_option())
+
+
+def _communicator(parser: argparse.ArgumentParser, distributed_run: bool) -> Any:
+    if not distributed_run:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        parser.error(f"--distributed needs mpi4py ({err}); install it with pip install 'arrayrnn[mpi]'")
+    return MPI.COMM_WORLD
+
+
+def _check_fits(parser: argparse.ArgumentParser, cfg: Config, comm: Any) -> None:
+    """The sizes make an LSTM, the engine can train it here, and a sequence fits in each rank's text."""
+    try:
+        spec = RNNSpec("lstm", cfg.embed, cfg.hidden, cfg.layers, recurrent_dropout=cfg.recurrent_dropout,
+                       weight_dropout=cfg.weight_dropout)
+    except ValueError as err:
+        parser.error(f"--hidden = {cfg.hidden}, --layers = {cfg.layers}: {err}")
+    if cfg.engine != "auto":
+        try:
+            engines.select_engine(cfg.engine, engines.probe_call(spec, training=True))
+        except EngineUnavailableError as err:
+            parser.error(f"--engine = {cfg.engine}: {err}")
+    longest = max_seq_len(int(TRAIN_FRACTION * len(load_text())), comm.Get_size() if comm else 1)
+    if cfg.seq_len > longest:
+        parser.error(f"--seq-len = {cfg.seq_len}; expected at most {longest} (each rank's share of the "
+                     "training text must hold a sequence and its next character)")
+
+
+def max_seq_len(train_chars: int, ranks: int) -> int:
+    """The longest ``seq_len`` whose windows (``seq_len + 1`` characters) fit in each rank's share."""
+    return train_chars // ranks - 2
 
 
 if __name__ == "__main__":

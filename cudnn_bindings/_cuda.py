@@ -12,6 +12,8 @@ import threading
 from types import ModuleType
 from typing import Any
 
+from . import args
+
 __all__ = ["driver", "device_count", "current_device", "select_device", "diagnose", "stream_address"]
 
 _lock = threading.Lock()
@@ -108,19 +110,25 @@ def diagnose(device: int = 0) -> str:
 
 def stream_address(stream: object) -> int:
     """A ``cudaStream_t`` address from ``None`` (legacy default stream), an int, an object with
-    ``__cuda_stream__()`` (CUDA stream protocol), ``.ptr`` (CuPy) or ``.handle`` (cuda.core)."""
+    ``__cuda_stream__()`` (CUDA stream protocol), ``.ptr`` (CuPy) or ``.handle`` (cuda.core), checked by
+    `args.stream` (NULL, CUDA's special streams 1 and 2, or an address of at least 4096)."""
     if stream is None:
         return 0
     if isinstance(stream, bool):
         raise TypeError(f"stream must be None, an int address or a stream object; got {stream!r}")
-    if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError(f"stream = {stream}; expected a non-negative address")
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    for attr in ("ptr", "handle"):
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    raise TypeError(f"stream must be None, an int address or a stream object (__cuda_stream__, .ptr, "
-                    f".handle); got {type(stream).__name__}")
+    if hasattr(stream, "__index__"):
+        value: Any = stream
+    elif hasattr(stream, "__cuda_stream__"):
+        value = stream.__cuda_stream__()[1]
+    else:
+        attr = next((a for a in ("ptr", "handle") if hasattr(stream, a)), None)
+        if attr is None:
+            raise TypeError(f"stream must be None, an int address or a stream object (__cuda_stream__, .ptr, "
+                            f".handle); got {type(stream).__name__}")
+        value = getattr(stream, attr)
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"stream ({type(stream).__name__}) gave the address {value!r}; expected an "
+                        f"integer") from None
+    return args.stream("stream", value) or 0

@@ -245,7 +245,10 @@ class SeqDataConfig:
     def __repr__(self) -> str:
         names = [f.name for f in fields(self) if f.name != "seq_lengths"]
         parts = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
-        return f"SeqDataConfig({parts}, seq_lengths={self.seq_lengths.tolist()!r})"
+        lengths = self.seq_lengths
+        shown = repr(lengths.tolist()) if lengths.size <= 16 else (
+            f"[{', '.join(map(str, lengths[:8].tolist()))}, ... ({lengths.size} lengths)]")
+        return f"SeqDataConfig({parts}, seq_lengths={shown})"
 
 
 def _packed_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -273,6 +276,9 @@ class TensorConfig:
             raise ValueError(f"dims has {n} entries; expected 2..{MAX_TENSOR_DIMS}")
         _set(self, "dims", tuple(_as_int(f"dims[{i}]", d, 1) for i, d in enumerate(self.dims)))
         strides = _packed_strides(self.dims) if self.strides is None else self.strides
+        if self.strides is None and strides[0] > INT32_MAX:
+            raise ValueError(f"dims = {self.dims} is too large to pack: the outer stride would be "
+                             f"{strides[0]} > {INT32_MAX} (cuDNN's strides are C ints)")
         if len(strides) != n:
             raise ValueError(f"strides has {len(strides)} entries; expected len(dims) = {n}")
         _set(self, "strides", tuple(_as_int(f"strides[{i}]", s, 0) for i, s in enumerate(strides)))

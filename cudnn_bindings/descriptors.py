@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import _cuda, raw
+from .args import address, owned
 from .config import RNNConfig, SeqDataConfig, TensorConfig, _as_float, _as_int, fill_bytes, fill_value
 from .enums import (
     DataType,
@@ -133,6 +134,7 @@ class Handle(_Owned):
         super().__init__()
         self.device = _as_int("device", device, 0)
         self._stream_obj: Any = None
+        _cuda.stream_address(stream)  # a bad stream is refused before a handle is created
         _cuda.select_device(self.device)
         try:
             ptr = raw.create()
@@ -162,6 +164,7 @@ class DropoutDescriptor(_Owned):
                  states_size: int = 0, seed: int = 0) -> None:
         super().__init__()
         self._handle: Handle | None = None
+        dropout = _as_float("dropout", dropout)
         if handle is None and dropout != 0.0:
             raise ValueError(f"dropout = {dropout} needs a Handle (and a states buffer); got handle = None")
         setup = (lambda: self.set(handle, dropout, states=states, states_size=states_size, seed=seed)
@@ -171,18 +174,19 @@ class DropoutDescriptor(_Owned):
     @staticmethod
     def states_size(handle: Handle) -> int:
         """Bytes of device memory the RNG states need. See `cudnnDropoutGetStatesSize`."""
-        return raw.dropout_get_states_size(handle.ptr)
+        return raw.dropout_get_states_size(owned("handle", handle, Handle))
 
     def _args(self, handle: Handle, dropout: float, states: int, states_size: int, seed: int) -> tuple:
         p = _as_float("dropout", dropout)
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout = {p}; expected a probability in [0, 1)")
-        states = _as_int("states", states, 0, 2**64 - 1)
+        states = address("states", states) or 0
         states_size = _as_int("states_size", states_size, 0, 2**64 - 1)
         if p > 0.0 and not states:
             raise ValueError(f"dropout = {p} needs a device states buffer of "
                              f"DropoutDescriptor.states_size(handle) bytes; got states = 0")
-        return self.ptr, handle.ptr, p, states, states_size, _as_int("seed", seed, 0, 2**64 - 1)
+        return (self.ptr, owned("handle", handle, Handle), p, states, states_size,
+                _as_int("seed", seed, 0, 2**64 - 1))
 
     def set(self, handle: Handle, dropout: float, *, states: int = 0, states_size: int = 0,
             seed: int = 0) -> None:
@@ -198,7 +202,7 @@ class DropoutDescriptor(_Owned):
 
     def get(self, handle: Handle) -> tuple[float, int, int]:
         """``(dropout, states address, seed)``. See `cudnnGetDropoutDescriptor`."""
-        return raw.get_dropout_descriptor(self.ptr, handle.ptr)
+        return raw.get_dropout_descriptor(self.ptr, owned("handle", handle, Handle))
 
 
 class TensorDescriptor(_Owned):
@@ -220,6 +224,8 @@ class TensorDescriptor(_Owned):
 
     def set(self, config: TensorConfig) -> None:
         """See `cudnnSetTensorNdDescriptor`."""
+        if not isinstance(config, TensorConfig):
+            raise TypeError(f"config must be a TensorConfig; got {type(config).__name__}")
         raw.set_tensor_nd_descriptor(self.ptr, config.data_type, config.dims, config.strides)
 
     def get(self) -> TensorConfig:
@@ -252,11 +258,12 @@ class RNNDescriptor(_Owned):
             raise TypeError(f"config must be an RNNConfig; got {type(config).__name__}")
         if dropout is not None and not isinstance(dropout, DropoutDescriptor):
             raise TypeError(f"dropout must be a DropoutDescriptor or None; got {type(dropout).__name__}")
+        dropout_ptr = owned("dropout", dropout, DropoutDescriptor, optional=True)
         c = config
         try:
             raw.set_rnn_descriptor_v8(self.ptr, c.algo, c.cell_mode, c.bias_mode, c.dir_mode, c.input_mode,
                                       c.data_type, c.math_prec, c.math_type, c.input_size, c.hidden_size,
-                                      c.proj_size, c.num_layers, dropout.ptr if dropout else None,
+                                      c.proj_size, c.num_layers, dropout_ptr,
                                       c.aux_flags)
         except CudnnError as exc:
             if exc.status < 3000 or exc.status >= 4000:  # only NOT_SUPPORTED* needs the configuration named

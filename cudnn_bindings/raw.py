@@ -2,23 +2,46 @@
 
 Handles, descriptors, streams and memory are plain integer addresses here (``0``/``None`` is NULL); every
 status goes through `check` (defined here). Outputs come back as Python values. Ownership lives in
-`descriptors`.
+`descriptors`. Each parameter is annotated with its C type from `args`, and `checked` refuses a value that
+C would truncate, wrap or dereference blindly (see `args` for the rules) before any C call.
 """
 
 from __future__ import annotations
 
 import ctypes
 from ctypes import byref, c_double, c_float, c_int, c_int32, c_size_t, c_uint32, c_ulonglong, c_void_p
+from typing import Annotated
 
 from . import _lib
+from .args import (
+    Address,
+    CDouble,
+    CFloat,
+    CInt,
+    CInt32,
+    CUInt32,
+    Enum,
+    IntArray,
+    IntIn,
+    SizeT,
+    Stream,
+    ULongLong,
+    checked,
+    integer,
+)
 from .errors import CudnnError
 
-Ptr = int | None  # an address; None or 0 is NULL
+Ptr = Address  # an address; None or 0 is NULL
 _MAX_ERR = 4096
+MAX_DIMS = 8  # CUDNN_DIM_MAX
+Dims = Annotated[tuple[int, ...], IntArray(1, MAX_DIMS)]
+DimsRequested = Annotated[int, IntIn(1, MAX_DIMS, "dimensions to read back; CUDNN_DIM_MAX is 8")]
+ArrayLength = Annotated[int, IntIn(0, 2**31 - 1, "C int; entries the seq_lengths buffer holds")]
 
 
 def check(status: int, function: str, hint: str = "") -> None:
     """Raise `CudnnError` unless ``status`` is ``CUDNN_STATUS_SUCCESS``; reads cuDNN's last error text."""
+    status = integer("status", status, -2**31, 2**31 - 1, "a cudnnStatus_t: C int")
     if status == 0:
         return
     try:
@@ -44,7 +67,8 @@ def get_version() -> int:
     return int(_lib.function("cudnnGetVersion")())
 
 
-def get_error_string(status: int) -> str:
+@checked
+def get_error_string(status: Enum) -> str:
     """See `cudnnGetErrorString`."""
     return (_lib.function("cudnnGetErrorString")(int(status)) or b"").decode(errors="replace")
 
@@ -61,17 +85,20 @@ def create(hint: str = "") -> int:
     return _create("cudnnCreate", hint)
 
 
-def destroy(handle: int) -> None:
+@checked
+def destroy(handle: Ptr) -> None:
     """See `cudnnDestroy`."""
     _call("cudnnDestroy", handle)
 
 
-def set_stream(handle: int, stream: Ptr) -> None:
+@checked
+def set_stream(handle: Ptr, stream: Stream) -> None:
     """See `cudnnSetStream`."""
     _call("cudnnSetStream", handle, stream or None)
 
 
-def get_stream(handle: int) -> int:
+@checked
+def get_stream(handle: Ptr) -> int:
     """See `cudnnGetStream`."""
     out = c_void_p()
     _call("cudnnGetStream", handle, byref(out))
@@ -84,21 +111,27 @@ def create_tensor_descriptor() -> int:
     return _create("cudnnCreateTensorDescriptor")
 
 
-def destroy_tensor_descriptor(desc: int) -> None:
+@checked
+def destroy_tensor_descriptor(desc: Ptr) -> None:
     """See `cudnnDestroyTensorDescriptor`."""
     _call("cudnnDestroyTensorDescriptor", desc)
 
 
-def set_tensor_nd_descriptor(desc: int, data_type: int, dims: tuple[int, ...],
-                             strides: tuple[int, ...]) -> None:
+@checked
+def set_tensor_nd_descriptor(desc: Ptr, data_type: Enum, dims: Dims, strides: Dims) -> None:
     """See `cudnnSetTensorNdDescriptor`."""
     n = len(dims)
+    if len(strides) != n:
+        raise ValueError(f"set_tensor_nd_descriptor: strides has {len(strides)} entries; expected len(dims) "
+                         f"= {n}")
     dim_a, stride_a = (c_int * n)(*dims), (c_int * n)(*strides)
     _call("cudnnSetTensorNdDescriptor", desc, int(data_type), n, ctypes.addressof(dim_a),
           ctypes.addressof(stride_a))
 
 
-def get_tensor_nd_descriptor(desc: int, max_dims: int = 8) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+@checked
+def get_tensor_nd_descriptor(desc: Ptr, max_dims: DimsRequested = MAX_DIMS
+                             ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """See `cudnnGetTensorNdDescriptor`. Returns ``(data_type, dims, strides)``."""
     dt, nb = c_int(), c_int()
     dim_a, stride_a = (c_int * max_dims)(), (c_int * max_dims)()
@@ -108,7 +141,8 @@ def get_tensor_nd_descriptor(desc: int, max_dims: int = 8) -> tuple[int, tuple[i
     return dt.value, tuple(dim_a[:n]), tuple(stride_a[:n])
 
 
-def get_tensor_size_in_bytes(desc: int) -> int:
+@checked
+def get_tensor_size_in_bytes(desc: Ptr) -> int:
     """See `cudnnGetTensorSizeInBytes`."""
     out = c_size_t()
     _call("cudnnGetTensorSizeInBytes", desc, byref(out))
@@ -121,31 +155,36 @@ def create_dropout_descriptor() -> int:
     return _create("cudnnCreateDropoutDescriptor")
 
 
-def destroy_dropout_descriptor(desc: int) -> None:
+@checked
+def destroy_dropout_descriptor(desc: Ptr) -> None:
     """See `cudnnDestroyDropoutDescriptor`."""
     _call("cudnnDestroyDropoutDescriptor", desc)
 
 
-def dropout_get_states_size(handle: int) -> int:
+@checked
+def dropout_get_states_size(handle: Ptr) -> int:
     """See `cudnnDropoutGetStatesSize`."""
     out = c_size_t()
     _call("cudnnDropoutGetStatesSize", handle, byref(out))
     return out.value
 
 
-def set_dropout_descriptor(desc: int, handle: int, dropout: float, states: Ptr, states_size: int,
-                           seed: int) -> None:
+@checked
+def set_dropout_descriptor(desc: Ptr, handle: Ptr, dropout: CFloat, states: Ptr, states_size: SizeT,
+                           seed: ULongLong) -> None:
     """See `cudnnSetDropoutDescriptor`."""
     _call("cudnnSetDropoutDescriptor", desc, handle, dropout, states or None, states_size, seed)
 
 
-def restore_dropout_descriptor(desc: int, handle: int, dropout: float, states: Ptr, states_size: int,
-                               seed: int) -> None:
+@checked
+def restore_dropout_descriptor(desc: Ptr, handle: Ptr, dropout: CFloat, states: Ptr, states_size: SizeT,
+                               seed: ULongLong) -> None:
     """See `cudnnRestoreDropoutDescriptor`."""
     _call("cudnnRestoreDropoutDescriptor", desc, handle, dropout, states or None, states_size, seed)
 
 
-def get_dropout_descriptor(desc: int, handle: int) -> tuple[float, int, int]:
+@checked
+def get_dropout_descriptor(desc: Ptr, handle: Ptr) -> tuple[float, int, int]:
     """See `cudnnGetDropoutDescriptor`. Returns ``(dropout, states address, seed)``."""
     p, states, seed = c_float(), c_void_p(), c_ulonglong()
     _call("cudnnGetDropoutDescriptor", desc, handle, byref(p), byref(states), byref(seed))
@@ -158,22 +197,25 @@ def create_rnn_descriptor() -> int:
     return _create("cudnnCreateRNNDescriptor")
 
 
-def destroy_rnn_descriptor(desc: int) -> None:
+@checked
+def destroy_rnn_descriptor(desc: Ptr) -> None:
     """See `cudnnDestroyRNNDescriptor`."""
     _call("cudnnDestroyRNNDescriptor", desc)
 
 
-def set_rnn_descriptor_v8(desc: int, algo: int, cell_mode: int, bias_mode: int, dir_mode: int,
-                          input_mode: int, data_type: int, math_prec: int, math_type: int, input_size: int,
-                          hidden_size: int, proj_size: int, num_layers: int, dropout_desc: Ptr,
-                          aux_flags: int) -> None:
+@checked
+def set_rnn_descriptor_v8(desc: Ptr, algo: Enum, cell_mode: Enum, bias_mode: Enum, dir_mode: Enum,
+                          input_mode: Enum, data_type: Enum, math_prec: Enum, math_type: Enum,
+                          input_size: CInt32, hidden_size: CInt32, proj_size: CInt32, num_layers: CInt32,
+                          dropout_desc: Ptr, aux_flags: CUInt32) -> None:
     """See `cudnnSetRNNDescriptor_v8`."""
     _call("cudnnSetRNNDescriptor_v8", desc, algo, cell_mode, bias_mode, dir_mode, input_mode, data_type,
           math_prec, math_type, input_size, hidden_size, proj_size, num_layers, dropout_desc or None,
           aux_flags)
 
 
-def get_rnn_descriptor_v8(desc: int) -> tuple[int, ...]:
+@checked
+def get_rnn_descriptor_v8(desc: Ptr) -> tuple[int, ...]:
     """See `cudnnGetRNNDescriptor_v8`. Returns the 14 outputs in C order (dropout_desc as an address)."""
     enums = [c_int() for _ in range(8)]
     sizes = [c_int32() for _ in range(4)]
@@ -183,7 +225,8 @@ def get_rnn_descriptor_v8(desc: int) -> tuple[int, ...]:
     return (*(v.value for v in enums), *(v.value for v in sizes), int(drop.value or 0), aux.value)
 
 
-def rnn_set_clip(desc: int, clip_mode: int, lclip: float, rclip: float) -> None:
+@checked
+def rnn_set_clip(desc: Ptr, clip_mode: Enum, lclip: CDouble, rclip: CDouble) -> None:
     """See `cudnnRNNSetClip_v9` (falls back to `cudnnRNNSetClip_v8` with NOT_PROPAGATE_NAN)."""
     if _lib.has_function("cudnnRNNSetClip_v9"):
         _call("cudnnRNNSetClip_v9", desc, clip_mode, lclip, rclip)
@@ -191,7 +234,8 @@ def rnn_set_clip(desc: int, clip_mode: int, lclip: float, rclip: float) -> None:
         _call("cudnnRNNSetClip_v8", desc, clip_mode, 0, lclip, rclip)
 
 
-def rnn_get_clip(desc: int) -> tuple[int, float, float]:
+@checked
+def rnn_get_clip(desc: Ptr) -> tuple[int, float, float]:
     """See `cudnnRNNGetClip_v9` (falls back to `cudnnRNNGetClip_v8`). Returns ``(mode, lclip, rclip)``."""
     mode, lo, hi = c_int(), c_double(), c_double()
     if _lib.has_function("cudnnRNNGetClip_v9"):
@@ -202,27 +246,32 @@ def rnn_get_clip(desc: int) -> tuple[int, float, float]:
     return mode.value, lo.value, hi.value
 
 
-def build_rnn_dynamic(handle: int, desc: int, mini_batch: int) -> None:
+@checked
+def build_rnn_dynamic(handle: Ptr, desc: Ptr, mini_batch: CInt) -> None:
     """See `cudnnBuildRNNDynamic`."""
     _call("cudnnBuildRNNDynamic", handle, desc, mini_batch)
 
 
-def get_rnn_temp_space_sizes(handle: int, desc: int, fwd_mode: int, x_desc: int) -> tuple[int, int]:
+@checked
+def get_rnn_temp_space_sizes(handle: Ptr, desc: Ptr, fwd_mode: Enum, x_desc: Ptr) -> tuple[int, int]:
     """See `cudnnGetRNNTempSpaceSizes`. Returns ``(work_space_size, reserve_space_size)`` in bytes."""
     work, reserve = c_size_t(), c_size_t()
     _call("cudnnGetRNNTempSpaceSizes", handle, desc, fwd_mode, x_desc, byref(work), byref(reserve))
     return work.value, reserve.value
 
 
-def get_rnn_weight_space_size(handle: int, desc: int) -> int:
+@checked
+def get_rnn_weight_space_size(handle: Ptr, desc: Ptr) -> int:
     """See `cudnnGetRNNWeightSpaceSize`. Returns bytes."""
     out = c_size_t()
     _call("cudnnGetRNNWeightSpaceSize", handle, desc, byref(out))
     return out.value
 
 
-def get_rnn_weight_params(handle: int, desc: int, pseudo_layer: int, weight_space_size: int,
-                          weight_space: Ptr, lin_layer_id: int, m_desc: Ptr, b_desc: Ptr) -> tuple[int, int]:
+@checked
+def get_rnn_weight_params(handle: Ptr, desc: Ptr, pseudo_layer: CInt32, weight_space_size: SizeT,
+                          weight_space: Ptr, lin_layer_id: CInt32, m_desc: Ptr, b_desc: Ptr
+                          ) -> tuple[int, int]:
     """See `cudnnGetRNNWeightParams`. Returns ``(m_addr, b_addr)``; 0 where cuDNN reports NULL."""
     m_addr, b_addr = c_void_p(), c_void_p()
     _call("cudnnGetRNNWeightParams", handle, desc, pseudo_layer, weight_space_size, weight_space or None,
@@ -236,19 +285,22 @@ def create_rnn_data_descriptor() -> int:
     return _create("cudnnCreateRNNDataDescriptor")
 
 
-def destroy_rnn_data_descriptor(desc: int) -> None:
+@checked
+def destroy_rnn_data_descriptor(desc: Ptr) -> None:
     """See `cudnnDestroyRNNDataDescriptor`."""
     _call("cudnnDestroyRNNDataDescriptor", desc)
 
 
-def set_rnn_data_descriptor(desc: int, data_type: int, layout: int, max_seq_length: int, batch_size: int,
-                            vector_size: int, seq_lengths: Ptr, padding_fill: Ptr) -> None:
+@checked
+def set_rnn_data_descriptor(desc: Ptr, data_type: Enum, layout: Enum, max_seq_length: CInt, batch_size: CInt,
+                            vector_size: CInt, seq_lengths: Ptr, padding_fill: Ptr) -> None:
     """See `cudnnSetRNNDataDescriptor`. ``seq_lengths``: host address of ``batch_size`` C ints."""
     _call("cudnnSetRNNDataDescriptor", desc, data_type, layout, max_seq_length, batch_size, vector_size,
           seq_lengths or None, padding_fill or None)
 
 
-def get_rnn_data_descriptor(desc: int, array_length: int, seq_lengths: Ptr,
+@checked
+def get_rnn_data_descriptor(desc: Ptr, array_length: ArrayLength, seq_lengths: Ptr,
                             padding_fill: Ptr) -> tuple[int, int, int, int, int]:
     """See `cudnnGetRNNDataDescriptor`. Returns ``(data_type, layout, max_seq_length, batch_size,
     vector_size)``; the lengths and the fill value are written to the given host addresses."""
@@ -259,30 +311,34 @@ def get_rnn_data_descriptor(desc: int, array_length: int, seq_lengths: Ptr,
 
 
 # ---------------------------------------------------------------- compute
-def rnn_forward(handle: int, desc: int, fwd_mode: int, dev_seq_lengths: Ptr, x_desc: int, x: Ptr, y_desc: int,
-                y: Ptr, h_desc: int, hx: Ptr, hy: Ptr, c_desc: Ptr, cx: Ptr, cy: Ptr, weight_space_size: int,
-                weight_space: Ptr, work_space_size: int, work_space: Ptr, reserve_space_size: int,
-                reserve_space: Ptr) -> None:
+@checked
+def rnn_forward(handle: Ptr, desc: Ptr, fwd_mode: Enum, dev_seq_lengths: Ptr, x_desc: Ptr, x: Ptr,
+                y_desc: Ptr, y: Ptr, h_desc: Ptr, hx: Ptr, hy: Ptr, c_desc: Ptr, cx: Ptr, cy: Ptr,
+                weight_space_size: SizeT, weight_space: Ptr, work_space_size: SizeT, work_space: Ptr,
+                reserve_space_size: SizeT, reserve_space: Ptr) -> None:
     """See `cudnnRNNForward`."""
     _call("cudnnRNNForward", handle, desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, y, h_desc, hx, hy,
           c_desc, cx, cy, weight_space_size, weight_space, work_space_size, work_space, reserve_space_size,
           reserve_space)
 
 
-def rnn_backward_data_v8(handle: int, desc: int, dev_seq_lengths: Ptr, y_desc: int, y: Ptr, dy: Ptr,
-                         x_desc: int, dx: Ptr, h_desc: int, hx: Ptr, dhy: Ptr, dhx: Ptr, c_desc: Ptr, cx: Ptr,
-                         dcy: Ptr, dcx: Ptr, weight_space_size: int, weight_space: Ptr, work_space_size: int,
-                         work_space: Ptr, reserve_space_size: int, reserve_space: Ptr) -> None:
+@checked
+def rnn_backward_data_v8(handle: Ptr, desc: Ptr, dev_seq_lengths: Ptr, y_desc: Ptr, y: Ptr, dy: Ptr,
+                         x_desc: Ptr, dx: Ptr, h_desc: Ptr, hx: Ptr, dhy: Ptr, dhx: Ptr, c_desc: Ptr, cx: Ptr,
+                         dcy: Ptr, dcx: Ptr, weight_space_size: SizeT, weight_space: Ptr,
+                         work_space_size: SizeT, work_space: Ptr, reserve_space_size: SizeT,
+                         reserve_space: Ptr) -> None:
     """See `cudnnRNNBackwardData_v8`."""
     _call("cudnnRNNBackwardData_v8", handle, desc, dev_seq_lengths, y_desc, y, dy, x_desc, dx, h_desc, hx,
           dhy, dhx, c_desc, cx, dcy, dcx, weight_space_size, weight_space, work_space_size, work_space,
           reserve_space_size, reserve_space)
 
 
-def rnn_backward_weights_v8(handle: int, desc: int, add_grad: int, dev_seq_lengths: Ptr, x_desc: int, x: Ptr,
-                            h_desc: int, hx: Ptr, y_desc: int, y: Ptr, weight_space_size: int,
-                            dweight_space: Ptr, work_space_size: int, work_space: Ptr,
-                            reserve_space_size: int, reserve_space: Ptr) -> None:
+@checked
+def rnn_backward_weights_v8(handle: Ptr, desc: Ptr, add_grad: Enum, dev_seq_lengths: Ptr, x_desc: Ptr,
+                            x: Ptr, h_desc: Ptr, hx: Ptr, y_desc: Ptr, y: Ptr, weight_space_size: SizeT,
+                            dweight_space: Ptr, work_space_size: SizeT, work_space: Ptr,
+                            reserve_space_size: SizeT, reserve_space: Ptr) -> None:
     """See `cudnnRNNBackwardWeights_v8`."""
     _call("cudnnRNNBackwardWeights_v8", handle, desc, add_grad, dev_seq_lengths, x_desc, x, h_desc, hx,
           y_desc, y, weight_space_size, dweight_space, work_space_size, work_space, reserve_space_size,

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from . import raw
+from .args import address, owned
 from .config import _as_enum, _as_int
-from .descriptors import Handle, RNNDataDescriptor, RNNDescriptor, TensorDescriptor, _Owned
+from .descriptors import Handle, RNNDataDescriptor, RNNDescriptor, TensorDescriptor
 from .enums import DataType, ForwardMode, WgradMode
 
 __all__ = ["WeightRegion", "WeightParams", "weight_space_size", "temp_space_sizes", "weight_params",
@@ -22,21 +23,20 @@ __all__ = ["WeightRegion", "WeightParams", "weight_space_size", "temp_space_size
 _U64 = 2**64 - 1
 
 
-def _desc(obj: Any, name: str, optional: bool = False) -> int | None:
-    """An owning object's pointer or an int address; ``None`` only where ``optional``."""
-    if obj is None and optional:
-        return None
-    if isinstance(obj, _Owned):
-        return obj.ptr
-    if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool) and obj > 0:
-        return int(obj)
-    raise TypeError(f"{name} must be a cudnn_bindings handle/descriptor or a non-zero int address"
-                    f"{' or None' if optional else ''}; got {obj!r}")
+# the kind of owning object each descriptor argument takes (an int address is accepted too)
+_KINDS: dict[str, type] = {"handle": Handle, "rnn_desc": RNNDescriptor, "x_desc": RNNDataDescriptor,
+                           "y_desc": RNNDataDescriptor, "h_desc": TensorDescriptor,
+                           "c_desc": TensorDescriptor}
+
+
+def _desc(value: Any, name: str, optional: bool = False) -> int | None:
+    """The address of an open owning object of the kind ``name`` takes (see `args.owned`)."""
+    return owned(name, value, _KINDS[name], optional=optional)
 
 
 def _mem(value: Any, name: str) -> int | None:
-    """A device address (int, 0 = NULL)."""
-    return _as_int(name, value, 0, _U64) or None
+    """A device address (int; 0 or None is NULL)."""
+    return address(name, value)
 
 
 def _size(value: Any, name: str) -> int:
@@ -91,7 +91,7 @@ def weight_params(handle: Handle, rnn_desc: RNNDescriptor, pseudo_layer: int, li
     """Offset and shape of the matrix and bias ``lin_layer_id`` of ``pseudo_layer`` (layer * directions +
     direction). ``weight_space`` must be non-zero; it is only used for address arithmetic.
     See `cudnnGetRNNWeightParams`."""
-    base = _as_int("weight_space", weight_space, 1, _U64)
+    base = address("weight_space", weight_space, nullable=False)
     with TensorDescriptor() as m_desc, TensorDescriptor() as b_desc:
         m_addr, b_addr = raw.get_rnn_weight_params(
             _desc(handle, "handle"), _desc(rnn_desc, "rnn_desc"), _as_int("pseudo_layer", pseudo_layer, 0),

@@ -71,3 +71,16 @@ def test_module_for_names():
     assert backend.module_for(np) is np and backend.module_for("cpu") is np
     with pytest.raises(ValueError, match=r"target = 3"):
         backend.module_for(3)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda torch: torch.zeros(3, dtype=torch.bfloat16), r"dtype torch\.bfloat16 on device cpu"),
+    (lambda torch: torch.zeros(3, device="meta"), r"dtype torch\.float32 on device meta"),
+    (lambda torch: torch.zeros(3, dtype=torch.complex64).conj(), r"dtype torch\.complex64"),
+])
+def test_what_dlpack_cannot_carry_is_a_type_error_naming_the_argument(make, words):
+    """These escaped as DLPack's own RuntimeError / ValueError / BufferError, naming nothing."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=rf"^x \(Tensor of {words}.*\) cannot be shared through DLPack: .*"
+                                        r"convert first"):
+        as_array(make(torch), "x")

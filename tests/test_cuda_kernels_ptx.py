@@ -36,12 +36,20 @@ def _example_args(name: str, dtype: type) -> tuple:
         "gru_n_step": (t, n, a3, a2, a2, a3),
         "gru_backward_step": (t, n, one, flag, a3, a3, a3, a3, a2, a2, a3, a3, a2, a2),
         "gru_r_backward_step": (t, n, one, a3, a3, a2, a3, a2, a2),
+        "lstm_peephole_forward_step": (t, n, one, a3, a2, a2, a2, a2, a3, a2, flag, flag, a3, a3, one, one),
+        "lstm_peephole_backward_step": (t, n, one, a3, a3, a3, a3, a2, a3, a2, a2, flag, a2, a3, flag, one,
+                                        one),
+        "zoneout_step": (t, n, a3, a2, a3, a3, a2),
+        "zoneout_cell_step": (t, n, a3, a2, a2, flag, a3),
+        "zoneout_split_step": (t, n, one, a3, a3, a2, a3, a2),
+        "cell_carry_step": (t, n, one, flag, a3, flag, a3, a2, a2),
     }[name]
 
 
 KERNELS = ("rnn_forward_step", "rnn_backward_step", "lstm_forward_step", "add_carry_step",
            "lstm_backward_step", "gru_forward_step", "gru_rz_step", "gru_n_step", "gru_backward_step",
-           "gru_r_backward_step")
+           "gru_r_backward_step", "lstm_peephole_forward_step", "lstm_peephole_backward_step", "zoneout_step",
+           "zoneout_cell_step", "zoneout_split_step", "cell_carry_step")
 
 
 def test_every_kernel_is_listed() -> None:

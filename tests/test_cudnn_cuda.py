@@ -21,16 +21,26 @@ class _CoreLike:
     handle = 0x9ABC
 
 
+class _GarbageStream:
+    def __cuda_stream__(self):
+        return (0, "x")
+
+
+class _SmallPtr:
+    ptr = 7
+
+
 @pytest.mark.parametrize(("stream", "address"), [
     (None, 0), (0, 0), (0xDEAD, 0xDEAD), (_ProtocolStream(), 0x1234), (_CupyLike(), 0x5678),
-    (_CoreLike(), 0x9ABC),
+    (_CoreLike(), 0x9ABC), (1, 1), (2, 2),  # cudaStreamLegacy, cudaStreamPerThread
 ])
 def test_stream_address(stream, address: int) -> None:
     assert _cuda.stream_address(stream) == address
 
 
 @pytest.mark.parametrize(("stream", "exc"), [(True, TypeError), ("0", TypeError), (1.5, TypeError),
-                                             (-1, ValueError)])
+                                             (-1, ValueError), (5, ValueError), (2**64, ValueError),
+                                             (_GarbageStream(), TypeError), (_SmallPtr(), ValueError)])
 def test_stream_address_rejects(stream, exc: type) -> None:
     with pytest.raises(exc, match="stream"):
         _cuda.stream_address(stream)

@@ -32,9 +32,9 @@ def _forward_kwargs(d: dict, **over) -> dict:
 
 
 def test_handle_must_be_given(descs: dict) -> None:
-    with pytest.raises(TypeError, match="handle must be a cudnn_bindings handle/descriptor or a non-zero"):
+    with pytest.raises(TypeError, match=r"handle is None; expected a cudnn_bindings\.Handle \(or its int"):
         cb.weight_space_size(None, descs["rnn"])  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="rnn_desc must be"):
+    with pytest.raises(TypeError, match="rnn_desc must be a cudnn_bindings.RNNDescriptor or its int address"):
         cb.weight_space_size(FAKE_HANDLE, "rnn")  # type: ignore[arg-type]
 
 
@@ -49,11 +49,11 @@ def test_closed_descriptor_is_refused(descs: dict) -> None:
 
 @pytest.mark.parametrize(("over", "exc", "match"), [
     ({"fwd_mode": 3}, ValueError, r"fwd_mode = 3; expected one of ForwardMode: INFERENCE \(0\), TRAINING"),
-    ({"x": -1}, ValueError, r"x = -1; expected an integer in 0\.\."),
-    ({"y": 1.5}, TypeError, r"y must be an integer"),
+    ({"x": -1}, ValueError, r"x = -0x1; expected 0 \(NULL\) or an address in 0x1000\.\."),
+    ({"y": 1.5}, TypeError, r"y must be None or an int address; got 1\.5"),
     ({"weight_space_size": -8}, ValueError, r"weight_space_size = -8"),
-    ({"c_desc": 5.0}, TypeError, r"c_desc must be .* or None"),
-    ({"h_desc": None}, TypeError, r"h_desc must be"),
+    ({"c_desc": 5.0}, TypeError, r"c_desc must be a cudnn_bindings\.TensorDescriptor, its int address or"),
+    ({"h_desc": None}, TypeError, r"h_desc is None; expected a cudnn_bindings\.TensorDescriptor"),
 ])
 def test_forward_arguments_checked(descs: dict, over: dict, exc: type, match: str) -> None:
     with pytest.raises(exc, match=match):
@@ -64,7 +64,7 @@ def test_backward_arguments_checked(descs: dict) -> None:
     kw = dict(dev_seq_lengths=0x2000, y_desc=descs["y"], y=0x3000, dy=0x3100, x_desc=descs["x"], dx=-4,
               h_desc=descs["h"], weight_space=0x5000, weight_space_size=64, work_space=0x6000,
               work_space_size=64, reserve_space=0x7000, reserve_space_size=64)
-    with pytest.raises(ValueError, match=r"dx = -4"):
+    with pytest.raises(ValueError, match=r"dx = -0x4"):
         cb.backward_data(FAKE_HANDLE, descs["rnn"], **kw)
     wkw = dict(dev_seq_lengths=0x2000, x_desc=descs["x"], x=0x3000, h_desc=descs["h"], y_desc=descs["y"],
                y=0x3100, dweight_space=0x5000, weight_space_size=64, work_space=0x6000, work_space_size=64,
@@ -75,7 +75,7 @@ def test_backward_arguments_checked(descs: dict) -> None:
 
 def test_weight_params_needs_a_base_address(descs: dict) -> None:
     new = new_handles()
-    with pytest.raises(ValueError, match=r"weight_space = 0; expected an integer in 1\.\."):
+    with pytest.raises(ValueError, match=r"weight_space = 0x0; expected an address in 0x1000\.\."):
         cb.weight_params(FAKE_HANDLE, descs["rnn"], 0, 0, weight_space=0, weight_space_size=64)
     assert new() == {}  # the two temporary tensor descriptors were not even created
 

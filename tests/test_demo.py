@@ -60,3 +60,115 @@ def test_command_line_rejects_bad_options(capsys):
     assert "--steps = 0; expected an integer >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         demo.main(["--save", "/nonexistent-dir/model.npz"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--engine", "bogus"], "--engine = bogus; expected one of auto, reference, numba"),
+    (["--engine", ""], "--engine = ; expected one of auto"),
+    (["--seed", "-1"], r"--seed = -1; expected an integer in [0, 2**64)"),
+    (["--seed", str(2**64)], r"--seed = 18446744073709551616; expected an integer in [0, 2**64)"),
+    (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
+    (["--lr", "nan"], "--lr = nan; expected a finite number > 0"),
+    (["--lr", "inf"], "--lr = inf; expected a finite number > 0"),
+    (["--lr", "0"], "--lr = 0.0; expected a finite number > 0"),
+    (["--lr=-1e-3"], "--lr = -0.001; expected a finite number > 0"),
+    (["--hidden", "0"], "--hidden = 0; expected an integer >= 1"),
+    (["--hidden", str(10**6)], "--hidden = 1000000, --layers = 1: hidden_size = 1000000"),
+    (["--layers", "-2"], "--layers = -2; expected an integer >= 1"),
+    (["--batch", "0"], "--batch = 0; expected an integer >= 1"),
+    (["--seq-len", "0"], "--seq-len = 0; expected an integer >= 1"),
+    (["--seq-len", str(10**7)], "--seq-len = 10000000; expected at most 418471"),
+    (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--recurrent-dropout", "1"], "--recurrent-dropout = 1.0; expected a number in [0, 1)"),
+    (["--weight-dropout=-0.1"], "--weight-dropout = -0.1; expected a number in [0, 1)"),
+    (["--weight-dropout", "nan"], "--weight-dropout = nan; expected a number in [0, 1)"),
+    (["--engine", "numba", "--recurrent-dropout", "0.2"], "--engine = numba: "),
+])
+def test_every_bad_option_is_a_usage_error(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        demo.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m arrayrnn.demo") and message in err, err
+
+
+def test_an_engine_that_cannot_run_here_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setattr(demo.engines, "select_engine", _unavailable)
+    with pytest.raises(SystemExit) as info:
+        demo.main(["--engine", "numba"])
+    assert info.value.code == 2
+    assert "--engine = numba: not here on purpose" in capsys.readouterr().err
+
+
+def _unavailable(name, call):
+    raise demo.EngineUnavailableError("not here on purpose")
+
+
+def test_save_to_a_directory_and_distributed_without_mpi4py_are_usage_errors(capsys, monkeypatch, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        demo.main(["--save", str(tmp_path)])
+    assert info.value.code == 2 and f"--save {tmp_path}: is a directory" in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "mpi4py", None)      # import mpi4py raises ImportError
+    with pytest.raises(SystemExit) as info:
+        demo.main(["--distributed"])
+    assert info.value.code == 2 and "--distributed needs mpi4py" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seed", -1), ("seed", 2**64), ("seed", None), ("seed", 1.0), ("steps", True), ("lr", float("nan")),
+    ("clip", 0.0), ("engine", "bogus"), ("engine", None), ("eval_chars", 32), ("sample_chars", -1),
+    ("recurrent_dropout", 1.0), ("weight_dropout", -0.5), ("weight_dropout", "0.1"),
+])
+def test_config_refuses_bad_fields(field, value):
+    with pytest.raises(ValueError, match=rf"^{field} = "):
+        demo.Config(**{field: value})
+
+
+def test_the_largest_seed_trains_and_differs_from_seed_zero():
+    cfg = demo.Config(steps=2, hidden=8, embed=4, batch=2, seq_len=8, seed=2**64 - 1)
+    ids = demo.Vocabulary(demo.load_text()).encode(demo.load_text()[:5000])
+    top = demo.train(cfg, ids, demo.CharModel(100, cfg), progress=False)
+    zero_cfg = demo.Config(**{**cfg.__dict__, "seed": 0})
+    assert top != demo.train(zero_cfg, ids, demo.CharModel(100, zero_cfg), progress=False)
+
+
+def test_a_sequence_longer_than_a_ranks_text_is_refused():
+    ids = np.arange(100) % 7
+    longest = demo.Config(steps=1, hidden=8, embed=4, batch=2, seq_len=98)
+    demo.train(longest, ids, demo.CharModel(7, longest), progress=False)
+    cfg = demo.Config(**{**longest.__dict__, "seq_len": 99})
+    with pytest.raises(ValueError, match=r"seq_len = 99; expected an integer <= 98"):
+        demo.train(cfg, ids, demo.CharModel(7, cfg), progress=False)
+
+
+def test_recurrent_and_weight_dropout_train_beside_the_plain_model(tmp_path):
+    """The demo's cell-variant options: the same model is trained without and with them, both reported;
+    the masks act (the losses differ from the plain run's) and come from the seed (a rerun repeats them)."""
+    cfg = demo.Config(**{**TINY.__dict__, "steps": 12, "recurrent_dropout": 0.25, "weight_dropout": 0.3})
+    out = io.StringIO()
+    result = demo.run_with_and_without(cfg, save=str(tmp_path / "model.npz"), progress=False, out=out)
+    text = out.getvalue()
+    assert "== without recurrent or weight dropout" in text
+    assert "== with recurrent_dropout=0.25, weight_dropout=0.3" in text
+    assert (f"{result['without']['bpc_after']:.3f} without, {result['with']['bpc_after']:.3f} with "
+            "recurrent_dropout=0.25, weight_dropout=0.3") in text
+    without, with_variants = result["without"]["losses"], result["with"]["losses"]
+    assert all(math.isfinite(v) for v in with_variants) and with_variants != without
+    assert demo.run(cfg, progress=False, out=io.StringIO())["losses"] == with_variants
+    model, _, loaded = demo.load_model(str(tmp_path / "model.npz"))
+    assert loaded == cfg
+    assert (model.lstm.spec.recurrent_dropout, model.lstm.spec.weight_dropout) == (0.25, 0.3)
+
+
+def test_a_saved_model_with_a_member_of_the_wrong_shape_is_refused_before_reading(tmp_path):
+    from arrayrnn.core import npzfile
+
+    path = tmp_path / "model.npz"
+    cfg = demo.Config(steps=1, hidden=8, embed=4, batch=2, seq_len=8)
+    demo.save_model(str(path), demo.CharModel(10, cfg), demo.Vocabulary("abcdefghij"), cfg)
+    header, arrays = npzfile.read(path, demo.MODEL_KIND, range(1, 2))
+    header = {k: v for k, v in header.items() if k not in ("format", "version")}
+    npzfile.write(path, demo.MODEL_KIND, 1, header, {**arrays, "head": np.zeros((3, 3), np.float32)})
+    with pytest.raises(ValueError, match=r"member 'head' declares shape \(3, 3\)"):
+        demo.load_model(str(path))

@@ -37,17 +37,18 @@ def _mpiexec() -> str:
     return found
 
 
-def run_job(cmd: list[str]) -> subprocess.CompletedProcess:
+def run_job(cmd: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a new session; kill its whole process group on timeout or when done."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=TIMEOUT)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not end within {TIMEOUT} s (killed)")
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s (killed); stdout:\n{out[-2000:]}\n"
+                    f"stderr:\n{err[-2000:]}")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -139,3 +140,56 @@ def test_demo_distributed_runs_and_only_rank0_prints():
                    "2", "--hidden", "8", "--engine", "reference"])
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("validation bits/char after 2 steps") == 1
+
+
+# -- arguments refused on one rank, before any collective (MPI.COMM_SELF, in this process) ---------------
+def _comm_self():
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'arrayrnn[mpi]')")
+    from mpi4py import MPI
+    return MPI.COMM_SELF
+
+
+@pytest.mark.parametrize(("grads", "error", "message"), [
+    (np.float64(1.0), TypeError, r"grads is a NumPy scalar \(float64\), which cannot be updated in place"),
+    ([np.ones(2), np.float32(1.0)], TypeError, r"grads\[1\] is a NumPy scalar \(float32\)"),
+    (np.ones(3, ">f8"), TypeError, r"grads has dtype >f8 \(non-native byte order\); expected a native-order "
+                                   r"dtype \(convert with .astype\('<f8'\)\)"),
+    (np.ones(3, np.int64), TypeError, r"grads has dtype int64; expected a floating dtype"),
+    (np.ones((3, 4))[:, ::2], ValueError, r"grads with shape \(3, 2\) is not C-contiguous"),
+    ({"w": np.ones(3)}, TypeError, r"grads is a dict; expected an array, a PackedParams, or a list/tuple of "
+                                   r"them \(pass list\(grads.values\(\)\)\)"),
+])
+def test_allreduce_mean_refuses_bad_buffers(grads, error, message):
+    with pytest.raises(error, match=message):
+        allreduce_mean(grads, _comm_self())
+
+
+def test_broadcast_names_a_single_tree_and_checks_root():
+    comm = _comm_self()
+    with pytest.raises(TypeError, match=r"^tree is a NumPy scalar"):
+        broadcast_from_root(np.int64(3), comm)
+    for root in (-1, 1, 0.0, True, "0"):
+        with pytest.raises(ValueError, match=rf"root = {root!r}; expected a rank in 0..0"):
+            broadcast_from_root(np.ones(3), comm, root=root)
+    buf = np.arange(3.0)
+    broadcast_from_root(buf, comm, root=np.int64(0))
+    np.testing.assert_array_equal(buf, np.arange(3.0))
+
+
+@pytest.mark.parametrize("errorcode", ["1", 0, 256, -1, True, 1.0])
+def test_abort_on_error_refuses_an_errorcode_mpiexec_cannot_report(errorcode):
+    """A bad errorcode used to surface only inside the except clause, as a TypeError that skipped the
+    abort (the other ranks then waited forever)."""
+    with pytest.raises(ValueError, match=rf"errorcode = {errorcode!r}; expected an int in 1..255"):
+        with abort_on_error(_comm_self(), errorcode=errorcode):
+            pass
+
+
+def test_backend_dtype_lists_name_what_each_communicator_reduces():
+    from arrayrnn.training import distributed
+
+    torch_row, nccl_row = distributed._BACKENDS[2], distributed._BACKENDS[1]
+    with pytest.raises(TypeError, match=r"grads has dtype uint16; a torch.distributed communicator reduces "
+                                        r"float16, float32, float64"):
+        distributed._check_reducible("grads", np.ones(2, np.uint16), torch_row)
+    assert "bool" not in nccl_row.dtypes and "int64" in nccl_row.dtypes

@@ -53,6 +53,8 @@ def test_from_torch_rejects_other_modules():
     (ar.RNNSpec("gru", 3, 4, bias="single_rec"), r"bias = 'single_rec' has no PyTorch equivalent"),
     (ar.RNNSpec("gru", 3, 4, reset_after=False), r"reset_after = False .* no PyTorch equivalent"),
     (ar.RNNSpec("lstm", 3, 4, cell_clip=1.0), r"cell_clip = \(-1.0, 1.0\) has no PyTorch equivalent"),
+    (ar.RNNSpec("lstm", 3, 4, peepholes=True), r"peepholes = True has no PyTorch equivalent"),
+    (ar.RNNSpec("gru", 3, 4, zoneout=0.1), r"zoneout = 0.1, zoneout_cell = None have no PyTorch equivalent"),
 ])
 def test_export_refuses_what_torch_cannot_compute(spec, message):
     with pytest.raises(ValueError, match=message):

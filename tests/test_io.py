@@ -15,6 +15,8 @@ SPECS = [
     ar.RNNSpec("lstm", 3, 5, num_layers=2, bidirectional=True, proj_size=2, cell_clip=(-2, 3), dropout=0.1),
     ar.RNNSpec("gru", 3, 5, bias="single_rec", reset_after=False, dtype="float64"),
     ar.RNNSpec("rnn_relu", 1, 1, bias=False),
+    ar.RNNSpec("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2, peepholes=True, zoneout=0.1,
+               zoneout_cell=0.2, recurrent_dropout=0.3, weight_dropout=0.4),
 ]
 
 
@@ -191,3 +193,86 @@ def test_load_of_a_deeply_nested_header(tmp_path):
     np.savez(path, header=np.frombuffer(deep.encode(), dtype=np.uint8), data=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="header is not valid JSON"):
         ar.load(path)
+
+
+# ---------------------------------------------------------------- sizes checked before reading; save paths
+def _forge_data_member(path, data_npy, method=zipfile.ZIP_STORED):
+    """Rewrite ``path`` keeping its header member and replacing ``data.npy`` by raw .npy bytes."""
+    with zipfile.ZipFile(path) as z:
+        header = z.read("header.npy")
+    with zipfile.ZipFile(path, "w", compression=method) as z:
+        z.writestr("header.npy", header)
+        z.writestr("data.npy", data_npy)
+
+
+def _npy(array, shape=None):
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": array.dtype.str, "fortran_order": False,
+                                               "shape": array.shape if shape is None else shape})
+    return buf.getvalue() + array.tobytes()
+
+
+def test_a_data_member_declaring_4_tib_is_a_value_error(saved):
+    """The old reader allocated the declared shape before any check: MemoryError."""
+    path = saved[0]
+    _forge_data_member(path, _npy(np.zeros(8, np.float32), (2**40,)))
+    with pytest.raises(ValueError, match=r"member 'data' declares shape \(1099511627776,\)"):
+        ar.load(path)
+
+
+def test_a_deflated_data_member_is_not_inflated_past_the_spec_size(saved, monkeypatch):
+    """64 MiB of zeros (~64 KiB deflated) where the spec says a few hundred floats: refused unread."""
+    path, _, params = saved
+    _forge_data_member(path, _npy(np.zeros(1 << 24, np.float32)), zipfile.ZIP_DEFLATED)
+    inflated = [0]
+    real = zipfile.ZipExtFile.read
+
+    def counting(self, n=-1):
+        data = real(self, n)
+        inflated[0] += len(data)
+        return data
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", counting)
+    with pytest.raises(ValueError, match=rf"member 'data' declares shape \(16777216,\) and dtype float32; "
+                                         rf"expected shape \({params.data.size},\) and dtype float32"):
+        ar.load(path)
+    assert inflated[0] < 1 << 16
+
+
+def test_a_data_member_of_another_dtype_is_refused_before_reading(saved):
+    path, _, params = saved
+    _forge_data_member(path, _npy(params.data.astype(np.float64)))
+    with pytest.raises(ValueError, match=r"member 'data' declares shape \(\d+,\) and dtype float64"):
+        ar.load(path)
+
+
+@pytest.mark.parametrize(("target", "exc", "message"), [
+    ("newdir/", IsADirectoryError, r"path = 'newdir/' names a directory"),
+    ("", ValueError, r"path is empty"),
+    (".", IsADirectoryError, r"path = '\.' names a directory"),
+    ("m.npz/", IsADirectoryError, r"path = 'm.npz/' names a directory"),
+])
+def test_save_refuses_a_directory_and_keeps_the_old_file(tmp_path, monkeypatch, target, exc, message):
+    """``save("newdir/", p)`` wrote a file named ``newdir``; ``""`` and ``"."`` failed with EBUSY."""
+    monkeypatch.chdir(tmp_path)
+    params = ar.PackedParams.init(SMALL, seed=0)
+    ar.save("m.npz", params)
+    before = (tmp_path / "m.npz").read_bytes()
+    with pytest.raises(exc, match=message):
+        ar.save(target, ar.PackedParams.init(SMALL, seed=1))
+    assert os.listdir(tmp_path) == ["m.npz"] and (tmp_path / "m.npz").read_bytes() == before
+    with pytest.raises(exc, match=message):
+        optim.SGD(params).save(target)
+    assert os.listdir(tmp_path) == ["m.npz"]
+
+
+def test_a_header_written_before_the_cell_variants_existed_still_loads(saved):
+    """Files from before issue 24 have no recurrent_dropout ... peepholes in their spec: defaults apply."""
+    path, header, params = saved
+    old_fields = ("mode", "input_size", "hidden_size", "num_layers", "bidirectional", "bias", "proj_size",
+                  "cell_clip", "dropout", "reset_after", "dtype")
+    assert set(header["spec"]) == set(old_fields)  # a plain spec writes exactly the old header
+    loaded = ar.load(path)
+    assert loaded.spec == params.spec and loaded.spec.variants == ()

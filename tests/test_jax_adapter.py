@@ -163,3 +163,84 @@ def test_length_out_of_range_surfaces_the_librarys_message():
     with pytest.raises(Exception, match=r"lengths\[1\] = 9"):
         jax.block_until_ready(rnn(spec, ar.PackedParams.init(spec).data, np.ones((4, 2, 2)),
                                   lengths=np.array([4, 9])))
+
+
+# ---------------------------------------------------------------- errors known at trace time
+GRU64 = ar.RNNSpec(mode="gru", input_size=2, hidden_size=3, dtype="float64")
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 2), (4, 0, 2)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_empty_time_or_batch_is_a_value_error_at_trace_time(shape, jit):
+    """T = 0 used to fail inside the callback, as a JaxRuntimeError wrapping the library's message."""
+    params = jnp.asarray(ar.PackedParams.init(GRU64).data)
+    call = (lambda x: rnn(GRU64, params, x)) if not jit else jax.jit(lambda x: rnn(GRU64, params, x))
+    with pytest.raises(ValueError, match=rf"x has shape \({shape[0]}, {shape[1]}, 2\) with T = {shape[0]}, "
+                                         rf"B = {shape[1]}; expected at least one step and one row"):
+        call(np.ones(shape))
+
+
+def test_packed_params_as_params_says_what_to_pass():
+    """It gave "float() argument must be a string or a real number, not 'PackedParams'"."""
+    with pytest.raises(TypeError, match=r"params is an arrayrnn\.PackedParams; pass its flat canonical "
+                                        r"buffer, params\.to_format\('canonical'\)\.data"):
+        rnn(GRU64, ar.PackedParams.init(GRU64), np.ones((4, 2, 2)))
+    with pytest.raises(TypeError, match=r"x is an arrayrnn\.PackedParams; expected an array"):
+        rnn(GRU64, ar.PackedParams.init(GRU64).data, ar.PackedParams.init(GRU64))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_is_a_type_error_saying_what_to_convert(dtype):
+    params = jnp.asarray(ar.PackedParams.init(GRU64).data, dtype)
+    with pytest.raises(TypeError, match=rf"params has dtype {dtype}; expected float32 or float64 .*"
+                                        r"params\.astype\(jnp\.float32\)"):
+        rnn(GRU64, params, jnp.ones((4, 2, 2), dtype))
+
+
+def test_inputs_jax_cannot_take_are_type_errors_naming_the_argument():
+    torch = pytest.importorskip("torch")
+    params = ar.PackedParams.init(GRU64).data
+    with pytest.raises(TypeError, match=r"x \(Tensor\) cannot become a JAX array: .*meta"):
+        rnn(GRU64, params, torch.ones((4, 2, 2), dtype=torch.float64, device="meta"))
+    with pytest.raises(TypeError, match=r"h0 \(Tensor\) cannot become a JAX array"):
+        rnn(GRU64, params, np.ones((4, 2, 2)), h0=torch.zeros((1, 2, 3), dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"x \(list\) cannot become a JAX array"):
+        rnn(GRU64, params, [[[1.0, 2.0]], [[1.0]]])
+    with pytest.raises(TypeError, match=r"x is None; expected an array"):
+        rnn(GRU64, params, None)
+
+
+def test_concrete_lengths_are_checked_before_the_callback():
+    params = ar.PackedParams.init(GRU64).data
+    with pytest.raises(ValueError, match=r"^lengths\[0\] = -1; every length must be in 0\.\.T = 4$"):
+        rnn(GRU64, params, np.ones((4, 2, 2)), lengths=np.array([-1, 2]))
+
+
+def test_traced_lengths_are_checked_in_the_callback():
+    """Under jit the values are unknown at trace time: the library's message, wrapped by JAX's runtime."""
+    params = jnp.asarray(ar.PackedParams.init(GRU64).data)
+    call = jax.jit(lambda lengths: rnn(GRU64, params, jnp.ones((4, 2, 2)), lengths=lengths)[0])
+    with pytest.raises(Exception, match=r"lengths\[1\] = 9; every length must be in 0\.\.T = 4"):
+        jax.block_until_ready(call(jnp.asarray([4, 9])))
+
+
+@pytest.mark.parametrize("fields", [dict(dropout=0.5, num_layers=2), dict(zoneout=0.3, zoneout_cell=0.2),
+                                    dict(recurrent_dropout=0.5, weight_dropout=0.5, peepholes=True)],
+                         ids=["dropout", "zoneout", "dropouts-peepholes"])
+def test_gradient_is_that_of_the_inference_forward_with_dropout_and_cell_variants(fields):
+    """The forward is the inference computation, so its gradient must be too: no dropout mask drawn in the
+    backward, zoneout's expectation (before: the backward ran a training forward with fresh masks)."""
+    spec = ar.RNNSpec("lstm", 3, 4, dtype="float64", **fields)
+    params = ar.PackedParams.init(spec, seed=1)
+    r = np.random.default_rng(0)
+    x = r.standard_normal((5, 2, 3))
+
+    def loss(p, x):
+        y, h_n, c_n = rnn(spec, p, x)
+        return jnp.sum(y) + jnp.sum(h_n) + jnp.sum(c_n)
+
+    g_params, g_x = jax.grad(loss, argnums=(0, 1))(jnp.asarray(params.data), jnp.asarray(x))
+    res = ar.rnn_forward(params, x)  # inference
+    want = ar.rnn_backward(res, np.ones_like(res.y), np.ones_like(res.h_n), np.ones_like(res.c_n))
+    np.testing.assert_allclose(np.asarray(g_params), want.dparams.data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(g_x), want.dx, rtol=1e-10, atol=1e-12)

@@ -112,3 +112,65 @@ def test_layers_accept_numpy_integer_sizes():
     assert emb.params.shape == (5, 4) and type(emb.embedding_dim) is int
     with pytest.raises(ValueError, match="in_features = True"):
         ar.nn.Dense(True, 2)
+
+
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda: nn.Dense(3, 4, dtype="int64"), ValueError, r"dtype = 'int64'; expected one of \('float16'"),
+    (lambda: nn.Dense(3, 4, dtype="bogus"), ValueError, r"dtype = 'bogus'; expected one of"),
+    (lambda: nn.Embedding(3, 4, dtype="complex64"), ValueError, r"dtype = 'complex64'; expected one of"),
+    (lambda: nn.Dense(3, 4, bias="yes"), ValueError, r"bias = 'yes'; expected True or False"),
+    (lambda: nn.LSTM(3, 4, engine="bogus"), ValueError, r"LSTM: engine = 'bogus'; expected one of \('auto'"),
+    (lambda: nn.GRU(3, 4, engine=3), ValueError, r"GRU: engine = 3; expected one of"),
+    (lambda: nn.RNN(3, 4, batch_first="no"), ValueError, r"batch_first = 'no'; expected True or False"),
+])
+def test_layers_refuse_bad_options_when_built(build, error, message):
+    """Used to be accepted: int/complex layers, bias='yes' and batch_first='no' as True, an unknown engine
+    until the first call."""
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_embedding_refuses_negative_ids_like_torch():
+    """``take`` counts negative ids from the end: id -1 silently gathered the last row."""
+    emb = nn.Embedding(5, 2)
+    for ids in (np.array([0, -1]), [[-5]], np.array([-2], np.int8)):
+        with pytest.raises(ValueError, match=r"Embedding: ids has the entry -\d; expected ids in 0..4"):
+            emb(ids)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(IndexError):                 # the oracle refuses them too
+        torch.nn.Embedding(5, 2)(torch.tensor([-1]))
+    np.testing.assert_array_equal(emb(np.array([4, 0])), emb.params[[4, 0]])
+
+
+def test_recurrent_apply_and_initial_state_refuse_bad_arguments():
+    lstm = nn.LSTM(3, 4)
+    with pytest.raises(TypeError, match=r"LSTM: params has type ndarray; expected a PackedParams"):
+        lstm.apply(lstm.params.data, np.ones((2, 1, 3), np.float32))
+    for batch in (-1, 2.5, True, "2"):
+        with pytest.raises(ValueError, match=rf"batch_size = {batch!r}; expected an integer >= 0"):
+            lstm.initial_state(batch)
+    h0, c0 = lstm.initial_state(np.int64(2))
+    assert h0.shape == c0.shape == (1, 2, 4)
+@pytest.mark.parametrize("layer", [
+    lambda: nn.LSTM(3, 4, 2, recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1, zoneout_cell=0.2,
+                    peepholes=True, dtype="float64"),
+    lambda: nn.GRU(3, 4, recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1, dtype="float64"),
+    lambda: nn.RNN(3, 4, nonlinearity="relu", recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.1,
+                   dtype="float64"),
+], ids=["lstm", "gru", "rnn"])
+def test_layers_expose_the_cell_variants_training_under_differentiation(layer):
+    """The options reach the spec; differentiating runs the training masks (seeded), a plain call the
+    inference semantics, both equal to rnn_forward with the same options."""
+    layer = layer()
+    spec = layer.spec
+    assert spec.recurrent_dropout == 0.3 and spec.weight_dropout == 0.2 and spec.zoneout == 0.1
+    assert spec.peepholes == (spec.mode == "lstm") and spec.zoneout_cell == (0.2 if spec.has_cell else None)
+    x = np.random.default_rng(2).standard_normal((5, 2, 3))
+    lengths = np.array([5, 2])
+    np.testing.assert_allclose(layer(x, lengths)[0], ar.rnn_forward(layer.params, x, lengths).y, rtol=1e-12)
+    g = ar.grad(lambda p: ops.sum(layer.apply(p, x, lengths, seed=9)[0]))(layer.params)
+    res = ar.rnn_forward(layer.params, x, lengths=lengths, training=True, seed=9)
+    expected = ar.rnn_backward(res, dy=np.ones_like(res.y))
+    np.testing.assert_allclose(g.data, expected.dparams.data, rtol=1e-10, atol=1e-12)
+    inference = ar.rnn_forward(layer.params, x, lengths=lengths, seed=9)
+    assert not np.allclose(res.y, inference.y)  # the training masks acted

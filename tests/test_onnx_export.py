@@ -76,3 +76,39 @@ def test_importing_arrayrnn_onnx_needs_no_onnx_package():
 
     code = "import sys; sys.modules['onnx'] = None; import arrayrnn.onnx, arrayrnn; print('ok')"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("layers, bidirectional, lengths", [(1, False, None), (2, True, [7, 3, 0, 5])])
+def test_peepholes_equal_onnxruntimes_lstm_with_P(layers, bidirectional, lengths, tmp_path):
+    """ONNX's LSTM with the peephole input P (i, f see c_{t-1}, o sees c_t) computes our peepholes=True."""
+    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=6, num_layers=layers,
+                      bidirectional=bidirectional, peepholes=True, dtype="float32")
+    params = ar.PackedParams.init(spec, seed=4)
+    params.data[:] *= 3.0  # peepholes well away from zero, so that swapped rows cannot hide
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((7, 4, 5)).astype(np.float32)
+    h0 = rng.standard_normal(spec.state_shape(4)).astype(np.float32)
+    c0 = rng.standard_normal(spec.state_shape(4, cell=True)).astype(np.float32)
+    variable = lengths is not None
+    path = ar_onnx.export(params, tmp_path / "m.onnx", variable_lengths=variable)
+    feeds = {"X": x, "initial_h": h0, "initial_c": c0}
+    if variable:
+        feeds["sequence_lens"] = np.array(lengths, np.int32)
+    y, h_n, c_n = session(path).run(None, feeds)
+    want = ar.rnn_forward(params, x, lengths, h0, c0, engine="reference")
+    np.testing.assert_allclose(y, want.y, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(h_n, want.h_n, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(c_n, want.c_n, atol=2e-5, rtol=1e-5)
+    plain = ar.rnn_forward(ar.PackedParams(spec.replace(peepholes=False),
+                                           _without_peepholes(params)), x, lengths, h0, c0)
+    assert not np.allclose(plain.y, want.y, atol=1e-3)  # the peepholes matter here
+
+
+def _without_peepholes(params):
+    keep = [b for b in params.layout.blocks if b.name != "P"]
+    return np.concatenate([params.data[b.offset:b.stop] for b in keep])
+
+
+def test_zoneout_is_not_exportable():
+    with pytest.raises(ValueError, match=r"zoneout = 0.1, zoneout_cell = None; ONNX's operators have no"):
+        ar_onnx.export(ar.PackedParams.init(ar.RNNSpec("gru", 2, 3, zoneout=0.1)), "unused.onnx")

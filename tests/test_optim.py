@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -167,7 +168,7 @@ def test_a_gradient_of_another_dtype_changes_no_state():
     (lambda h: h["hyperparameters"].update(momentum=0.9), "unknown entries"),
     (lambda h: h.update(hyperparameters=[1]), "hyperparameters"),
     (lambda h: h.update(names="exp_avg"), "names"),
-    (lambda h: h.update(names=[["nope"]]), "does not hold"),
+    (lambda h: h.update(names=[["nope"]]), r"missing: \['state/0/nope'\], unexpected: \['state/0/exp_avg'"),
     (lambda h: h.update(step="3"), "step"),
     (lambda h: h["hyperparameters"].update(lr="x"), "lr"),
 ])
@@ -225,3 +226,59 @@ def test_clip_grad_norm_takes_a_numpy_norm_type():
     from arrayrnn import optim
     g = np.array([3.0, 4.0])
     assert optim.clip_grad_norm(g, np.float32(10.0), norm_type=np.float64(2.0)) == 5.0
+
+
+def test_load_errors_name_the_file(tmp_path):
+    """Errors found while restoring the state (after the file was read) did not name the file."""
+    path = tmp_path / "opt.npz"
+    opt = optim.Adam(np.ones(3))
+    opt.step(np.ones(3))
+    opt.save(path)
+    with pytest.raises(ValueError, match=rf"^{path}: holds state for 1 buffers; this optimizer has 2"):
+        optim.Adam([np.ones(3), np.ones(3)]).load(path)
+    with pytest.raises(ValueError, match=rf"^{path}: member 'state/0/exp_avg' declares shape \(3,\) and "
+                                         r"dtype float64; expected shape \(4,\) and dtype float64"):
+        optim.Adam(np.ones(4)).load(path)
+    with pytest.raises(ValueError, match=rf"^{path}: state_dict is for optimizer 'Adam'; this one is 'SGD'"):
+        optim.SGD(np.ones(3), momentum=0.9).load(path)
+    with pytest.raises(ValueError, match=rf"^{path}: member 'state/0/exp_avg' declares shape \(3,\) and "
+                                         r"dtype float64; expected shape \(3,\) and dtype float32"):
+        optim.Adam(np.ones(3, np.float32)).load(path)
+
+
+def test_params_that_cannot_be_updated_in_place_are_refused():
+    """A NumPy scalar was accepted (a copy was updated: nothing changed); a buffer listed twice took two
+    updates per step (PyTorch warns about it)."""
+    with pytest.raises(TypeError, match=r"params is a NumPy scalar \(float64\), which cannot be updated"):
+        optim.SGD(np.float64(1.0), lr=0.1)
+    w = np.ones(3)
+    with pytest.raises(ValueError, match=r"params\[2\] is the same buffer as params\[0\]; expected each "):
+        optim.Adam([w, np.ones(3), w])
+    flat = np.ones(6)
+    optim.SGD([flat[:3], flat[3:]], lr=0.1)          # disjoint views of one buffer are fine
+
+
+@pytest.mark.parametrize("bad", ["x", float("nan"), -1.0, math.inf, None, True])
+def test_a_bad_learning_rate_set_between_steps_is_refused(bad):
+    """``opt.lr = ...`` (a schedule) was not checked: NaN turned every parameter into NaN at the next step."""
+    w = np.ones(3)
+    opt = optim.SGD([w], lr=0.1)
+    with pytest.raises(ValueError, match=rf"lr = {re.escape(repr(bad))}; expected a number in \[0.0, inf\]"):
+        opt.lr = bad
+    opt.step([np.ones(3)])
+    np.testing.assert_allclose(w, 0.9)
+
+
+def test_state_dict_entries_and_step_range_are_checked():
+    """A dict that is not a state_dict said "state_dict is for optimizer None"; a step of 2**70 was taken
+    (and could not be saved as int64)."""
+    opt = optim.Adam(np.ones(3))
+    with pytest.raises(ValueError, match=r"state_dict has entries \['x'\]; expected \['hyperparameters', "
+                                         r"'state', 'step', 'type'\]"):
+        opt.load_state_dict({"x": 1})
+    state = opt.state_dict()
+    with pytest.raises(ValueError, match=r"state_dict\['step'\] = 1180591620717411303424; expected an "
+                                         r"integer in \[0, 2\*\*63\)"):
+        opt.load_state_dict({**state, "step": 2**70})
+    opt.load_state_dict({**state, "step": 2**63 - 1})
+    assert opt.step_count == 2**63 - 1

@@ -215,3 +215,24 @@ def test_a_torch_buffer_that_requires_grad_says_detach():
     buffer = torch.zeros(ar.PackedParams.init(SMALL).data.size, requires_grad=True)
     with pytest.raises(TypeError, match=r"requires grad; pass .*\.detach\(\)"):
         ar.PackedParams(SMALL, buffer)
+
+
+def test_peepholes_add_one_P_view_per_layer_direction_after_the_other_blocks():
+    spec = RNNSpec("lstm", 5, 4, num_layers=2, bidirectional=True, proj_size=2, peepholes=True)
+    plain = layout_of(spec.replace(peepholes=False))
+    layout = layout_of(spec)
+    assert layout.size == plain.size + 2 * 2 * 3 * 4
+    params = PackedParams.init(spec, seed=3)
+    keys = list(params.named_views())
+    assert keys[:6] == ["l0.fwd.W_ih", "l0.fwd.W_hh", "l0.fwd.b_ih", "l0.fwd.b_hh", "l0.fwd.W_hr", "l0.fwd.P"]
+    assert sum(k.endswith(".P") for k in keys) == 4
+    P = params.view(1, 1, "P")
+    assert P.shape == (3, 4) and np.shares_memory(P, params.data)
+    P[...] = 7.0
+    block = layout.block(1, 1, "P")
+    assert np.all(params.data[block.offset:block.stop] == 7.0) and block.stop == layout.size
+    # every other block has the shape it has without peepholes
+    for b in plain.blocks:
+        assert layout.block(b.layer, b.direction, b.name).shape == b.shape
+    with pytest.raises(ValueError, match=r"name = 'P' is absent for .*peepholes=False"):
+        PackedParams.init(spec.replace(peepholes=False)).view(0, 0, "P")

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,135 @@ def test_bool_like_numpy_values_are_not_sizes():
         ar.RNNSpec(mode="lstm", input_size=np.True_, hidden_size=2)
     with pytest.raises(ValueError, match="bidirectional = 1"):
         ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2, bidirectional=1)
+
+
+# -- seeds: one rule (core/spec.py check_seed) at every entry point that takes one -----------------------
+def _seed_entry_points():
+    """``name -> fn(seed)`` for every public API taking a seed (the torch adapter's below)."""
+    from arrayrnn.autodiff.gradcheck import check_grads
+    from arrayrnn.frontend.dropout import dropout_masks
+
+    spec = RNNSpec("gru", 3, 4, num_layers=2, dropout=0.5, dtype="float64")
+    params = ar.PackedParams.init(spec)
+    x = np.ones((2, 1, 3))
+    layer = ar.nn.GRU(3, 4, 2, dropout=0.5, dtype="float64")
+    return {
+        "check_seed": ar.core.spec.check_seed,
+        "rnn_forward": lambda s: ar.rnn_forward(params, x, training=True, seed=s),
+        "ops.rnn": lambda s: ar.value_and_grad(lambda p: ar.ops.mean(ar.ops.rnn(p, x, seed=s)[0]))(params),
+        "dropout_masks": lambda s: dropout_masks(spec, 2, 1, s),
+        "cell_masks": lambda s: ar.cell_masks(spec.replace(recurrent_dropout=0.5), s, 1, 2),
+        "PackedParams.init": lambda s: ar.PackedParams.init(spec, seed=s),
+        "nn.Dense": lambda s: ar.nn.Dense(3, 4, seed=s),
+        "nn.Embedding": lambda s: ar.nn.Embedding(3, 4, seed=s),
+        "nn.LSTM": lambda s: ar.nn.LSTM(3, 4, seed=s),
+        "nn.GRU.apply": lambda s: ar.value_and_grad(
+            lambda p: ar.ops.mean(layer.apply(p, x, seed=s)[0]))(layer.params),
+        "check_grads": lambda s: check_grads(lambda v: v * 2.0, np.ones(2), seed=s),
+    }
+
+
+BAD_SEEDS = [(2**64, ValueError, r"seed = 18446744073709551616; expected None or an int in \[0, 2\*\*64\)"),
+             (2**100, ValueError, r"seed = 1267650600228229401496703205376; expected"),
+             (-1, ValueError, r"seed = -1; expected None or an int in \[0, 2\*\*64\)"),
+             (True, TypeError, r"seed has type bool; expected None or an int in \[0, 2\*\*64\)"),
+             (np.bool_(False), TypeError, r"seed has type bool"),
+             (1.0, TypeError, r"seed has type float"),
+             ("1", TypeError, r"seed has type str")]
+
+
+@pytest.mark.parametrize("entry", sorted(_seed_entry_points()))
+@pytest.mark.parametrize(("seed", "error", "message"), BAD_SEEDS)
+def test_every_entry_point_refuses_bad_seeds(entry, seed, error, message):
+    with pytest.raises(error, match=message):
+        _seed_entry_points()[entry](seed)
+
+
+@pytest.mark.parametrize("entry", sorted(_seed_entry_points()))
+def test_every_entry_point_takes_the_64_bit_extremes(entry):
+    fn = _seed_entry_points()[entry]
+    for seed in (0, 2**64 - 1, np.uint64(2**64 - 1), np.int8(3)):
+        fn(seed)
+
+
+def test_the_seed_limit_is_torch_manual_seeds():
+    """The same upper limit as PyTorch (which also maps negative seeds >= -2**63; we refuse them)."""
+    torch = pytest.importorskip("torch")
+    for seed in (2**64 - 1, 2**64):
+        accepted = []
+        for fn in (torch.manual_seed, ar.core.spec.check_seed):
+            try:
+                fn(seed)
+                accepted.append(True)
+            except ValueError:
+                accepted.append(False)
+        assert accepted == [seed < 2**64] * 2
+
+
+def test_seeds_past_64_bits_no_longer_alias_seed_zero():
+    """2**64 drew exactly seed 0's masks (the key is reduced modulo 2**64); now it is refused, and the
+    largest seed draws its own masks."""
+    from arrayrnn.frontend.dropout import dropout_masks
+
+    spec = RNNSpec("lstm", 3, 8, num_layers=2, dropout=0.5)
+    zero, top = dropout_masks(spec, 4, 3, 0)[0], dropout_masks(spec, 4, 3, 2**64 - 1)[0]
+    assert not np.array_equal(zero, top)
+    np.testing.assert_array_equal(dropout_masks(spec, 4, 3, np.uint64(2**64 - 1))[0], top)
+
+
+@pytest.mark.parametrize(("seed", "error", "message"), BAD_SEEDS)
+def test_the_torch_adapter_refuses_bad_seeds(seed, error, message):
+    torch = pytest.importorskip("torch")
+    from arrayrnn.torch import ArrayRNN
+
+    with pytest.raises(error, match=message):
+        ArrayRNN("lstm", 3, 4, seed=seed)
+    module = ArrayRNN("lstm", 3, 4, num_layers=2, dropout=0.5, seed=0)
+    with pytest.raises(error, match=message):
+        module(torch.ones(2, 1, 3), seed=seed)
+# -- cell variants (issue 24) -------------------------------------------------------------------------
+def test_cell_variant_defaults_and_zoneout_cell_follows_zoneout():
+    plain = RNNSpec("lstm", 3, 5)
+    fields = (plain.recurrent_dropout, plain.weight_dropout, plain.zoneout, plain.peepholes)
+    assert fields == (0.0, 0.0, 0.0, False)
+    assert plain.zoneout_cell == 0.0 and plain.variants == ()
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).zoneout_cell == 0.25
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25) == RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.25)
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25, zoneout_cell=0.0).zoneout_cell == 0.0
+    assert RNNSpec("gru", 3, 5, zoneout=0.25).zoneout_cell is None
+    # replace(mode=...) of an LSTM spec carries its zoneout_cell: one that only follows zoneout is dropped
+    assert RNNSpec("lstm", 3, 5, zoneout=0.25).replace(mode="gru") == RNNSpec("gru", 3, 5, zoneout=0.25)
+    assert RNNSpec("lstm", 3, 5).replace(mode="rnn_tanh").zoneout_cell is None
+    spec = RNNSpec("lstm", 3, 5, recurrent_dropout=np.float32(0.5), weight_dropout=0.1,
+                   peepholes=np.bool_(True))
+    assert spec.recurrent_dropout == 0.5 and type(spec.recurrent_dropout) is float and spec.peepholes is True
+    assert spec.variants == ("recurrent_dropout", "weight_dropout", "peepholes")
+    assert RNNSpec("lstm", 3, 5, zoneout_cell=0.5).variants == ("zoneout_cell",)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(mode="lstm", recurrent_dropout=1.0), r"recurrent_dropout = 1.0; expected a probability in \[0, 1"),
+    (dict(mode="lstm", weight_dropout=-0.1), r"weight_dropout = -0.1; expected a probability"),
+    (dict(mode="gru", zoneout="0.1"), r"zoneout = '0.1'; expected a probability"),
+    (dict(mode="lstm", zoneout_cell=True), r"zoneout_cell = True; expected a probability"),
+    (dict(mode="gru", zoneout_cell=0.1), r"zoneout_cell = 0.1 with mode = 'gru'; only an LSTM has a cell"),
+    (dict(mode="gru", peepholes=True), r"peepholes = True with mode = 'gru'; .*only for mode='lstm'"),
+    (dict(mode="lstm", peepholes=1), r"peepholes = 1; expected True or False"),
+])
+def test_cell_variant_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RNNSpec(input_size=3, hidden_size=4, **kwargs)
+
+
+def test_plain_spec_dict_has_no_variant_fields_and_variant_dicts_round_trip():
+    assert set(RNNSpec("lstm", 3, 5).to_dict()) == {
+        "mode", "input_size", "hidden_size", "num_layers", "bidirectional", "bias", "proj_size", "cell_clip",
+        "dropout", "reset_after", "dtype"}
+    for spec in (RNNSpec("lstm", 3, 5, recurrent_dropout=0.2, weight_dropout=0.3, zoneout=0.1,
+                         zoneout_cell=0.05, peepholes=True),
+                 RNNSpec("lstm", 3, 5, zoneout=0.1), RNNSpec("gru", 3, 5, zoneout=0.1, reset_after=False),
+                 RNNSpec("rnn_relu", 3, 5, weight_dropout=0.5)):
+        d = json.loads(json.dumps(spec.to_dict()))
+        assert RNNSpec.from_dict(d) == spec and hash(RNNSpec.from_dict(d)) == hash(spec)
+    assert RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()["zoneout"] == 0.1
+    assert "zoneout_cell" not in RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()

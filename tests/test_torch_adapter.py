@@ -488,3 +488,85 @@ def test_in_place_change_before_backward_is_torchs_error():
         module.flat.add_(1.0)  # e.g. an optimizer step between forward and backward
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_onnx_export_of_array_rnn_runs_in_onnxruntime_like_the_module(dynamo, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    module = ArrayRNN("lstm", 3, 4, num_layers=2, bidirectional=True, seed=0).eval()
+    x = torch.randn(5, 2, 3)
+    path = str(tmp_path / "m.onnx")
+    if dynamo:
+        torch.onnx.export(module, (x,), dynamo=True, verbose=False).save(path)
+    else:
+        torch.onnx.export(module, (x,), path, dynamo=False, input_names=["x"])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    y, (h, c) = module(x)
+    for a, b in zip(got, (y, h, c), strict=True):
+        np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_jit_trace_of_array_rnn_saves_and_loads(tmp_path):
+    module = ArrayRNN("gru", 3, 4, num_layers=2, seed=0)
+    traced = torch.jit.trace(module, (torch.randn(5, 2, 3),))
+    traced.save(str(tmp_path / "m.pt"))
+    loaded = torch.jit.load(str(tmp_path / "m.pt"))
+    x = torch.randn(7, 3, 3)
+    torch.testing.assert_close(loaded(x)[0], module(x)[0])
+
+
+def test_peephole_lstm_on_the_torch_op_paths_equals_the_engines():
+    """Gradients of gradients, torch.func and an empty batch run the torch-op recurrence: with peepholes
+    (i, f see the previous cell state, o the new one) it must compute what rnn_forward computes."""
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, num_layers=2, bidirectional=True,
+                      peepholes=True, dtype="float64")
+    module = ArrayRNN(spec, seed=0)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    params = ar.PackedParams(spec, module.flat.detach().numpy())
+    np.testing.assert_allclose(module(x)[0].detach().numpy(), ar.rnn_forward(params, x.detach().numpy()).y,
+                               atol=1e-12)
+    batched = torch.func.vmap(lambda z: module(z)[0])(x.detach()[None])[0]  # the torch-op forward
+    torch.testing.assert_close(batched, module(x)[0].detach())
+    first = torch.autograd.grad(module(x)[0].square().sum(), x)[0]  # the engines' BPTT
+    differentiable = torch.autograd.grad(module(x)[0].square().sum(), x, create_graph=True)[0]
+    torch.testing.assert_close(differentiable, first)
+    assert torch.autograd.gradgradcheck(lambda z: module(z)[0], (x,))
+
+
+def test_torch_op_path_refuses_zoneout_clearly():
+    spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4, zoneout=0.1)
+    module = ArrayRNN(spec, seed=0)
+    with pytest.raises(ValueError, match="zoneout.*torch-op recurrence"):
+        module(torch.randn(5, 0, 3))
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_onnx_export_of_a_peephole_lstm_runs_in_onnxruntime_like_the_module(dynamo, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, bidirectional=True, peepholes=True)
+    module = ArrayRNN(spec, seed=0).eval()
+    x = torch.randn(5, 2, 3)
+    path = str(tmp_path / "m.onnx")
+    if dynamo:
+        torch.onnx.export(module, (x,), dynamo=True, verbose=False).save(path)
+    else:
+        torch.onnx.export(module, (x,), path, dynamo=False, input_names=["x"])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    for a, b in zip(got, (module(x)[0], *module(x)[1]), strict=True):
+        np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
+
+
+def test_state_dict_of_a_peephole_lstm_round_trips():
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, bidirectional=True, peepholes=True)
+    module, other = ArrayRNN(spec, seed=0), ArrayRNN(spec, seed=1)
+    state = module.state_dict()
+    assert "weight_peephole_l0_reverse" in state and state["weight_peephole_l0"].shape == (3, 4)
+    other.load_state_dict(state)
+    torch.testing.assert_close(other.flat, module.flat)

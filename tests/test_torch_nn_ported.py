@@ -5,16 +5,17 @@ Paraphrased, not copied: each test below keeps the PyTorch test's name and check
 module with a cuDNN one, the port compares ``nn.*`` (CPU, the oracle) with ours; where it loops over
 CPU and CUDA, the port runs the CPU half.
 
-All 21 CPU-applicable RNN tests of test_nn.py are here: test_RNN_nonlinearity,
+All 22 CPU-applicable RNN tests of test_nn.py are here: test_RNN_nonlinearity,
 test_RNN_nonlinearity_passed_as_arg, test_rnn_weight_norm, test_cudnn_forward_exception,
 test_rnn_args_check, test_projections_lstm_args_check, test_rnn_initial_hidden_state,
 test_projections_lstm_initial_hidden_state, test_projections_errors_on_gru_and_rnn,
 test_RNN_cpu_vs_cudnn_no_dropout, test_RNN_cpu_vs_cudnn_with_dropout, test_RNN_dropout,
 test_error_RNN_seq_len_zero, test_RNN_input_size_zero, test_RNN_dropout_state, test_RNN_change_dropout,
 test_save_lstm_compatibility, test_rnn_retain_variables, test_LSTM_grad_and_gradgrad,
-test_GRU_grad_and_gradgrad, test_LSTM_differentiable_backward_using_oneDNN; and, on CPU, the CPU halves of
-the CUDA-only test_RNN_cudnn_weight_norm, test_partial_flat_weights, test_cudnn_weight_format (a weight
-moved out of the one buffer) and test_cudnn_weight_tying (a tied reverse bias).
+test_GRU_grad_and_gradgrad, test_LSTM_differentiable_backward_using_oneDNN, test_variable_sequence; and,
+on CPU, the CPU halves of the CUDA-only test_RNN_cudnn_weight_norm, test_partial_flat_weights,
+test_cudnn_weight_format (a weight moved out of the one buffer), test_cudnn_weight_tying (a tied reverse
+bias) and test_rnn_fused (CUDA's fused cells against the CPU path: here nn.* on CPU against ours).
 
 Not ported (CUDA-only: multi-GPU device checks, CUDA-side packing, an LSTMCell on CUDA):
 test_cudnn_rnn_dropout_states_device, test_rnn_check_device, test_projections_lstm_check_device,
@@ -442,6 +443,59 @@ def test_rnn_retain_variables():
             y[0].sum().backward(retain_graph=True)
             for a, b in zip(grads, [x.grad] + [p.grad for p in module.parameters()], strict=True):
                 torch.testing.assert_close(a, b)
+
+
+def test_rnn_fused():
+    for dtype in (torch.float32, torch.float64):
+        I, H, L, T, B = 10, 6, 2, 7, 6
+        x, grad_y = torch.randn(T, B, I, dtype=dtype), torch.randn(T, B, H, dtype=dtype)
+        h, grad_h = torch.randn(L, B, H, dtype=dtype), torch.randn(L, B, H, dtype=dtype)
+        for mode, bias in itertools.product(("GRU", "LSTM"), (True, False)):
+            theirs = THEIRS[mode](I, H, L, bias=bias).to(dtype)
+            ours = OURS[mode](I, H, L, bias=bias).to(dtype)
+            weights = [[w.detach().clone() for w in layer] for layer in theirs.all_weights]
+            _compare(_forward_backward(theirs, x, grad_y, weights, h, grad_h),
+                     _forward_backward(ours, x, grad_y, weights, h, grad_h))
+
+
+def _pad_to(t, length):
+    return torch.cat([t, t.new_zeros(length - t.shape[0], *t.shape[1:])])
+
+
+@pytest.mark.parametrize("enforce_sorted,lengths", [(True, [5]), (False, [5]),
+                                                    (True, [10, 10, 6, 2, 2, 1, 1]),
+                                                    (False, [10, 10, 6, 2, 2, 1, 1]),
+                                                    (False, [2, 1, 3, 2, 10, 5, 3])])
+@pytest.mark.parametrize("default_states", [True, False])
+@pytest.mark.parametrize("proj_size", [0, 2])
+def test_variable_sequence(enforce_sorted, lengths, default_states, proj_size):
+    """A packed batch equals its sequences run one by one (outputs, final states, every gradient)."""
+    T, B, D, L = max(lengths), len(lengths), 2, 2
+    x = torch.randn(T, B, 3, requires_grad=True)
+    packed_lstm = LSTM(3, 4, bidirectional=True, num_layers=L, proj_size=proj_size)
+    single_lstm = copy.deepcopy(packed_lstm)
+    hx = None if default_states else (torch.randn(D * L, B, proj_size or 4), torch.randn(D * L, B, 4))
+    outputs, states = [], []
+    for b, n in enumerate(lengths):
+        row_hx = None if hx is None else tuple(s[:, b:b + 1].contiguous() for s in hx)
+        y, state = single_lstm(x[:n, b:b + 1], row_hx)
+        outputs.append(_pad_to(y, T))
+        states.append(state)
+    one_by_one = torch.cat(outputs, 1)
+    one_by_one_state = tuple(torch.cat(parts, 1) for parts in zip(*states, strict=True))
+    packed = rnn_utils.pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    packed_y, packed_state = packed_lstm(packed, hx)
+    y, y_lengths = rnn_utils.pad_packed_sequence(packed_y)
+    torch.testing.assert_close(packed_state, one_by_one_state, atol=1e-5, rtol=0)
+    torch.testing.assert_close(y, one_by_one, atol=1e-5, rtol=0)
+    assert y_lengths.tolist() == lengths
+    one_by_one.sum().backward()
+    dx = x.grad.clone()
+    x.grad = None
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, dx, atol=1e-5, rtol=0)
+    for a, b in zip(packed_lstm.parameters(), single_lstm.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=2e-4, rtol=0)
 
 
 def _grad_and_gradgrad(module, x):

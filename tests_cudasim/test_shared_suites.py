@@ -1,8 +1,9 @@
 """The shared engine-parametrized suites of ``tests/`` on the cupy engine, end to end on CPU.
 
 The same test bodies as ``tests/test_rnn_semantics.py``, ``test_rnn_gradcheck.py``,
-``test_rnn_properties.py`` and the engine-parametrized test of ``test_engine_seam.py``, collected here again
-with this directory's ``engine`` fixture: ``engine="cupy"`` through the public ``rnn_forward`` /
+``test_rnn_properties.py``, ``test_cell_variants.py`` and the engine-parametrized test of
+``test_engine_seam.py``, collected here again with this directory's ``engine`` fixture: ``engine="cupy"``
+through the public ``rnn_forward`` /
 ``rnn_backward`` on CuPy stand-in arrays (tests/support/fake_cupy.py), so the engine's CuPy branch runs —
 ``CupyEngine.check``, wrapping buffers through ``__cuda_array_interface__`` without synchronisation, the
 launches on CuPy's current stream, cuBLAS-side ``matmul(out=)`` — with its kernels in numba's simulator
@@ -14,6 +15,12 @@ from __future__ import annotations
 import numpy as np
 from support import cupy_sim
 from support.rnn_cases import forward_backward, host, make_case
+from test_cell_variants import (  # noqa: F401 - collected here with this directory's engine fixture
+    test_all_states_of_a_plain_stack_are_its_layers_outputs,
+    test_each_variant_changes_the_result_and_dropouts_only_in_training,
+    test_every_gradient_entry_equals_central_differences,
+    test_values_and_every_gradient_equal_the_scan_oracle,
+)
 from test_engine_seam import (  # noqa: F401 - collected here with this directory's engine fixture
     permuted,
     test_dropout_masks_are_the_same_on_a_whole_stack_engine_and_the_driver,

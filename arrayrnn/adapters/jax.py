@@ -11,8 +11,9 @@ per callback, see ``_writable``), so it composes with ``jax.jit`` and
 
 The residuals kept from forward to backward are the inputs themselves (``params``, ``x``, ``lengths``,
 ``h0``, ``c0``: arrays, so they live happily inside ``jit``); the backward callback recomputes the forward
-with the cache and then runs the hand-written BPTT. Inter-layer dropout is not applied (the call is the
-inference computation, ``training=False``); use :mod:`arrayrnn.torch` or ``rnn_forward`` for dropout.
+with the cache and then runs the hand-written BPTT. Inter-layer dropout, recurrent dropout and DropConnect
+are not applied and zoneout is its expectation (forward and gradient are the inference computation,
+``training=False``); use :mod:`arrayrnn.torch` or ``rnn_forward`` for the training masks.
 """
 
 from __future__ import annotations
@@ -36,22 +37,24 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     integers ``(B,)`` in ``0..T``, ``h0`` / ``c0``: optional initial states (zeros when ``None``).
     ``c_n`` is ``None`` unless ``spec.mode == "lstm"`` (like ``rnn_forward``). Differentiable in
     ``params``, ``x``, ``h0`` and ``c0``; works under ``jax.jit``, ``jax.grad`` and ``jax.vjp``, and under
-    ``jax.vmap`` as a loop of calls (``vmap_method="sequential"``). Shapes and dtypes are checked here
-    (``ValueError`` / ``TypeError``); values (``lengths`` in ``0..T``) are checked by ``rnn_forward`` in
-    the callback, whose error JAX re-raises wrapped in its runtime error.
+    ``jax.vmap`` as a loop of calls (``vmap_method="sequential"``). Everything JAX knows at trace time is
+    checked here, before any callback (``ValueError`` / ``TypeError``): types, shapes (``T`` and ``B`` at
+    least 1), dtypes (float32/float64), and the ``lengths`` values when they are concrete. Only traced
+    ``lengths`` (under ``jit``) are checked by ``rnn_forward`` in the callback, whose error JAX re-raises
+    wrapped in its runtime error.
     """
     if not isinstance(spec, ar.RNNSpec):
         raise TypeError(f"spec has type {type(spec).__name__}; expected an arrayrnn.RNNSpec")
-    params, x = jnp.asarray(params), jnp.asarray(x)
+    params, x = _as_array("params", params), _as_array("x", x)
     _check_static(spec, params, x)
     T, B = x.shape[:2]
     lengths = jnp.full((B,), T, jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) \
-        if lengths is None else jnp.asarray(lengths)
-    h0 = jnp.zeros(spec.state_shape(B), x.dtype) if h0 is None else jnp.asarray(h0)
+        if lengths is None else _as_array("lengths", lengths)
+    h0 = jnp.zeros(spec.state_shape(B), x.dtype) if h0 is None else _as_array("h0", h0)
     _check_state("h0", h0, spec.state_shape(B), x.dtype)
-    _check_lengths(lengths, B)
+    _check_lengths(lengths, T, B)
     if spec.mode == "lstm":
-        c0 = jnp.zeros(spec.state_shape(B, cell=True), x.dtype) if c0 is None else jnp.asarray(c0)
+        c0 = jnp.zeros(spec.state_shape(B, cell=True), x.dtype) if c0 is None else _as_array("c0", c0)
         _check_state("c0", c0, spec.state_shape(B, cell=True), x.dtype)
         return _rnn(spec, params, x, lengths, h0, c0)
     if c0 is not None:
@@ -60,19 +63,38 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     return y, h_n, None
 
 
-# Shapes and dtypes are static under jit, so they are checked here; values (lengths in 0..T) are
-# checked by rnn_forward inside the callback, whose ValueError then surfaces wrapped by JAX's runtime.
+def _as_array(name: str, value: Any) -> jax.Array:
+    """``value`` as a JAX array, or a ``TypeError`` saying what to pass."""
+    if isinstance(value, ar.PackedParams):
+        fix = ("pass its flat canonical buffer, params.to_format('canonical').data (the spec is rnn's first "
+               "argument)") if name == "params" else "expected an array"
+        raise TypeError(f"{name} is an arrayrnn.PackedParams; {fix}")
+    if value is None:
+        raise TypeError(f"{name} is None; expected an array")
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{name} ({type(value).__name__}) cannot become a JAX array: {e}; expected a JAX or "
+                        f"NumPy array of float32/float64 in host memory") from None
+
+
+# Shapes, dtypes and concrete values are known at trace time, so they are checked here; only traced
+# lengths are left to rnn_forward inside the callback, whose ValueError then surfaces wrapped by JAX.
 def _check_static(spec: ar.RNNSpec, params: jax.Array, x: jax.Array) -> None:
     size = ar.layout_of(spec).size
     if params.shape != (size,):
         raise ValueError(f"params has shape {params.shape}; expected ({size},), the flat canonical buffer "
                          f"of this spec")
     if params.dtype not in (jnp.float32, jnp.float64):
-        raise TypeError(f"params has dtype {params.dtype}; expected float32 or float64")
+        raise TypeError(f"params has dtype {params.dtype}; expected float32 or float64 (the engines behind "
+                        f"this adapter run on the CPU: convert with params.astype(jnp.float32))")
     if x.ndim != 3 or x.shape[2] != spec.input_size:
         raise ValueError(f"x has shape {x.shape}; expected (T, B, input_size = {spec.input_size})")
     if x.dtype != params.dtype:
         raise TypeError(f"x has dtype {x.dtype}; expected params' dtype {params.dtype}")
+    if 0 in x.shape[:2]:
+        raise ValueError(f"x has shape {x.shape} with T = {x.shape[0]}, B = {x.shape[1]}; expected at least "
+                         f"one step and one row")
 
 
 def _check_state(name: str, state: jax.Array, shape: tuple[int, ...], dtype: Any) -> None:
@@ -82,10 +104,17 @@ def _check_state(name: str, state: jax.Array, shape: tuple[int, ...], dtype: Any
         raise TypeError(f"{name} has dtype {state.dtype}; expected x's dtype {dtype}")
 
 
-def _check_lengths(lengths: jax.Array, B: int) -> None:
+def _check_lengths(lengths: jax.Array, T: int, B: int) -> None:
     if lengths.shape != (B,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise ValueError(f"lengths has shape {lengths.shape} and dtype {lengths.dtype}; expected "
                          f"integers of shape ({B},)")
+    if isinstance(lengths, jax.core.Tracer):
+        return  # values unknown until run time: rnn_forward checks them in the callback
+    host = np.asarray(lengths)
+    bad = np.flatnonzero((host < 0) | (host > T))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"lengths[{b}] = {int(host[b])}; every length must be in 0..T = {T}")
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -148,6 +177,8 @@ def _host_forward(spec, params, x, lengths, h0, c0):
 
 
 def _host_backward(spec, params, x, lengths, h0, c0, dy, dh_n, dc_n=None):
-    res = _run(spec, params, x, lengths, h0, c0, training=True)
+    # the inference forward again (rnn_backward recomputes it with the cache): a training forward would
+    # draw dropout masks and zoneout's training masks that the forward never used
+    res = _run(spec, params, x, lengths, h0, c0, training=False)
     g = ar.rnn_backward(res, _writable(dy), _writable(dh_n), None if dc_n is None else _writable(dc_n))
     return (g.dparams.data, g.dx, g.dh0) + ((g.dc0,) if c0 is not None else ())

@@ -17,7 +17,8 @@ GRU ``0``; ``rnn_relu`` is the ``RNN`` operator with ``Relu`` activations. Varia
 ``sequence_lens``: ONNX Runtime writes zeros at ``t >= len[b]`` and takes the final states at ``len[b] - 1``,
 as ours does (zero-length rows included). Inference only (no dropout). Not expressible in ONNX, so a
 ``ValueError``: LSTM projections (``proj_size > 0``; ONNX's LSTM has none) and cell clipping (ONNX's
-``clip`` bounds every gate pre-activation, ours the cell state). ONNX Runtime's CPU kernels run float32
+``clip`` bounds every gate pre-activation, ours the cell state) and zoneout. Peepholes (``peepholes=True``)
+are the LSTM node's input ``P`` (ONNX's order i, o, f). ONNX Runtime's CPU kernels run float32
 only; float64 and float16 models are written as asked.
 
 The gate reordering (:func:`layer_weights`) is written against the array module it is given (NumPy here;
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import arrayrnn as ar
+from arrayrnn.core.layout import PEEPHOLE_GATES
 
 OPSET = 17
 OPERATORS = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
@@ -51,6 +53,16 @@ def check_exportable(spec: ar.RNNSpec) -> None:
         raise ValueError(f"cell_clip = {spec.cell_clip!r}; ONNX's `clip` bounds every gate pre-activation "
                          "symmetrically, ours the cell state, so this stack cannot be exported (expected "
                          "cell_clip = None)")
+    if spec.zoneout or spec.zoneout_cell:
+        raise ValueError(f"zoneout = {spec.zoneout}, zoneout_cell = {spec.zoneout_cell}; ONNX's operators "
+                         "have no zoneout (whose inference mixes the previous state in), so this stack "
+                         "cannot be exported (expected zoneout = 0)")
+
+
+def peepholes(spec: ar.RNNSpec, layer: int, view: Callable[[int, int, str], Any]) -> np.ndarray:
+    """ONNX's ``P [D, 3*H]`` of one layer: our rows i, f, o in ONNX's order i, o, f."""
+    order = [PEEPHOLE_GATES.index(g) for g in ("i", "o", "f")]
+    return np.stack([view(layer, d, "P")[order].reshape(-1) for d in range(spec.num_directions)])
 
 
 def node_attributes(spec: ar.RNNSpec) -> dict[str, Any]:
@@ -129,6 +141,10 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
                 finals.append(helper.make_node("Where", ["empty_rows", f"{k}0_{layer}", raw], [final])
                               if variable_lengths else helper.make_node("Identity", [raw], [final]))
                 (outs_h if k == "h" else outs_c).append(final)
+        if spec.peepholes:  # the LSTM node's 8th input; absent optional inputs before it are ""
+            inputs += [""] * (7 - len(inputs)) + [f"P{layer}"]
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(peepholes(spec, layer, views)),
+                                                 f"P{layer}"))
         nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}{layer}", **node_attributes(spec)))
         nodes += finals
         out = "Y" if layer == L - 1 else f"X{layer + 1}"

@@ -17,10 +17,12 @@ Weights that are not such views (``weight_norm``, ``parametrize``, pruning, a re
 concatenated for the call instead (one copy per forward; gradients reach them through autograd);
 ``flatten_parameters()`` puts plain Parameters back into one buffer. ``module.to()`` / ``.double()`` /
 ``.cuda()`` re-flatten. Half precision and bfloat16 run in float32 (on CPU; bfloat16 everywhere) and
-come back in the input's dtype. An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode and
-gradients of gradients run the differentiable torch-op path (:mod:`.torch_recurrence`);
-``torch.compile`` and ``torch.export`` see the custom op ``arrayrnn::rnn``; ``torch.onnx.export``
-emits ONNX's ``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_call`).
+come back in the input's dtype; under CPU autocast the results come back in the dtypes ``nn.*`` returns
+there (:func:`_autocast_dtypes`). An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode,
+``torch.func`` transforms and gradients of gradients run the differentiable torch-op path
+(:mod:`.torch_recurrence`); ``torch.compile``, ``torch.export`` and ``torch.jit.trace`` see the custom op
+``arrayrnn::rnn``; both ``torch.onnx.export`` exporters emit ONNX's ``LSTM`` / ``GRU`` / ``RNN``
+operators (:mod:`.torch_call`); ``torch.jit.script`` is refused with the alternatives.
 
 Errors: the drop-in classes run ``nn.RNNBase``'s own input checks, so they raise what ``nn.LSTM``
 raises, with its messages. Everything arrayrnn itself refuses is :class:`InputError` (a
@@ -29,7 +31,8 @@ raises, with its messages. Everything arrayrnn itself refuses is :class:`InputEr
 ``TypeError`` both keep working.
 
 Dropout: in training mode each forward draws its mask seed from torch's default generator
-(``torch.randint``), so ``torch.manual_seed`` makes a run reproducible; the masks are arrayrnn's
+(``torch.randint``; in a captured graph the graph draws it), so ``torch.manual_seed`` makes a run
+reproducible; the masks are arrayrnn's
 (:mod:`arrayrnn.frontend.dropout`), not the ones ``nn.LSTM`` would draw. ``dropout`` may be reassigned
 between calls, as on ``nn.LSTM``.
 
@@ -91,6 +94,49 @@ def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def _autocast_dtypes(module: torch.nn.RNNBase, x: torch.Tensor,
+                     packed: bool) -> tuple[torch.dtype, torch.dtype, torch.dtype] | None:
+    """The dtypes of ``(y, h_n, c_n)`` that ``nn.LSTM`` / ``GRU`` / ``RNN`` return for ``x`` under CPU
+    autocast, or None outside it (then: the input's dtype).
+
+    On CPU, PyTorch's recurrences run their matrix products in autocast's dtype ``low`` and their
+    elementwise state updates promote with the state's dtype; oneDNN's LSTM layer (an unpacked LSTM
+    without projection) is itself on autocast's list and returns ``low``. We compute in float32 and
+    return what PyTorch returns.
+    """
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu") or x.dtype == torch.float64:
+        return None
+    low = torch.get_autocast_dtype("cpu")
+    wide = torch.promote_types(low, x.dtype)
+    if module.mode == "GRU":  # h' = (1 - z) * n + z * h
+        return wide, wide, wide
+    if module.mode != "LSTM":  # h' = act(x W_ih^T + h W_hh^T + b)
+        return low, low, low
+    if module.proj_size:  # c' = f * c + i * g; h' = (o * tanh(c')) W_hr^T
+        return low, low, wide
+    return (low, low, low) if not packed and _onednn_lstm(x.dtype, x.numel() == 0) else (wide, wide, wide)
+
+
+def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device`` (the torch-op paths would otherwise run their products in its dtype)."""
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+@torch.compiler.assume_constant_result  # a compile-time constant (dynamo does not trace the queries)
+def _onednn_lstm(dtype: torch.dtype, empty: bool) -> bool:
+    """Whether ``nn.LSTM``'s CPU forward takes oneDNN's LSTM layer for an input of ``dtype`` (ATen's
+    condition)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) or empty:
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return not torch.is_grad_enabled() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return dtype == torch.float32
+
+
 def _draw_seed(training: bool, dropout: float, num_layers: int, seed: int | None) -> int | None:
     if seed is not None or not training or dropout == 0.0 or num_layers == 1:
         return seed
@@ -124,8 +170,30 @@ def _check_state_tensors(x: torch.Tensor, states: dict[str, torch.Tensor | None]
 
 
 # -- the drop-in classes ------------------------------------------------------------------------------
+_SPEC_ATTRIBUTES = ("mode", "input_size", "hidden_size", "num_layers", "bias", "bidirectional", "proj_size",
+                    "dropout")
+
+
 class _FlatWeights:
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _SPEC_ATTRIBUTES:
+            self._refresh_spec_text()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._refresh_spec_text()
+
+    def _refresh_spec_text(self) -> None:
+        """``_spec_text``: the configuration as :func:`torch_call.spec_text` (what a compiled call reads),
+        once every attribute exists and while ``dropout`` is a number (the forward refuses it otherwise)."""
+        if not all(name in self.__dict__ for name in _SPEC_ATTRIBUTES):
+            return
+        p = self.dropout
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1:
+            self.__dict__["_spec_text"] = torch_call.spec_text(self._spec_dict(float(p)))
 
     def flatten_parameters(self) -> None:
         """Put the weights into one buffer (their views) if they are not there; a no-op when they are.
@@ -147,6 +215,9 @@ class _FlatWeights:
                 view.copy_(w)
                 w.data = view
                 offset += w.numel()
+
+    def __prepare_scriptable__(self) -> Any:
+        raise _refuse_scripting(type(self).__name__)
 
     @property
     def flat(self) -> torch.Tensor:
@@ -201,7 +272,7 @@ class _FlatWeights:
             x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
         h0, c0 = self._initial_states(hx, batched)
         self._check_args(x, h0, c0)
-        y, h_n, c_n = self._run(x, h0, c0, lengths)
+        y, h_n, c_n = self._run(x, h0, c0, lengths, _autocast_dtypes(self, x, packed))
         if packed:
             y = _repack(y, input, lengths, self.batch_first)
         elif not batched:
@@ -259,29 +330,35 @@ class _FlatWeights:
             raise InputError(f"Expected sequence length to be larger than 0 in RNN (input has shape "
                              f"{tuple(x.shape)}: T = 0 steps)")
 
-    def _run(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any):
-        dtype = x.dtype
-        compute = _compute_dtype(dtype, x.device)
-        p = float(self.dropout)
-        seed = _draw_seed(self.training, p, self.num_layers, None)
+    def _run(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any,
+             out_dtypes: tuple[torch.dtype, ...] | None):
+        """``(y, h_n, c_n)`` in ``out_dtypes`` (None: the input's dtype), computed without autocast."""
+        out_dtypes = out_dtypes or (x.dtype,) * 3
+        with _without_autocast(x.device):
+            outputs = self._compute(x, h0, c0, lengths)
+        return tuple(t.to(d) if t is not None else None for t, d in zip(outputs, out_dtypes, strict=True))
+
+    def _compute(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any):
+        compute = _compute_dtype(x.dtype, x.device)
+        dtype, p = str(compute).removeprefix("torch."), float(self.dropout)
         weights, has_cell = self._weights(), self.mode == "LSTM"
         states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
-        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
-            options = torch_call.options_text(self._spec_dict(p), str(compute).removeprefix("torch."),
-                                              self.batch_first, self.training, seed, "auto", per_weight=True)
-            outputs = torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
-                                              lengths)
-        else:
-            spec = self._spec(str(compute).removeprefix("torch."), p if p < 1 else 0.0)
-            if compute == dtype and self._in_one_buffer(weights):
-                inputs, split = weights, _split_of(spec)
-            else:  # re-parametrised weights, or a computation in float32: one concatenation per call
-                inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
-            opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
-                                   drop_all=p == 1)
-            with _as_torch_errors():
-                outputs = torch_call.run(opts, *states, inputs, lengths)
-        return tuple(t.to(dtype) if t is not None else None for t in outputs)
+        capturing = torch_call.capturing_graph()
+        if capturing and not (p == 1 and self.training):  # the custom op; options: a compile-time constant
+            options = torch_call.options_text(self._spec_text, dtype, self.batch_first, self.training,
+                                              "auto", per_weight=True)
+            return torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
+                                           lengths, torch_call.seed_tensor(self.training, p, self.num_layers))
+        spec = self._spec(dtype, p if p < 1 else 0.0)
+        if compute == x.dtype and not capturing and self._in_one_buffer(weights):
+            inputs, split = weights, _split_of(spec)
+        else:  # re-parametrised weights, or a computation in float32: one concatenation per call
+            inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
+        seed = _draw_seed(self.training, spec.dropout, self.num_layers, None)
+        opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
+                               drop_all=p == 1)
+        with _as_torch_errors():
+            return torch_call.run(opts, *states, inputs, lengths)
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
         return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
@@ -384,6 +461,14 @@ class RNN(_FlatWeights, torch.nn.RNNBase):
         super().__init__(modes[nonlinearity], *args, **kwargs)
 
 
+def _refuse_scripting(name: str) -> RuntimeError:
+    """``torch.jit.script`` compiles the forward's Python source; ours calls the engines from Python."""
+    return RuntimeError(f"torch.jit.script cannot compile arrayrnn.torch.{name}: its forward calls "
+                        "arrayrnn's engines from Python. Use torch.jit.trace instead (a saved trace calls "
+                        "the custom op arrayrnn::rnn; import arrayrnn.torch before torch.jit.load), or "
+                        "torch.compile / torch.export")
+
+
 def _refuse_projection(kwargs: dict[str, Any]) -> None:
     if "proj_size" in kwargs:
         raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
@@ -428,9 +513,17 @@ class ArrayRNN(torch.nn.Module):
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         host = ar.PackedParams.init(spec, seed=seed).data
         self._spec = spec
-        self._spec_fields = spec.to_dict()  # what a torch.compile trace reads (no dataclass work there)
+        self._spec_text = torch_call.spec_text(spec.to_dict())  # what a compiled call reads: a constant
         self.batch_first = bool(batch_first)
         self.flat = torch.nn.Parameter(torch.from_numpy(host).to(device))
+
+    def __prepare_scriptable__(self) -> Any:
+        raise _refuse_scripting(type(self).__name__)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "_spec_text" not in self.__dict__:  # saved before the attribute existed
+            self._spec_text = torch_call.spec_text(self._spec.to_dict())
 
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:
@@ -492,18 +585,31 @@ class ArrayRNN(torch.nn.Module):
         compute = _compute_dtype(self.flat.dtype, self.flat.device)
         if x.dim() == 3 and x.shape[1 if self.batch_first else 0] == 0:
             raise InputError(f"x has shape {tuple(x.shape)}: T = 0 steps; expected at least one step")
-        seed = _draw_seed(self.training, self._spec.dropout, self._spec.num_layers, seed)
         states = [t.to(compute) if t is not None else None for t in (x, h0, c0)]
-        if torch.compiler.is_compiling():  # the custom op; the options are a compile-time constant
-            options = torch_call.options_text(self._spec_fields, str(compute).removeprefix("torch."),
-                                              self.batch_first, self.training, seed, engine, per_weight=False)
-            outputs = torch_call.run_compiled(options, self._spec.has_cell, *states, [self.flat.to(compute)],
-                                              lengths)
-        else:
-            opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
-            with _as_torch_errors():
-                outputs = torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
+        with _without_autocast(x.device):
+            outputs = self._compute(states, lengths, engine, seed, compute)
         return tuple(t.to(self.flat.dtype) if t is not None else None for t in outputs)
+
+    def _compute(self, states: list, lengths: Any, engine: str, seed: int | None, compute: torch.dtype):
+        spec = self._spec
+        if torch_call.capturing_graph():  # the custom op; the options are a compile-time constant
+            flat = self.flat
+            if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
+                # the legacy exporter knows a module's tensors by state_dict(keep_vars=True), which holds
+                # nn.LSTM's per-weight views here, not `flat`: the weights enter as constants (initializers)
+                flat = flat.data
+            options = torch_call.options_text(self._spec_text, str(compute).removeprefix("torch."),
+                                              self.batch_first, self.training, engine, per_weight=False)
+            if seed is None:
+                drawn = torch_call.seed_tensor(self.training, spec.dropout, spec.num_layers)
+            else:
+                drawn = torch.full((), seed, dtype=torch.int64)
+            return torch_call.run_compiled(options, spec.has_cell, *states, [flat.to(compute)], lengths,
+                                           drawn)
+        seed = _draw_seed(self.training, spec.dropout, spec.num_layers, seed)
+        opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
+        with _as_torch_errors():
+            return torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if hx is None:
@@ -519,7 +625,7 @@ class ArrayRNN(torch.nn.Module):
 
     # -- state_dict: the canonical blocks under PyTorch's keys ------------------------------------
     def _blocks(self) -> dict[str, Any]:
-        return {torch_key(b): b for b in ar.layout_of(self._spec).blocks}
+        return {_state_key(b): b for b in ar.layout_of(self._spec).blocks}
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         flat = self.flat if keep_vars else self.flat.detach()
@@ -543,6 +649,13 @@ class ArrayRNN(torch.nn.Module):
         if strict:  # as nn.Module: a key under this prefix must name one of our blocks (no children here)
             unexpected_keys.extend(k for k in state_dict
                                    if k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] not in blocks)
+
+
+def _state_key(block: Any) -> str:
+    """nn.LSTM's key of a block; peephole weights (which nn.LSTM has not) as ``weight_peephole_l0``."""
+    if block.name == "P":
+        return f"weight_peephole_l{block.layer}{'_reverse' if block.direction else ''}"
+    return torch_key(block)
 
 
 def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_layers, bias, dropout,

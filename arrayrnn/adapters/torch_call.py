@@ -14,6 +14,10 @@ with where each sits in the flat buffer), the input and the states, and picks th
   Its backward is the custom op ``arrayrnn::rnn_backward``, which recomputes the forward before the
   BPTT (custom-op residuals must be tensors; the engines' caches are not): one more forward per
   training step under ``torch.compile``;
+- ``torch.jit.trace``: the same custom op, so a trace can be saved (``torch.jit.save``) and loaded in a
+  process that imported :mod:`arrayrnn.torch` (which registers the op). The dropout seed is a tensor input
+  of the op that the graph draws (``torch.randint``), so a compiled or traced module draws new masks on
+  every call without recompiling;
 - ``torch.onnx.export``: the standard ONNX ``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_onnx`);
 - an empty batch, ``meta`` tensors, ``dropout = 1`` in training and tensors of a ``torch.func`` transform
   (``grad``, ``vmap``, ``jacrev``, ...: their wrapper tensors have no memory the engines could read):
@@ -74,17 +78,35 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
 
         return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
     inputs = (x, h0, c0, *weights)
+    if _needs_torch_ops(opts, x) or _any_transformed((*inputs, lengths)):  # (the latter is not traceable)
+        return _torch_ops_forward(opts, x, h0, c0, weights, lengths)  # lengths: maybe a wrapper tensor
     keep_cache = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     opts = dataclasses.replace(opts, lengths=_host_lengths(lengths), keep_cache=keep_cache)
-    if _needs_torch_ops(opts, x) or any(is_transformed(t) for t in inputs):
-        return _torch_ops_forward(opts, x, h0, c0, weights)
     return _RNNFunction.apply(opts, x, h0, c0, *weights)
+
+
+def capturing_graph() -> bool:
+    """True while ``torch.compile`` / ``torch.export`` / ``torch.jit.trace`` (and the ONNX exporters) trace:
+    the forward is then the custom op (a trace cannot save a Python ``autograd.Function``)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def seed_tensor(training: bool, dropout: float, num_layers: int) -> _Tensor | None:
+    """The dropout seed of one call as a tensor the traced graph draws itself (so each call of a compiled
+    or traced module draws a new one), or None when no dropout applies."""
+    if not training or dropout == 0.0 or num_layers == 1:
+        return None
+    return torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
 
 
 def _host_lengths(lengths: Any) -> np.ndarray | None:
     if isinstance(lengths, torch.Tensor):
         return ar.as_array(lengths.detach().cpu(), "lengths")
     return lengths
+
+
+def _any_transformed(values: Sequence[Any]) -> bool:
+    return any(isinstance(v, _Tensor) and is_transformed(v) for v in values)
 
 
 def is_transformed(t: _Tensor | None) -> bool:
@@ -105,9 +127,9 @@ def flat_of(opts: _ForwardOptions, weights: Sequence[_Tensor]) -> _Tensor:
 
 
 def _torch_ops_forward(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
-                       weights: Sequence[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+                       weights: Sequence[_Tensor], lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
     T, B = (x.shape[1], x.shape[0]) if opts.batch_first else x.shape[:2]
-    lengths = torch.as_tensor(opts.lengths) if opts.lengths is not None else None
+    lengths = torch.as_tensor(lengths) if lengths is not None else None
     return torch_recurrence.run(opts.spec, flat_of(opts, weights), x, lengths, h0, c0, opts.batch_first,
                                 _masks(opts, T, B, x))
 
@@ -201,7 +223,7 @@ def differentiable_grads(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, 
     inputs = (x, h0, c0, *weights)
     wanted = [i for i, (t, need) in enumerate(zip(inputs, needs, strict=True)) if need and t is not None]
     with torch.enable_grad():
-        outputs = _torch_ops_forward(opts, x, h0, c0, weights)
+        outputs = _torch_ops_forward(opts, x, h0, c0, weights, opts.lengths)
         pairs = [(o, g) for o, g in zip(outputs, cotangents, strict=True) if o is not None and g is not None]
         if not pairs or not wanted:
             return (None,) * len(inputs)
@@ -215,10 +237,12 @@ def differentiable_grads(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, 
 
 # -- torch.compile / torch.export: the custom ops ------------------------------------------------------
 def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
-                 weights: Sequence[_Tensor], lengths: Any = None) -> tuple[_Tensor, _Tensor, _Tensor | None]:
-    """:func:`run` while ``torch.compile`` / ``torch.export`` trace: the custom op ``arrayrnn::rnn``.
+                 weights: Sequence[_Tensor], lengths: Any = None,
+                 seed: _Tensor | None = None) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+    """:func:`run` while a graph is captured (:func:`capturing_graph`): the custom op ``arrayrnn::rnn``.
 
-    ``options``: :func:`options_text` (a compile-time constant, so the tracer needs no spec object).
+    ``options``: :func:`options_text` (a compile-time constant, so the tracer needs no spec object);
+    ``seed``: :func:`seed_tensor` (it replaces the seed of ``options``) or None.
     """
     if torch.onnx.is_in_onnx_export():
         from . import torch_onnx
@@ -226,19 +250,26 @@ def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c
         opts = _decode(options, None)
         return torch_onnx.emit(opts.spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
     lengths = torch.as_tensor(lengths, device="cpu") if lengths is not None else None
-    y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, options)
+    y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, seed, options)
     return y, h_n, (c_n if has_cell else None)
 
 
 @torch.compiler.assume_constant_result
-def options_text(spec: dict, dtype: str, batch_first: bool, training: bool, seed: int | None, engine: str,
+def options_text(spec: str, dtype: str, batch_first: bool, training: bool, engine: str,
                  per_weight: bool) -> str:
     """The options of a call as the custom ops' one string argument (a custom op takes no Python objects):
-    ``spec`` as :meth:`arrayrnn.RNNSpec.to_dict`, computed in ``dtype``; ``per_weight``: the weights come
-    one per block (else as the one flat buffer)."""
-    spec = ar.RNNSpec.from_dict({**spec, "dtype": dtype})
+    ``spec``: :func:`spec_text` of the stack, computed in ``dtype``; ``per_weight``: the weights come one per
+    block (else as the one flat buffer). The seed is the op's tensor argument (:func:`seed_tensor`)."""
+    spec = ar.RNNSpec.from_dict({**json.loads(spec), "dtype": dtype})
     split = _split_of(spec) if per_weight else None
-    return _encode(_ForwardOptions(spec, None, batch_first, training, seed, engine, split))
+    return _encode(_ForwardOptions(spec, None, batch_first, training, None, engine, split))
+
+
+def spec_text(fields: dict[str, Any]) -> str:
+    """:meth:`arrayrnn.RNNSpec.to_dict`'s fields as a string, kept on a module: a string attribute is a
+    constant to ``torch.compile``, where ints and floats read from a module may become symbolic once they
+    differ between compilations (and :func:`options_text` needs constants)."""
+    return json.dumps(fields, sort_keys=True)
 
 
 def _split_of(spec: ar.RNNSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -252,18 +283,21 @@ def _encode(opts: _ForwardOptions) -> str:
                        "split": opts.split})
 
 
-def _decode(text: str, lengths: _Tensor | None) -> _ForwardOptions:
+def _decode(text: str, lengths: _Tensor | None, seed: _Tensor | None = None) -> _ForwardOptions:
     d = json.loads(text)
     split = tuple((offset, tuple(shape)) for offset, shape in d["split"]) if d["split"] is not None else None
     host = lengths.detach().cpu().numpy() if lengths is not None else None
-    return _ForwardOptions(ar.RNNSpec.from_dict(d["spec"]), host, d["batch_first"], d["training"], d["seed"],
+    seed = int(seed) if seed is not None else d["seed"]
+    return _ForwardOptions(ar.RNNSpec.from_dict(d["spec"]), host, d["batch_first"], d["training"], seed,
                            d["engine"], split)
 
 
 @torch.library.custom_op("arrayrnn::rnn", mutates_args=())
 def _rnn_op(x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, weights: list[_Tensor],
-            lengths: _Tensor | None, options: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    opts = _decode(options, lengths)
+            lengths: _Tensor | None, seed: _Tensor | None, options: str) -> tuple[_Tensor, _Tensor, _Tensor]:
+    if _batch_size(x, options) == 0:  # nothing to compute (the engines take at least one row)
+        return _forward_outputs(x, options, torch.zeros)
+    opts = _decode(options, lengths, seed)
     flat = _contiguous_flat(opts, weights)
     with _engine_stream(flat):
         res = _engine_forward(opts, flat, x, h0, c0, keep_cache=False)
@@ -272,36 +306,47 @@ def _rnn_op(x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, weights: list[_T
 
 
 @_rnn_op.register_fake
-def _(x, h0, c0, weights, lengths, options):
-    spec = json.loads(options)["spec"]
-    spec, batch_first = ar.RNNSpec.from_dict(spec), json.loads(options)["batch_first"]
+def _(x, h0, c0, weights, lengths, seed, options):
+    return _forward_outputs(x, options, torch.empty)
+
+
+def _batch_size(x: _Tensor, options: str) -> int:
+    return x.shape[0] if json.loads(options)["batch_first"] else x.shape[1]
+
+
+def _forward_outputs(x: _Tensor, options: str, make) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """``(y, h_n, c_n)`` of the right shapes made by ``make`` (``torch.empty`` / ``torch.zeros``)."""
+    d = json.loads(options)
+    spec, batch_first = ar.RNNSpec.from_dict(d["spec"]), d["batch_first"]
     T, B = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     width = spec.num_directions * spec.output_size
-    y = x.new_empty((B, T, width) if batch_first else (T, B, width))
-    c_n = x.new_empty(spec.state_shape(B, cell=True)) if spec.has_cell else x.new_empty(0)
-    return y, x.new_empty(spec.state_shape(B)), c_n
+    like = {"dtype": x.dtype, "device": x.device}
+    y = make((B, T, width) if batch_first else (T, B, width), **like)
+    c_n = make(spec.state_shape(B, cell=True), **like) if spec.has_cell else make(0, **like)
+    return y, make(spec.state_shape(B), **like), c_n
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, h0, c0, weights, lengths, options = inputs
+    x, h0, c0, weights, lengths, seed, options = inputs
     ctx.options, ctx.n_weights = options, len(weights)
-    ctx.save_for_backward(x, h0, c0, lengths, *weights)
+    ctx.save_for_backward(x, h0, c0, lengths, seed, *weights)
 
 
 def _op_backward(ctx, dy, dh_n, dc_n):
-    x, h0, c0, lengths, *weights = ctx.saved_tensors
+    x, h0, c0, lengths, seed, *weights = ctx.saved_tensors
     needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2],
              *([ctx.needs_input_grad[3]] * ctx.n_weights))
-    opts = dataclasses.replace(_decode(ctx.options, None), lengths=lengths)  # a tensor: maybe a fake one
-    if torch.is_grad_enabled():
+    opts = _decode(ctx.options, None)
+    if torch.is_grad_enabled():  # the masks need the seed's value: a double backward is run eagerly
+        opts = dataclasses.replace(opts, lengths=lengths, seed=int(seed) if seed is not None else opts.seed)
         cotangents = (dy, dh_n, dc_n if opts.spec.has_cell else None)
         grads = differentiable_grads(opts, x, h0, c0, weights, cotangents, needs)
     else:
-        grads = torch.ops.arrayrnn.rnn_backward(x, h0, c0, weights, lengths, dy, dh_n,
+        grads = torch.ops.arrayrnn.rnn_backward(x, h0, c0, weights, lengths, seed, dy, dh_n,
                                                 dc_n if opts.spec.has_cell else None, ctx.options)
         grads = [g if need else None for g, need in zip(grads, needs, strict=True)]
     dx, dh0, dc0, *dweights = grads
-    return dx, dh0, dc0, list(dweights), None, None
+    return dx, dh0, dc0, list(dweights), None, None, None
 
 
 _rnn_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -309,11 +354,13 @@ _rnn_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("arrayrnn::rnn_backward", mutates_args=())
 def _rnn_backward_op(x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, weights: list[_Tensor],
-                     lengths: _Tensor | None, dy: _Tensor, dh_n: _Tensor, dc_n: _Tensor | None,
-                     options: str) -> list[_Tensor]:
+                     lengths: _Tensor | None, seed: _Tensor | None, dy: _Tensor, dh_n: _Tensor,
+                     dc_n: _Tensor | None, options: str) -> list[_Tensor]:
     """``[dx, dh0, dc0, *dweights]`` (zeros where an input is absent): the forward recomputed with its
-    cache, then the BPTT."""
-    opts = _decode(options, lengths)
+    cache (the same seed, so the same dropout masks), then the BPTT."""
+    if _batch_size(x, options) == 0:
+        return _backward_outputs(x, weights, options, torch.zeros)
+    opts = _decode(options, lengths, seed)
     flat = _contiguous_flat(opts, weights)
     with _engine_stream(flat):
         res = _engine_forward(opts, flat, x, h0, c0, keep_cache=True)
@@ -325,12 +372,17 @@ def _rnn_backward_op(x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, weights
 
 
 @_rnn_backward_op.register_fake
-def _(x, h0, c0, weights, lengths, dy, dh_n, dc_n, options):
-    spec = ar.RNNSpec.from_dict(json.loads(options)["spec"])
-    B = x.shape[0] if json.loads(options)["batch_first"] else x.shape[1]
-    dc0 = x.new_empty(spec.state_shape(B, cell=True)) if spec.has_cell else x.new_empty(0)
-    dweights = [torch.empty_like(w) for w in weights]
-    return [torch.empty_like(x), x.new_empty(spec.state_shape(B)), dc0, *dweights]
+def _(x, h0, c0, weights, lengths, seed, dy, dh_n, dc_n, options):
+    return _backward_outputs(x, weights, options, torch.empty)
+
+
+def _backward_outputs(x: _Tensor, weights: Sequence[_Tensor], options: str, make) -> list[_Tensor]:
+    """``[dx, dh0, dc0, *dweights]`` of the right shapes made by ``make``."""
+    spec, B = ar.RNNSpec.from_dict(json.loads(options)["spec"]), _batch_size(x, options)
+    like = {"dtype": x.dtype, "device": x.device}
+    dc0 = make(spec.state_shape(B, cell=True), **like) if spec.has_cell else make(0, **like)
+    dweights = [make(w.shape, dtype=w.dtype, device=w.device) for w in weights]
+    return [make(x.shape, **like), make(spec.state_shape(B), **like), dc0, *dweights]
 
 
 def _contiguous_flat(opts: _ForwardOptions, weights: Sequence[_Tensor]) -> _Tensor:

@@ -2,7 +2,8 @@
 
 The fused engines compute the forward and a hand-written BPTT; neither is itself differentiable. This
 module computes the same function (every :class:`arrayrnn.RNNSpec`: modes, bias modes, reset-before GRU,
-projection, cell clipping, per-row lengths, inter-layer dropout masks) with torch operations under
+projection, cell clipping, peepholes, per-row lengths, inter-layer dropout masks; not zoneout, recurrent
+or weight dropout, which are refused) with torch operations under
 autograd, for the cases the engines do not serve:
 
 - double backward: a backward called with ``create_graph=True`` re-runs the forward here and
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 import arrayrnn as ar
-from arrayrnn.core.layout import BLOCK_NAMES
+from arrayrnn.core.layout import BLOCK_NAMES, PEEPHOLE_GATES
 
 _Tensor = torch.Tensor
 
@@ -42,6 +43,7 @@ def run(spec: ar.RNNSpec, flat: _Tensor, x: _Tensor, lengths: _Tensor | None, h0
     ``h0`` / ``c0``: ``(L*D, B, H_out)`` / ``(L*D, B, H)`` or None (zeros); ``masks``: ``L - 1`` tensors
     ``(T, B, D*H_out)`` multiplying the inputs of layers 1.., or None.
     """
+    _check_supported(spec)
     if batch_first:
         x = x.transpose(0, 1)
     T, B = x.shape[0], x.shape[1]
@@ -65,6 +67,17 @@ def run(spec: ar.RNNSpec, flat: _Tensor, x: _Tensor, lengths: _Tensor | None, h0
         inp = torch.cat(outputs, dim=-1)
     y = inp.transpose(0, 1) if batch_first else inp
     return y, torch.stack(h_n), (torch.stack(c_n) if spec.has_cell else None)
+
+
+def _check_supported(spec: ar.RNNSpec) -> None:
+    """The cell variants written here: peepholes; not zoneout, recurrent or weight dropout."""
+    unsupported = {name: getattr(spec, name) for name in ("zoneout", "zoneout_cell", "recurrent_dropout",
+                                                          "weight_dropout") if getattr(spec, name, 0)}
+    if unsupported:
+        raise ValueError(f"{unsupported}: the torch-op recurrence of arrayrnn.torch (gradients of gradients, "
+                         "an empty batch, meta tensors, torch.func transforms, dropout = 1, ONNX export in "
+                         "elementary operators) has no zoneout, recurrent or weight dropout; use a spec "
+                         "without them for these calls")
 
 
 def block_views(spec: ar.RNNSpec, flat: _Tensor) -> dict[tuple[int, int, str], _Tensor]:
@@ -110,10 +123,14 @@ def _cell(spec: ar.RNNSpec, block: dict, pre_in: _Tensor, h: _Tensor, c: _Tensor
     if spec.mode == "rnn_relu":
         return torch.relu(pre), None
     gates = dict(zip(spec.gate_names, pre.chunk(spec.gates, dim=-1), strict=True))
+    peep = dict(zip(PEEPHOLE_GATES, block["P"], strict=True)) if block.get("P") is not None else None
+    if peep is not None:  # i and f see the previous cell state, o the new one
+        gates["i"], gates["f"] = gates["i"] + peep["i"] * c, gates["f"] + peep["f"] * c
     c_new = torch.sigmoid(gates["f"]) * c + torch.sigmoid(gates["i"]) * torch.tanh(gates["g"])
     if spec.cell_clip is not None:
         c_new = torch.clamp(c_new, *spec.cell_clip)
-    h_new = torch.sigmoid(gates["o"]) * torch.tanh(c_new)
+    o = gates["o"] + peep["o"] * c_new if peep is not None else gates["o"]
+    h_new = torch.sigmoid(o) * torch.tanh(c_new)
     if block["W_hr"] is not None:
         h_new = h_new @ block["W_hr"].T
     return h_new, c_new

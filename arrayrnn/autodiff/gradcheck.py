@@ -9,6 +9,7 @@ import numpy as np
 
 from ..core.backend import get_xp
 from ..core.params import PackedParams
+from ..core.spec import check_seed
 from . import ops
 from .api import value_and_grad
 
@@ -34,7 +35,7 @@ def check_grads(fun: Callable, *args: Any, argnums: Sequence[int] | None = None,
     ``<grad <u, fun>, v>`` (reverse mode) and ``(<u, fun(x + eps v)> - <u, fun(x - eps v)>) / (2 eps)``.
     Use float64 arguments. Raises ``AssertionError`` naming the argument on a mismatch.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     nums = tuple(range(len(args))) if argnums is None else tuple(argnums)
     cotangents = []
     for o in _outputs(fun(*args)):

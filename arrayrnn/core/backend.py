@@ -95,14 +95,26 @@ def as_array(obj: Any, name: str = "array") -> Any:
         if getattr(obj, "requires_grad", False):  # torch refuses to export it through DLPack
             raise TypeError(f"{name} is a torch tensor that requires grad; pass {name}.detach() (arrayrnn "
                             "computes its own gradients; use arrayrnn.torch.ArrayRNN for torch autograd)")
-        device_type = int(obj.__dlpack_device__()[0])
-        if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
-            return np.from_dlpack(obj)
-        return _require_cupy(name).from_dlpack(obj)
+        return _from_dlpack(obj, name)
     if hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
         return np.asarray(obj)
     raise TypeError(f"{name} has type {type(obj).__name__}; expected an array (NumPy, CuPy, or any object "
                     "with __dlpack__, __cuda_array_interface__ or __array_interface__)")
+
+
+def _from_dlpack(obj: Any, name: str) -> Any:
+    """A DLPack exporter as NumPy (host memory) or CuPy (device memory); what DLPack cannot carry
+    (bfloat16, complex with the conjugate bit, the meta device) is a ``TypeError`` naming ``name``."""
+    try:
+        device_type = int(obj.__dlpack_device__()[0])
+        if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+            return np.from_dlpack(obj)
+    except (RuntimeError, ValueError, BufferError, TypeError) as e:
+        dtype, device = getattr(obj, "dtype", "?"), getattr(obj, "device", "?")
+        raise TypeError(f"{name} ({type(obj).__name__} of dtype {dtype} on device {device}) cannot be shared "
+                        f"through DLPack: {e}; pass a float16/float32/float64 array with values (convert "
+                        f"first, e.g. {name}.float() or {name}.astype('float32'))") from None
+    return _require_cupy(name).from_dlpack(obj)
 
 
 def _require_cupy(name: str) -> ModuleType:

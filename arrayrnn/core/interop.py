@@ -82,8 +82,8 @@ def to_torch_state_dict(params: PackedParams) -> dict[str, Any]:
     """``{torch key: tensor}`` loadable with ``module.load_state_dict`` into the matching module.
 
     Keys, shapes and order equal ``module.state_dict()``. Configurations PyTorch cannot express
-    (single-bias modes, reset-before GRU, cell clipping) raise ``ValueError`` rather than export
-    weights that would compute something else there.
+    (single-bias modes, reset-before GRU, cell clipping, peepholes, zoneout) raise ``ValueError`` rather
+    than export weights that would compute something else there.
     """
     import torch
 
@@ -107,3 +107,9 @@ def _check_torch_expressible(spec: RNNSpec) -> None:
     if spec.cell_clip is not None:
         raise ValueError(f"cell_clip = {spec.cell_clip} has no PyTorch equivalent; "
                          "the module would compute something else")
+    if spec.peepholes:
+        raise ValueError("peepholes = True has no PyTorch equivalent (nn.LSTM has no peephole weights); "
+                         "export to ONNX instead, or use a spec with peepholes=False")
+    if spec.zoneout or spec.zoneout_cell:
+        raise ValueError(f"zoneout = {spec.zoneout}, zoneout_cell = {spec.zoneout_cell} have no PyTorch "
+                         "equivalent; nn.LSTM/GRU/RNN would compute something else in inference")

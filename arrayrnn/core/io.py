@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,6 @@ from .spec import RNNSpec
 
 KIND = "arrayrnn.PackedParams"
 VERSIONS = range(1, 2)  # the file versions this code reads; it writes the last
-_MEMBERS = {"header", "data"}
 
 
 def save(path: str | os.PathLike, params: PackedParams) -> None:
@@ -40,18 +38,18 @@ def save(path: str | os.PathLike, params: PackedParams) -> None:
 
 
 def load(path: str | os.PathLike) -> PackedParams:
-    """Read a file written by :func:`save`; every field is validated (``ValueError`` if damaged/foreign)."""
-    header, data = _read_members(Path(path))
+    """Read a file written by :func:`save`; every field is validated (``ValueError`` if damaged/foreign).
+    The spec in the header fixes the buffer's dtype and length, which are checked against the member's
+    declaration before its data is read (a forged shape never reaches an allocation)."""
+    header, members = npzfile.read(path, KIND, VERSIONS, expect=lambda h: _expected_members(path, h))
     spec = _validate_header(path, header)
-    _validate_data(path, header, spec, data)
-    return PackedParams(spec, data)
+    _validate_data(path, header, spec, members["data"])
+    return PackedParams(spec, members["data"])
 
 
-def _read_members(path: Path) -> tuple[dict[str, Any], np.ndarray]:
-    header, members = npzfile.read(path, KIND, VERSIONS)
-    if set(members) != {"data"}:
-        raise ValueError(f"{path}: holds members {sorted(members) + ['header']}; expected {sorted(_MEMBERS)}")
-    return header, members["data"]
+def _expected_members(path: Any, header: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    spec = _validate_header(path, header)
+    return {"data": (spec.dtype, (layout_of(spec).size,))}
 
 
 def _validate_header(path: Any, header: dict[str, Any]) -> RNNSpec:

@@ -2,8 +2,9 @@
 
 For each layer in order, for each direction (forward, then reverse), the blocks
 ``W_ih (G*H, I_l)``, ``W_hh (G*H, H_out)``, ``b_ih (G*H,)``, ``b_hh (G*H,)``, ``W_hr (P, H)``,
-each row-major and contiguous, absent ones skipped. This is PyTorch's parameter order, so
-``torch.cat([p.flatten() for p in module.parameters()])`` equals the buffer.
+``P (3, H)`` (peephole weights, rows for the gates i, f, o; ``peepholes=True`` only),
+each row-major and contiguous, absent ones skipped. Without peepholes this is PyTorch's parameter order,
+so ``torch.cat([p.flatten() for p in module.parameters()])`` equals the buffer.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from .spec import RNNSpec
 
-BLOCK_NAMES = ("W_ih", "W_hh", "b_ih", "b_hh", "W_hr")
+BLOCK_NAMES = ("W_ih", "W_hh", "b_ih", "b_hh", "W_hr", "P")
+PEEPHOLE_GATES = ("i", "f", "o")  # the rows of a "P" block
 DIRECTION_NAMES = ("fwd", "rev")
 
 
@@ -50,6 +52,8 @@ def block_shapes(spec: RNNSpec, layer: int) -> dict[str, tuple[int, ...]]:
         shapes["b_hh"] = (gh,)
     if spec.proj_size:
         shapes["W_hr"] = (spec.proj_size, h)
+    if spec.peepholes:
+        shapes["P"] = (len(PEEPHOLE_GATES), h)
     return shapes
 
 
@@ -85,7 +89,8 @@ class Layout:
         present = tuple(block_shapes(spec, layer))
         if name in BLOCK_NAMES:
             return ValueError(f"name = {name!r} is absent for bias={spec.bias!r}, "
-                              f"proj_size={spec.proj_size}; present blocks: {present}")
+                              f"proj_size={spec.proj_size}, peepholes={spec.peepholes}; present blocks: "
+                              f"{present}")
         return ValueError(f"name = {name!r}; expected one of {present}")
 
     def layer_direction_span(self, layer: int, direction: int) -> tuple[int, int]:

@@ -52,6 +52,12 @@ def _check_positive_int(field: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def _check_probability(field: str, value: Any) -> float:
+    if not _is_real(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{field} = {value!r}; expected a probability in [0, 1)")
+    return float(value)
+
+
 def _check_flag(field: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{field} = {value!r}; expected True or False")
@@ -92,6 +98,12 @@ class RNNSpec:
     dropout: float = 0.0
     reset_after: bool = True
     dtype: str = "float32"
+    # cell variants ("beyond the peers"); training-only masks come from arrayrnn.frontend.dropout
+    recurrent_dropout: float = 0.0
+    weight_dropout: float = 0.0
+    zoneout: float = 0.0
+    zoneout_cell: float | None = None
+    peepholes: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -111,14 +123,37 @@ class RNNSpec:
                              "cell clipping exists only for mode='lstm' (use cell_clip=None)")
         if not self.reset_after and self.mode != "gru":
             raise ValueError(f"reset_after = False with mode = {self.mode!r}; only GRU has a reset variant")
-        dropout = self.dropout
-        if not _is_real(dropout) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout = {dropout!r}; expected a probability in [0, 1)")
-        object.__setattr__(self, "dropout", float(dropout))
+        for field in ("dropout", "recurrent_dropout", "weight_dropout", "zoneout"):
+            object.__setattr__(self, field, _check_probability(field, getattr(self, field)))
+        self._normalize_variants()
         object.__setattr__(self, "bias", _normalize_bias(self.bias))
         object.__setattr__(self, "cell_clip", _normalize_cell_clip(self.cell_clip))
         object.__setattr__(self, "dtype", _normalize_dtype(self.dtype))
         self._check_matrix_sizes()
+
+    def _normalize_variants(self) -> None:
+        object.__setattr__(self, "peepholes", _check_flag("peepholes", self.peepholes))
+        if self.peepholes and self.mode != "lstm":
+            raise ValueError(f"peepholes = True with mode = {self.mode!r}; peephole connections exist only "
+                             "for mode='lstm' (use peepholes=False)")
+        # zoneout_cell follows zoneout unless set; a mode without a cell keeps None (a value of 0 or of
+        # zoneout, as spec.replace(mode=...) of an LSTM spec carries, means the same and becomes None)
+        if self.zoneout_cell is None or (self.mode != "lstm" and self.zoneout_cell in (0.0, self.zoneout)):
+            cell = self.zoneout if self.mode == "lstm" else None
+        elif self.mode != "lstm":
+            raise ValueError(f"zoneout_cell = {self.zoneout_cell!r} with mode = {self.mode!r}; only an LSTM "
+                             "has a cell state (use zoneout_cell=None; zoneout= applies to h)")
+        else:
+            cell = _check_probability("zoneout_cell", self.zoneout_cell)
+        object.__setattr__(self, "zoneout_cell", cell)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The cell variants this spec turns on, by field name (``()`` for a plain stack)."""
+        on = [name for name in ("recurrent_dropout", "weight_dropout", "zoneout") if getattr(self, name)]
+        if self.zoneout_cell and "zoneout" not in on:
+            on.append("zoneout_cell")
+        return (*on, "peepholes") if self.peepholes else tuple(on)
 
     def _check_matrix_sizes(self) -> None:
         widest = max(self.input_size, self.num_directions * self.output_size, self.output_size)
@@ -174,10 +209,14 @@ class RNNSpec:
 
     # -- serialization --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON-ready values. Cell-variant fields at their defaults are left out, so a plain
+        stack's dict (and a saved file's header) is what it was before those fields existed."""
         d = dataclasses.asdict(self)
         if d["cell_clip"] is not None:
             d["cell_clip"] = list(d["cell_clip"])
-        return d
+        defaults = {"recurrent_dropout": 0.0, "weight_dropout": 0.0, "zoneout": 0.0, "peepholes": False,
+                    "zoneout_cell": self.zoneout if self.mode == "lstm" else None}
+        return {k: v for k, v in d.items() if k not in defaults or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RNNSpec:
@@ -193,12 +232,15 @@ class RNNSpec:
         return dataclasses.replace(self, **changes)
 
 
+SEED_LIMIT = 2**64  # seeds are 64-bit (the dropout generator's key), like torch.manual_seed's
+
+
 def check_seed(seed: Any) -> int | None:
-    """The one seed rule (``rnn_forward``, ``PackedParams.init``, layers): ``None`` or an int >= 0."""
+    """The one seed rule (every API that takes a seed): ``None`` or an int in ``[0, 2**64)``."""
     if seed is None:
         return None
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed has type {type(seed).__name__}; expected None or a non-negative int")
-    if seed < 0:
-        raise ValueError(f"seed = {seed}; expected None or a non-negative int")
+        raise TypeError(f"seed has type {type(seed).__name__}; expected None or an int in [0, 2**64)")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed = {seed}; expected None or an int in [0, 2**64) (a 64-bit seed)")
     return int(seed)

@@ -60,6 +60,14 @@ driver runs layers x directions, does the hoisted GEMMs and hands the kernel
   ``dx``, ``dW_ih``, ``dW_hh``, ``dW_hr`` and the biases afterwards, ONE GEMM / reduction each, from
   the stacks the kernel returns.
 
+**Cell variants** (``DirectionWeights.P``, ``h_mask``, ``zoneout_h``, ``zoneout_c``; see
+:class:`CellMasks`): a kernel that implements them reads them from ``w``; one that does not must belong to
+an engine whose ``check`` declines such calls (:func:`call_variants`). With zoneout, ``y`` is the zoned-out
+``h_t`` and ``cache.c`` the carried (zoned-out) cell; ``cache.c_cand`` keeps the cell before zoneout, and a
+plain RNN keeps its candidate ``h~_t`` as ``cache.gates``. ``backward`` of such a kernel also takes
+``dc_seq=`` ``(T, B, H)``, the cotangent of every step's cell state (LSTM ``return_all_states``), passed
+only when given.
+
 Contract for every array a kernel returns: ``(T, B, .)`` stacks are contiguous and their entries at
 inactive rows (``b >= batch_sizes[t]``) are zero; cache entries there are finite (zero).
 
@@ -110,15 +118,58 @@ class Call:
     params_format: str        # params.format
     has_zero_length: bool     # some row has length 0
     explicit: bool = False    # True: the user named this engine; False: "auto" asks (set by select_engine)
+    all_states: bool = False  # rnn_forward(..., return_all_states=True)
+
+
+def call_variants(call: Call) -> tuple[str, ...]:
+    """The cell variants and options beyond the plain stack that ``call`` uses, as ``"name=value"``
+    phrases (``()`` for a plain call): what an engine that lacks them names when it declines. Recurrent
+    dropout and DropConnect act only in training; zoneout (its expectation) and peepholes always."""
+    spec, on = call.spec, []
+    if call.training and spec.recurrent_dropout:
+        on.append(f"recurrent_dropout={spec.recurrent_dropout}")
+    if call.training and spec.weight_dropout:
+        on.append(f"weight_dropout={spec.weight_dropout}")
+    if spec.zoneout:
+        on.append(f"zoneout={spec.zoneout}")
+    if spec.zoneout_cell:
+        on.append(f"zoneout_cell={spec.zoneout_cell}")
+    if spec.peepholes:
+        on.append("peepholes=True")
+    if call.all_states:
+        on.append("return_all_states=True")
+    return tuple(on)
 
 
 # -- stack level --------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class CellMasks:
+    """The masks of the cell variants for one call (:func:`arrayrnn.frontend.dropout.cell_masks` draws
+    them), caller's row order, index ``k = layer * D + direction`` first; ``None`` where off.
+
+    ``recurrent``: ``(L*D, B, H_out)``, 0 or ``1/(1-p)``, multiplies ``h_{t-1}`` where it enters the
+    recurrent products. ``weight``: ``(L*D, G*H, H_out)``, 0 or ``1/(1-p)``, multiplies ``W_hh``.
+    ``zoneout_h`` ``(L*D, T, B, H_out)`` and ``zoneout_c`` ``(L*D, T, B, H)``: the weight ``m`` of the
+    previous state in ``h_t = m*h_{t-1} + (1-m)*h~_t`` (0 or 1 in training, ``z`` in inference).
+    """
+
+    recurrent: Array | None = None
+    weight: Array | None = None
+    zoneout_h: Array | None = None
+    zoneout_c: Array | None = None
+
+    def __iter__(self):
+        return iter((self.recurrent, self.weight, self.zoneout_h, self.zoneout_c))
+
+
 @dataclass(frozen=True, eq=False)
 class StackForward:
     y: Array                 # caller's layout (T, B, D*H_out) or (B, T, D*H_out), zero past each row's end
     h_n: Array               # (L*D, B, H_out)
     c_n: Array | None        # (L*D, B, H), LSTM only
     cache: Any               # engine-private; None when keep_cache was False
+    h_all: Array | None = None   # all_states: (L*D, T, B, H_out), caller's rows, zero past each row's end
+    c_all: Array | None = None   # all_states, LSTM: (L*D, T, B, H)
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,10 +222,15 @@ class Engine(ABC):
 
     @abstractmethod
     def forward(self, params: PackedParams, x: Any, lengths: np.ndarray, h0: Array, c0: Array | None,
-                masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward: ...
+                masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward:
+        """The whole stack. An engine that accepts calls with cell variants or ``return_all_states`` (see
+        :func:`call_variants`) also takes the keywords ``cell_masks`` (a :class:`CellMasks`) and
+        ``all_states`` (then it fills ``StackForward.h_all`` / ``c_all``); they are passed only when used."""
 
     @abstractmethod
-    def backward(self, cache: Any, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads: ...
+    def backward(self, cache: Any, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads:
+        """BPTT. After an ``all_states`` forward it may also get the keywords ``dh_all`` / ``dc_all``
+        (cotangents of ``h_all`` / ``c_all``), passed only when given."""
 
     def __repr__(self) -> str:
         return f"<arrayrnn engine {self.name!r}>"
@@ -203,6 +259,12 @@ class DirectionWeights:
     W_hr: Array | None        # (P, H), projection only
     input_bias: Array | None  # (G*H,): b_ih plus the parts of b_hh outside any product; added into xw
     inner_bias: Array | None  # (H,): b_hn of the reset-after GRU, inside r * (W_hn h + b_hn)
+    # cell variants (None when off; rows sorted like the kernel's). With weight dropout W_hh above is
+    # already W_hh * mask: the kernels never see the mask.
+    P: Array | None = None          # (3, H) peephole weights, rows i, f, o: i, f see c_{t-1}, o sees c_t
+    h_mask: Array | None = None     # (B, H_out) recurrent dropout: h_{t-1} * h_mask enters W_hh
+    zoneout_h: Array | None = None  # (T, B, H_out): h_t = m*h_{t-1} + (1-m)*h~_t
+    zoneout_c: Array | None = None  # (T, B, H): c_t = m*c_{t-1} + (1-m)*c~_t (LSTM)
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,9 +275,10 @@ class DirectionCache:
     c: Array | None = None       # (T, B, H) LSTM cell state after clipping
     tanh_c: Array | None = None  # (T, B, H) tanh(c)
     hn: Array | None = None      # (T, B, H) reset-after GRU: W_hn h_{t-1} + b_hn
+    c_cand: Array | None = None  # (T, B, H) LSTM with cell zoneout: the cell before zoneout (``c`` is after)
 
     def nbytes_per_step_row(self) -> int:
-        parts = [a for a in (self.gates, self.c, self.tanh_c, self.hn) if a is not None]
+        parts = [a for a in (self.gates, self.c, self.tanh_c, self.hn, self.c_cand) if a is not None]
         return sum(a.itemsize * a.shape[-1] for a in parts)
 
 

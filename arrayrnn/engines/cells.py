@@ -14,6 +14,11 @@ Semantics, per active row (``@`` as in ``x @ W.T``; ``xw = W_ih x + b_ih (+ fold
 - gru, reset_after: ``r, z = sig(xw_rz + W_hrz h)``; ``n = tanh(xw_n + r * (W_hn h + b_hn))``
 - gru, reset_before: ``n = tanh(xw_n + W_hn (r * h))`` (``b_hn`` is folded into ``xw``);
   both GRUs: ``h = (1 - z) * n + z * h``
+
+Cell variants: with recurrent dropout the recurrent products read ``h_rec = h * h_mask`` in place of
+``h`` (the GRU's ``z * h`` keeps the carried ``h``); peepholes (``w.P``, rows i, f, o) add ``P_i * c`` and
+``P_f * c`` to the i and f pre-activations and ``P_o * c_new`` (after clipping) to o's. Zoneout wraps a
+step (the reference kernel does it): ``h = m*h_prev + (1-m)*h_step``.
 """
 
 from __future__ import annotations
@@ -84,23 +89,28 @@ def split_biases(spec: RNNSpec, b_ih: Array | None, b_hh: Array | None) -> tuple
 
 # -- forward steps: (xp, spec, w, xw_t, h, c) -> (h_new, c_new, residuals) ------------------------
 def rnn_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
-                     c: Array | None) -> tuple[Array, None, dict[str, Array]]:
-    pre = xw_t + h @ w.W_hh.T
+                     c: Array | None, h_rec: Array | None = None) -> tuple[Array, None, dict[str, Array]]:
+    pre = xw_t + (h if h_rec is None else h_rec) @ w.W_hh.T
     h_new = tanh_(xp, pre) if spec.mode == "rnn_tanh" else relu_(xp, pre)
     return h_new, None, {}
 
 
 def lstm_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
-                      c: Array) -> tuple[Array, Array, dict[str, Array]]:
-    gates = xw_t + h @ w.W_hh.T
-    sigmoid_(xp, gate(spec, gates, "i", "f"))
-    tanh_(xp, gate(spec, gates, "g"))
-    sigmoid_(xp, gate(spec, gates, "o"))
+                      c: Array, h_rec: Array | None = None) -> tuple[Array, Array, dict[str, Array]]:
+    gates = xw_t + (h if h_rec is None else h_rec) @ w.W_hh.T
     i, f, g, o = (gate(spec, gates, name) for name in ("i", "f", "g", "o"))
+    if w.P is not None:
+        i += w.P[0] * c
+        f += w.P[1] * c
+    sigmoid_(xp, gate(spec, gates, "i", "f"))
+    tanh_(xp, g)
     c_new = f * c
     c_new += i * g
     if spec.cell_clip is not None:
         xp.clip(c_new, *spec.cell_clip, out=c_new)
+    if w.P is not None:
+        o += w.P[2] * c_new
+    sigmoid_(xp, o)
     tanh_c = xp.tanh(c_new)
     h_new = o * tanh_c
     if w.W_hr is not None:
@@ -109,12 +119,13 @@ def lstm_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: 
 
 
 def gru_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
-                     c: Array | None) -> tuple[Array, None, dict[str, Array]]:
+                     c: Array | None, h_rec: Array | None = None) -> tuple[Array, None, dict[str, Array]]:
     gates = xw_t.copy()
     rz, n = gate(spec, gates, "r", "z"), gate(spec, gates, "n")
     residuals = {"gates": gates}
+    h_rec = h if h_rec is None else h_rec
     if spec.reset_after:
-        hh = h @ w.W_hh.T
+        hh = h_rec @ w.W_hh.T
         hn = gate(spec, hh, "n")
         if w.inner_bias is not None:
             hn += w.inner_bias
@@ -123,9 +134,9 @@ def gru_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: A
         n += gate(spec, gates, "r") * hn
         residuals["hn"] = hn
     else:
-        rz += h @ gate(spec, w.W_hh.T, "r", "z")
+        rz += h_rec @ gate(spec, w.W_hh.T, "r", "z")
         sigmoid_(xp, rz)
-        n += (gate(spec, gates, "r") * h) @ gate(spec, w.W_hh.T, "n")
+        n += (gate(spec, gates, "r") * h_rec) @ gate(spec, w.W_hh.T, "n")
     tanh_(xp, n)
     h_new = h - n
     h_new *= gate(spec, gates, "z")
@@ -134,35 +145,52 @@ def gru_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: A
 
 
 # -- backward steps -----------------------------------------------------------------------------
-# (xp, spec, w, dh, dc, res_t, h_prev_t, c_prev_t, y_t)
+# (xp, spec, w, dh, dc, res_t, h_prev_t, c_prev_t, y_t, h_mask=None)
 #     -> (dpre_in, dpre_rec or None (meaning dpre_in), d_h, dh_prev, dc_prev)
+# ``y_t``: the step's own output (before zoneout); ``h_mask``: the rows' recurrent-dropout mask or None.
+def _masked(a: Array, h_mask: Array | None) -> Array:
+    if h_mask is not None:
+        a *= h_mask
+    return a
+
+
 def rnn_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
-                      res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
+                      res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array,
+                      h_mask: Array | None = None):
     d_pre = dh * (_TANH if spec.mode == "rnn_tanh" else _RELU).d_output(y)
-    return d_pre, None, None, d_pre @ w.W_hh, None
+    return d_pre, None, None, _masked(d_pre @ w.W_hh, h_mask), None
 
 
 def lstm_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array,
-                       res: dict[str, Array], h_prev: Array, c_prev: Array, y: Array):
+                       res: dict[str, Array], h_prev: Array, c_prev: Array, y: Array,
+                       h_mask: Array | None = None):
     gates, tanh_c = res["gates"], res["tanh_c"]
+    c = res["c_cand"] if "c_cand" in res else res["c"]  # the step's own cell (before zoneout)
     i, f, g, o = (gate(spec, gates, name) for name in ("i", "f", "g", "o"))
     dm = dh @ w.W_hr if w.W_hr is not None else dh
+    d_o = dm * tanh_c * _SIGMOID.d_output(o)
     dc = dc + dm * o * _TANH.d_output(tanh_c)
+    if w.P is not None:
+        dc += d_o * w.P[2]
     if spec.cell_clip is not None:
         lo, hi = spec.cell_clip
-        c = res["c"]
         dc *= (c > lo) & (c < hi)  # clipped entries pass no gradient
     d_pre = xp.empty_like(gates)
-    gate(spec, d_pre, "i")[...] = dc * g * _SIGMOID.d_output(i)
-    gate(spec, d_pre, "f")[...] = dc * c_prev * _SIGMOID.d_output(f)
+    d_i, d_f = gate(spec, d_pre, "i"), gate(spec, d_pre, "f")
+    d_i[...] = dc * g * _SIGMOID.d_output(i)
+    d_f[...] = dc * c_prev * _SIGMOID.d_output(f)
     gate(spec, d_pre, "g")[...] = dc * i * _TANH.d_output(g)
-    gate(spec, d_pre, "o")[...] = dm * tanh_c * _SIGMOID.d_output(o)
+    gate(spec, d_pre, "o")[...] = d_o
+    dc_prev = dc * f
+    if w.P is not None:
+        dc_prev += d_i * w.P[0] + d_f * w.P[1]
     d_h = dh if w.W_hr is not None else None
-    return d_pre, None, d_h, d_pre @ w.W_hh, dc * f
+    return d_pre, None, d_h, _masked(d_pre @ w.W_hh, h_mask), dc_prev
 
 
 def gru_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
-                      res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array):
+                      res: dict[str, Array], h_prev: Array, c_prev: Array | None, y: Array,
+                      h_mask: Array | None = None):
     gates = res["gates"]
     r, z, n = (gate(spec, gates, name) for name in ("r", "z", "n"))
     dpre_in = xp.empty_like(gates)
@@ -174,12 +202,14 @@ def gru_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Ar
         gate(spec, dpre_in, "r")[...] = dn * res["hn"] * _SIGMOID.d_output(r)
         dpre_rec = dpre_in.copy()
         gate(spec, dpre_rec, "n")[...] *= r
-        dh_prev += dpre_rec @ w.W_hh
+        dh_prev += _masked(dpre_rec @ w.W_hh, h_mask)
         return dpre_in, dpre_rec, None, dh_prev, None
+    h_rec = h_prev * h_mask if h_mask is not None else h_prev
     d_rh = dn @ gate(spec, w.W_hh.T, "n").T
-    gate(spec, dpre_in, "r")[...] = d_rh * h_prev * _SIGMOID.d_output(r)
-    dh_prev += d_rh * r
-    dh_prev += gate(spec, dpre_in, "r", "z") @ gate(spec, w.W_hh.T, "r", "z").T
+    gate(spec, dpre_in, "r")[...] = d_rh * h_rec * _SIGMOID.d_output(r)
+    d_rec = d_rh * r
+    d_rec += gate(spec, dpre_in, "r", "z") @ gate(spec, w.W_hh.T, "r", "z").T
+    dh_prev += _masked(d_rec, h_mask)
     return dpre_in, None, None, dh_prev, None
 
 

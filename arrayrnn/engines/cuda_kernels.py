@@ -243,3 +243,110 @@ def gru_r_backward_step(t, n, one, gates, h_prev, drh, dpre_in, dh_carry, drz):
     dpre_in[t, b, R] = dr
     drz[b, R - GRU_RZ_FIRST * H] = dr
     dh_carry[b, j] += drh[b, j] * r
+
+
+# -- cell variants: peepholes, zoneout ------------------------------------------------------------
+@cuda.jit(cache=True)
+def lstm_peephole_forward_step(t, n, one, xw, hh, P, c, h, y, m, project, keep, c_all, tanh_c_all, lo, hi):
+    """:func:`lstm_forward_step` with peepholes ``P (3, H)`` (rows i, f, o): i and f see ``c_{t-1}``, o the
+    new (clipped) cell."""
+    H = c.shape[1]
+    b, j = _element(xw.shape[1], H)
+    if b < 0:
+        return
+    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+    if b >= n:
+        _zero_gates(xw, t, b, j, H, 4, one)
+        return
+    c_prev = c[b, j]
+    i = sigmoid(one, gm.peephole_input(xw[t, b, I] + hh[b, I], P[0, j], c_prev))
+    f = sigmoid(one, gm.peephole_input(xw[t, b, F] + hh[b, F], P[1, j], c_prev))
+    g = math.tanh(xw[t, b, G] + hh[b, G])
+    cn = gm.lstm_cell(i, f, g, c_prev, lo, hi)
+    o = sigmoid(one, gm.peephole_input(xw[t, b, O] + hh[b, O], P[2, j], cn))
+    tc = math.tanh(cn)
+    xw[t, b, I] = i
+    xw[t, b, F] = f
+    xw[t, b, G] = g
+    xw[t, b, O] = o
+    c[b, j] = cn
+    if keep:
+        c_all[t, b, j] = cn
+        tanh_c_all[t, b, j] = tc
+    if project:
+        m[b, j] = o * tc
+    else:
+        y[t, b, j] = o * tc
+        h[b, j] = o * tc
+
+
+@cuda.jit(cache=True)
+def lstm_peephole_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, P, dy, dh, dm, project, dc,
+                                dpre_in, use_clip, lo, hi):
+    """:func:`lstm_backward_step` with peepholes ``P (3, H)``."""
+    H = dc.shape[1]
+    b, j = _element(n, H)
+    if b < 0:
+        return
+    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+    dmj = dm[b, j] if project else dy[t, b, j] + dh[b, j]
+    di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
+        one, gates[t, b, I], gates[t, b, F], gates[t, b, G], gates[t, b, O], c_all[t, b, j],
+        tanh_c_all[t, b, j], c_prev[t, b, j], dmj, dc[b, j], use_clip, lo, hi, P[0, j], P[1, j], P[2, j])
+    dpre_in[t, b, I] = di
+    dpre_in[t, b, F] = df
+    dpre_in[t, b, G] = dg
+    dpre_in[t, b, O] = do
+    dc[b, j] = dcp
+
+
+@cuda.jit(cache=True)
+def zoneout_step(t, n, m, prev, new, y, h):
+    """``y[t,b] = h[b] = m[t,b]*prev[b] + (1-m[t,b])*new[t,b]`` (``new`` may be ``y``)."""
+    b, j = _element(n, h.shape[1])
+    if b < 0:
+        return
+    v = gm.zoneout(m[t, b, j], prev[b, j], new[t, b, j])
+    y[t, b, j] = v
+    h[b, j] = v
+
+
+@cuda.jit(cache=True)
+def zoneout_cell_step(t, n, m, prev, c, keep, c_all):
+    """``c[b] = m[t,b]*prev[b] + (1-m[t,b])*c[b]`` (the step's new cell), kept in ``c_all[t]``."""
+    b, j = _element(n, c.shape[1])
+    if b < 0:
+        return
+    v = gm.zoneout(m[t, b, j], prev[b, j], c[b, j])
+    c[b, j] = v
+    if keep:
+        c_all[t, b, j] = v
+
+
+@cuda.jit(cache=True)
+def zoneout_split_step(t, n, one, m, dy, dh, dy_new, direct):
+    """The total cotangent ``dy[t,b] + dh[b]`` of a zoned-out ``h``: ``dy_new[t,b]`` its share of the step's
+    own output, ``direct[b]`` that of ``h_{t-1}``; ``dh[b] = 0`` (the step then reads ``dy_new[t] + dh``)."""
+    b, j = _element(n, dh.shape[1])
+    if b < 0:
+        return
+    d_new, d_prev = gm.zoneout_grads(one, m[t, b, j], dy[t, b, j] + dh[b, j])
+    dy_new[t, b, j] = d_new
+    direct[b, j] = d_prev
+    dh[b, j] = one - one
+
+
+@cuda.jit(cache=True)
+def cell_carry_step(t, n, one, zone, m, has_seq, dc_seq, dc, direct):
+    """The cell's cotangent at step ``t``: ``dc[b] (+ dc_seq[t,b])``; with zoneout split into the step's
+    own share (left in ``dc``) and ``c_{t-1}``'s (``direct``)."""
+    b, j = _element(n, dc.shape[1])
+    if b < 0:
+        return
+    total = dc[b, j] + dc_seq[t, b, j] if has_seq else dc[b, j]
+    if zone:
+        d_new, d_prev = gm.zoneout_grads(one, m[t, b, j], total)
+        dc[b, j] = d_new
+        direct[b, j] = d_prev
+    else:
+        dc[b, j] = total

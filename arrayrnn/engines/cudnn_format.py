@@ -23,6 +23,7 @@ import cudnn_bindings as cb
 
 from ..core.layout import layout_of
 from ..core.spec import RNNSpec
+from .base import call_variants
 
 Array = Any
 
@@ -51,7 +52,20 @@ def refusal(spec: RNNSpec) -> str | None:
                 "against the reference engine on a GPU (tests/test_cudnn_engine.py::test_gpu_cell_clip)")
     if spec.dtype not in DATA_TYPES:
         return f"dtype = {spec.dtype!r}; cuDNN runs float16, float32 and float64"
+    if spec.peepholes:
+        return "peepholes=True: cuDNN's LSTM has no peephole weights; use engine='cupy' or 'reference'"
     return None
+
+
+def variant_refusal(call: Any) -> str | None:
+    """Why cuDNN cannot run this call's cell variants (see ``arrayrnn.engines.base.call_variants``), or
+    ``None``: cuDNN's RNN has neither recurrent dropout, DropConnect nor zoneout (its dropout acts between
+    layers only), no peepholes, and returns the states of the last layer only."""
+    variants = call_variants(call)
+    if not variants:
+        return None
+    return (f"{', '.join(variants)}: cuDNN's RNN has no recurrent dropout, DropConnect, zoneout or "
+            "peepholes, and returns only the last layer's states; use engine='cupy' or 'reference'")
 
 
 def library_reason() -> str | None:
@@ -69,7 +83,7 @@ def check(call: Any) -> str | None:
     another engine would cost more than cuDNN's fixed overhead)."""
     if call.xp is np:
         return "cuDNN runs on CuPy (GPU) arrays; these are NumPy arrays"
-    reason = library_reason() or refusal(call.spec)
+    reason = library_reason() or refusal(call.spec) or variant_refusal(call)
     if (reason is None and not call.explicit and call.params_format != "cudnn"
             and call.seq_len < AUTO_MIN_SEQ_LEN):
         reason = (f"T = {call.seq_len} is below cuDNN's threshold of {AUTO_MIN_SEQ_LEN} steps "
@@ -132,6 +146,8 @@ def index_map(spec: RNNSpec, itemsize: int, native_bytes: int, query: Query) -> 
     if native_bytes // itemsize >= 2**31:
         raise ValueError(f"weight space of {native_bytes // itemsize} elements; the int32 index map holds "
                          "fewer than 2**31")
+    if spec.peepholes:
+        raise ValueError(f"spec {spec} has peepholes; {refusal(spec)}")
     idx = np.empty(layout_of(spec).size, np.int32)
     for block in layout_of(spec).blocks:
         ids, part = _lin_ids(spec, block.name)

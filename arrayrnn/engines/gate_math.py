@@ -12,6 +12,7 @@ equal :mod:`arrayrnn.engines.cells` (the oracle), per element::
     lstm:  c = clip(f*c_prev + i*g);  h = o * tanh(c)
     gru:   n = tanh(x_n + r * hn) (reset-after) ;  h = (1-z)*n + z*h_prev
     rnn:   d_pre = dh * (1 - y*y) (tanh) or dh * (y > 0) (relu)
+    peepholes:  i, f = sig(pre + p*c_prev);  o = sig(pre + p*c)       zoneout:  h = m*h_prev + (1-m)*h~
 """
 
 from __future__ import annotations
@@ -91,3 +92,32 @@ def rnn_grad(one, relu, y, dh):
     zero = one - one
     slope = (one if y > zero else zero) if relu else one - y * y
     return dh * slope
+
+
+# -- cell variants (issue 24): peepholes and zoneout ----------------------------------------------
+@numba.njit(**_JIT)
+def peephole_input(pre, p, c):
+    """A peephole gate's pre-activation: ``pre + p * c`` (i, f: ``c = c_{t-1}``; o: ``c = c_t``)."""
+    return pre + p * c
+
+
+@numba.njit(**_JIT)
+def lstm_peephole_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi, p_i, p_f, p_o):
+    """:func:`lstm_cell_grads` with peepholes ``p_i, p_f, p_o``: ``o`` also reads ``c`` (its gradient
+    joins the cell's before the clip), ``i`` and ``f`` read ``c_prev`` (their gradients join ``dc_prev``)."""
+    do = dm * tanh_c * o * (one - o)
+    di, df, dg, do, dc_prev = lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc + do * p_o, use_clip,
+                                              lo, hi)
+    return di, df, dg, do, dc_prev + di * p_i + df * p_f
+
+
+@numba.njit(**_JIT)
+def zoneout(m, prev, new):
+    """The zoned-out state ``m * prev + (1 - m) * new`` (``m``: 0 or 1 in training, the rate in inference)."""
+    return new + m * (prev - new)
+
+
+@numba.njit(**_JIT)
+def zoneout_grads(one, m, d):
+    """Gradients through :func:`zoneout` of its cotangent ``d``: ``(d new, d prev)``."""
+    return (one - m) * d, m * d

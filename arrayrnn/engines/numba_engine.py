@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
-from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, call_variants
 from .cells import gate_slice
 from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
@@ -170,6 +170,9 @@ class NumbaEngine(StackEngine):
             blas_binding()
         except BlasNotFoundError as err:
             return f"the numba engine calls NumPy's BLAS from compiled code, but {err}"
+        variants = call_variants(call)
+        if variants:
+            return f"{', '.join(variants)}: not yet on the numba engine (use engine='reference')"
         return None
 
 

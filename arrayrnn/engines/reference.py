@@ -27,17 +27,27 @@ def time_steps(T: int, reverse: bool) -> range:
     return range(T - 1, -1, -1) if reverse else range(T)
 
 
-def empty_cache(xp: ModuleType, spec: RNNSpec, T: int, B: int, dtype: Any) -> DirectionCache:
-    """Zero-filled residual stacks (zeros so inactive rows stay finite for the hoisted GEMMs)."""
+def empty_cache(xp: ModuleType, spec: RNNSpec, T: int, B: int, dtype: Any,
+                w: DirectionWeights | None = None) -> DirectionCache:
+    """Zero-filled residual stacks (zeros so inactive rows stay finite for the hoisted GEMMs); with
+    zoneout (``w.zoneout_h`` / ``w.zoneout_c``) also the step's own output / cell before zoneout."""
     def stack(width: int) -> Array:
         return xp.zeros((T, B, width), dtype=dtype)
 
     H = spec.hidden_size
+    zone_h = w is not None and w.zoneout_h is not None
+    zone_c = w is not None and w.zoneout_c is not None
     if spec.mode == "lstm":
-        return DirectionCache(gates=stack(spec.gate_size), c=stack(H), tanh_c=stack(H))
+        return DirectionCache(gates=stack(spec.gate_size), c=stack(H), tanh_c=stack(H),
+                              c_cand=stack(H) if zone_c else None)
     if spec.mode == "gru":
         return DirectionCache(gates=stack(spec.gate_size), hn=stack(H) if spec.reset_after else None)
-    return DirectionCache()
+    return DirectionCache(gates=stack(H) if zone_h else None)
+
+
+def zoneout(m: Array, prev: Array, new: Array) -> Array:
+    """``m * prev + (1 - m) * new``: the zoned-out state."""
+    return new + m * (prev - new)
 
 
 class ReferenceKernel:
@@ -51,12 +61,21 @@ class ReferenceKernel:
         y = xp.zeros((T, B, spec.output_size), dtype=xw.dtype)
         h = h0.copy()
         c = c0.copy() if c0 is not None else None
-        cache = empty_cache(xp, spec, T, B, xw.dtype) if keep_cache else None
+        cache = empty_cache(xp, spec, T, B, xw.dtype, w) if keep_cache else None
         for t in time_steps(T, reverse):
             n = int(batch_sizes[t])
             if n == 0:
                 continue
-            h_new, c_new, residuals = step(xp, spec, w, xw[t, :n], h[:n], c[:n] if c is not None else None)
+            h_t, c_t = h[:n], c[:n] if c is not None else None
+            h_rec = h_t * w.h_mask[:n] if w.h_mask is not None else None
+            h_new, c_new, residuals = step(xp, spec, w, xw[t, :n], h_t, c_t, h_rec=h_rec)
+            if w.zoneout_h is not None:
+                if spec.mode.startswith("rnn"):
+                    residuals["gates"] = h_new  # the candidate, whose derivative the backward takes
+                h_new = zoneout(w.zoneout_h[t, :n], h_t, h_new)
+            if w.zoneout_c is not None:
+                residuals["c_cand"] = c_new
+                c_new = residuals["c"] = zoneout(w.zoneout_c[t, :n], c_t, c_new)
             y[t, :n] = h_new
             h[:n] = h_new
             if c is not None:
@@ -68,7 +87,7 @@ class ReferenceKernel:
 
     def backward(self, spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
                  c_prev: Array | None, dy: Array, dh_n: Array, dc_n: Array | None, batch_sizes: np.ndarray,
-                 reverse: bool) -> DirectionGrads:
+                 reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
         xp = get_xp(dy)
         T, B, _ = dy.shape
         step = BACKWARD_STEPS[spec.mode]
@@ -77,15 +96,28 @@ class ReferenceKernel:
         d_h = xp.zeros((T, B, spec.output_size), dtype=dy.dtype) if w.W_hr is not None else None
         dh = dh_n.copy()
         dc = dc_n.copy() if dc_n is not None else None
-        names = [name for name in ("gates", "c", "tanh_c", "hn") if getattr(fwd.cache, name) is not None]
+        names = [name for name in ("gates", "c", "tanh_c", "hn", "c_cand")
+                 if getattr(fwd.cache, name) is not None]
+        own_output = spec.mode.startswith("rnn") and fwd.cache.gates is not None  # zoneout: y is not h~
         for t in reversed(time_steps(T, reverse)):
             n = int(batch_sizes[t])
             if n == 0:
                 continue
             residuals = {name: getattr(fwd.cache, name)[t, :n] for name in names}
+            dh_t = dy[t, :n] + dh[:n]
+            dc_t = dc[:n] + dc_seq[t, :n] if dc_seq is not None else (dc[:n] if dc is not None else None)
+            m_h = w.zoneout_h[t, :n] if w.zoneout_h is not None else None
+            m_c = w.zoneout_c[t, :n] if w.zoneout_c is not None else None
             g_ih, g_hh, g_h, dh_prev, dc_prev = step(
-                xp, spec, w, dy[t, :n] + dh[:n], dc[:n] if dc is not None else None, residuals,
-                h_prev[t, :n], c_prev[t, :n] if c_prev is not None else None, fwd.y[t, :n])
+                xp, spec, w, dh_t - m_h * dh_t if m_h is not None else dh_t,
+                dc_t - m_c * dc_t if m_c is not None else dc_t, residuals,
+                h_prev[t, :n], c_prev[t, :n] if c_prev is not None else None,
+                residuals["gates"] if own_output else fwd.y[t, :n],
+                h_mask=w.h_mask[:n] if w.h_mask is not None else None)
+            if m_h is not None:
+                dh_prev += m_h * dh_t
+            if m_c is not None:
+                dc_prev += m_c * dc_t
             dpre_in[t, :n] = g_ih
             if g_hh is not None:
                 dpre_rec[t, :n] = g_hh

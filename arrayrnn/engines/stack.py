@@ -40,6 +40,7 @@ from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from .base import (
     Call,
+    CellMasks,
     DirectionForward,
     DirectionGrads,
     DirectionKernel,
@@ -74,9 +75,13 @@ class StackCache:
     io_dtype: str                     # the dtype the caller sees
     order: BatchOrder                 # the caller's rows <-> sorted rows
     batch_first: bool                 # the caller's layout
+    cell_masks: CellMasks | None = None   # sorted rows, compute dtype
 
 
-def direction_weights(params: PackedParams, layer: int, direction: int) -> DirectionWeights:
+def direction_weights(params: PackedParams, layer: int, direction: int,
+                      cell_masks: CellMasks | None = None) -> DirectionWeights:
+    """Views of one layer-direction's blocks; with ``cell_masks`` (rows sorted like the kernel's) also its
+    cell-variant masks, and ``W_hh`` times its DropConnect mask (a new array)."""
     spec = params.spec
 
     def block(name: str) -> Array | None:
@@ -84,8 +89,26 @@ def direction_weights(params: PackedParams, layer: int, direction: int) -> Direc
 
     b_ih, b_hh = block("b_ih"), block("b_hh")
     input_bias, inner_bias = split_biases(spec, b_ih, b_hh)
-    return DirectionWeights(W_ih=block("W_ih"), W_hh=block("W_hh"), b_ih=b_ih, b_hh=b_hh, W_hr=block("W_hr"),
-                            input_bias=input_bias, inner_bias=inner_bias)
+    k = layer * spec.num_directions + direction
+    m = cell_masks if cell_masks is not None else CellMasks()
+
+    def mine(a: Array | None) -> Array | None:
+        return a[k] if a is not None else None
+
+    W_hh = block("W_hh") if m.weight is None else block("W_hh") * m.weight[k]
+    return DirectionWeights(W_ih=block("W_ih"), W_hh=W_hh, b_ih=b_ih, b_hh=b_hh, W_hr=block("W_hr"),
+                            input_bias=input_bias, inner_bias=inner_bias, P=block("P"),
+                            h_mask=mine(m.recurrent), zoneout_h=mine(m.zoneout_h),
+                            zoneout_c=mine(m.zoneout_c))
+
+
+def sorted_cell_masks(order: BatchOrder, masks: CellMasks | None) -> CellMasks | None:
+    """``masks`` with their rows in the kernels' (sorted) order."""
+    if masks is None:
+        return None
+    return CellMasks(recurrent=order.sort(masks.recurrent, axis=1), weight=masks.weight,
+                     zoneout_h=order.sort(masks.zoneout_h, axis=2),
+                     zoneout_c=order.sort(masks.zoneout_c, axis=2))
 
 
 def input_projection(x: Array, w: DirectionWeights) -> Array:
@@ -145,35 +168,43 @@ class StackEngine(Engine):
         return SortedInput(order.gather_time_major(x, batch_first), order)
 
     def forward(self, params: PackedParams, x: SortedInput, lengths: np.ndarray, h0: Array, c0: Array | None,
-                masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool) -> StackForward:
+                masks: tuple[Array, ...] | None, *, batch_first: bool, keep_cache: bool,
+                cell_masks: CellMasks | None = None, all_states: bool = False) -> StackForward:
         xp, order = get_xp(x.x), x.order
         masks = tuple(order.sort(m) for m in masks) if masks is not None else None
         out = self.forward_sorted(params, x.x, order.batch_sizes, order.sort(h0), order.sort(c0), masks,
-                                  keep_cache)
+                                  keep_cache, sorted_cell_masks(order, cell_masks), all_states)
         cache = out.cache
         if cache is not None:
             cache = _replace(cache, order=order, batch_first=batch_first)
         return StackForward(_to_caller(xp, order.unsort(out.y), batch_first), order.unsort(out.h_n),
-                            order.unsort(out.c_n), cache)
+                            order.unsort(out.c_n), cache, order.unsort(out.h_all, axis=2),
+                            order.unsort(out.c_all, axis=2))
 
     def forward_sorted(self, params: PackedParams, x: Array, batch_sizes: np.ndarray, h0: Array,
-                       c0: Array | None, masks: tuple[Array, ...] | None, keep_cache: bool) -> StackForward:
-        """The stack on sorted, time-major rows (the kernels' packed layout); ``y`` stays sorted."""
+                       c0: Array | None, masks: tuple[Array, ...] | None, keep_cache: bool,
+                       cell_masks: CellMasks | None = None, all_states: bool = False) -> StackForward:
+        """The stack on sorted, time-major rows (the kernels' packed layout); ``y`` stays sorted.
+
+        ``cell_masks``: the cell variants' masks, rows sorted; ``all_states``: also return every layer's
+        and direction's states (``h_all``, ``c_all``, rows sorted)."""
         io_dtype = str(x.dtype)
         params, x, h0, c0, masks = _to_compute_dtype(params, x, h0, c0, masks)
+        cell_masks = _masks_to(params.data.dtype, cell_masks)
         spec, xp = params.spec, get_xp(x)
         L, D = spec.num_layers, spec.num_directions
         h_n, c_n = xp.empty_like(h0), (xp.empty_like(c0) if c0 is not None else None)
         layer_input, layers = x, []
+        keep_c = keep_cache or (all_states and spec.has_cell)  # c_all comes from the cache's c
         for layer in range(L):
             if layer > 0 and masks is not None:
                 layer_input = layer_input * masks[layer - 1]
             outs = []
             for direction in range(D):
                 k = layer * D + direction
-                w = direction_weights(params, layer, direction)
+                w = direction_weights(params, layer, direction, cell_masks)
                 out = self.kernel.forward(spec, w, self.project_input(layer_input, w), batch_sizes, h0[k],
-                                          c0[k] if c0 is not None else None, direction == 1, keep_cache)
+                                          c0[k] if c0 is not None else None, direction == 1, keep_c)
                 h_n[k] = out.h_n
                 if c_n is not None:
                     c_n[k] = out.c_n
@@ -183,24 +214,37 @@ class StackEngine(Engine):
         cache = None
         if keep_cache:
             cache = StackCache(params, x, batch_sizes, h0, c0, masks, tuple(layers), io_dtype,
-                               BatchOrder.full(*x.shape[:2]), False)
-        return StackForward(_cast(layer_input, io_dtype), _cast(h_n, io_dtype), _cast(c_n, io_dtype), cache)
+                               BatchOrder.full(*x.shape[:2]), False, cell_masks)
+        h_all = c_all = None
+        if all_states:
+            directions = [out for outs in layers for out in outs]
+            h_all = _cast(xp.stack([out.y for out in directions]), io_dtype)
+            if spec.has_cell:
+                c_all = _cast(xp.stack([out.cache.c for out in directions]), io_dtype)
+        return StackForward(_cast(layer_input, io_dtype), _cast(h_n, io_dtype), _cast(c_n, io_dtype), cache,
+                            h_all, c_all)
 
     # -- backward -------------------------------------------------------------------------------
-    def backward(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads:
+    def backward(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,
+                 dh_all: Array | None = None, dc_all: Array | None = None) -> StackGrads:
         xp, order = get_xp(dy), cache.order
         dy = xp.ascontiguousarray(order.sort(xp.swapaxes(dy, 0, 1) if cache.batch_first else dy))
-        g = self.backward_sorted(cache, dy, order.sort(dh_n), order.sort(dc_n))
+        g = self.backward_sorted(cache, dy, order.sort(dh_n), order.sort(dc_n), order.sort(dh_all, axis=2),
+                                 order.sort(dc_all, axis=2))
         return StackGrads(_to_caller(xp, order.unsort(g.dx), cache.batch_first), order.unsort(g.dh0),
                           order.unsort(g.dc0), g.dparams)
 
-    def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None) -> StackGrads:
-        """BPTT on sorted, time-major rows (``dy`` like ``forward_sorted``'s ``y``)."""
+    def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,
+                        dh_all: Array | None = None, dc_all: Array | None = None) -> StackGrads:
+        """BPTT on sorted, time-major rows (``dy`` like ``forward_sorted``'s ``y``; ``dh_all`` / ``dc_all``
+        like its ``h_all`` / ``c_all``)."""
         params = cache.params  # what the math ran with (the float32 copy for float16 params)
         spec, xp, bs = params.spec, get_xp(cache.x), cache.batch_sizes
         dtype = params.data.dtype
         dy, dh_n = dy.astype(dtype, copy=False), dh_n.astype(dtype, copy=False)
         dc_n = dc_n.astype(dtype, copy=False) if dc_n is not None else None
+        dh_all = dh_all.astype(dtype, copy=False) if dh_all is not None else None
+        dc_all = dc_all.astype(dtype, copy=False) if dc_all is not None else None
         D, H_out = spec.num_directions, spec.output_size
         grads = PackedParams.zeros(spec, xp)
         dh0 = xp.empty_like(cache.h0)
@@ -211,19 +255,23 @@ class StackEngine(Engine):
             d_input = None
             for direction in range(D):
                 k = layer * D + direction
-                w = direction_weights(params, layer, direction)
+                w = direction_weights(params, layer, direction, cache.cell_masks)
                 fwd = cache.layers[layer][direction]
                 reverse = direction == 1
                 h_prev = previous_states(xp, fwd.y, cache.h0[k], bs, reverse)
                 c_prev = (previous_states(xp, fwd.cache.c, cache.c0[k], bs, reverse)
                           if cache.c0 is not None else None)
                 dy_d = xp.ascontiguousarray(d_layer[..., direction * H_out:(direction + 1) * H_out])
+                if dh_all is not None:
+                    dy_d = dy_d + dh_all[k]  # dy_d may be the caller's dy itself
+                per_step_dc = {"dc_seq": dc_all[k]} if dc_all is not None else {}  # only kernels that take it
                 g = self.kernel.backward(spec, w, fwd, h_prev, c_prev, dy_d, dh_n[k],
-                                         dc_n[k] if dc_n is not None else None, bs, reverse)
+                                         dc_n[k] if dc_n is not None else None, bs, reverse, **per_step_dc)
                 dh0[k] = g.dh0
                 if dc0 is not None:
                     dc0[k] = g.dc0
-                _weight_grads(spec, grads, layer, direction, w, g, fwd, layer_input, h_prev)
+                _weight_grads(spec, grads, layer, direction, w, g, fwd, layer_input, h_prev, c_prev,
+                              cache.cell_masks)
                 del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
                 d_input = _add_dx(d_input, g.dpre_in, w.W_ih, layer_input.shape)
                 del g
@@ -257,8 +305,11 @@ def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[Direction
 
 
 def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int, w: DirectionWeights,
-                  g: DirectionGrads, fwd: DirectionForward, layer_input: Array, h_prev: Array) -> None:
-    """The hoisted weight-gradient GEMMs and bias reductions of one layer-direction."""
+                  g: DirectionGrads, fwd: DirectionForward, layer_input: Array, h_prev: Array,
+                  c_prev: Array | None = None, cell_masks: CellMasks | None = None) -> None:
+    """The hoisted weight-gradient GEMMs and bias reductions of one layer-direction (with the cell
+    variants: ``W_hh`` multiplies the recurrent-dropout-masked ``h_prev`` and its gradient goes through
+    the DropConnect mask; the peephole weights' gradient is one reduction per gate)."""
     def put(name: str, value: Array) -> None:
         grads.view(layer, direction, name)[...] = value
 
@@ -268,6 +319,8 @@ def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int
         put("b_ih", dpre_in.sum(axis=0))
     if w.b_hh is not None:
         put("b_hh", dpre_rec.sum(axis=0))
+    if w.h_mask is not None:
+        h_prev = h_prev * w.h_mask
     h_prev = _rows(h_prev)
     if spec.mode == "gru" and not spec.reset_after:
         # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
@@ -277,9 +330,18 @@ def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int
         dW_hh[gate_slice(spec, "n")] = gate(spec, dpre_rec, "n").T @ r_h
     else:
         put("W_hh", dpre_rec.T @ h_prev)
+    if cell_masks is not None and cell_masks.weight is not None:
+        k = layer * spec.num_directions + direction
+        grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
     if w.W_hr is not None:
         m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
         put("W_hr", _rows(g.d_h).T @ _rows(m))
+    if w.P is not None:
+        c_new = fwd.cache.c_cand if fwd.cache.c_cand is not None else fwd.cache.c
+        dP = grads.view(layer, direction, "P")
+        dP[0] = (gate(spec, g.dpre_in, "i") * c_prev).sum(axis=(0, 1))
+        dP[1] = (gate(spec, g.dpre_in, "f") * c_prev).sum(axis=(0, 1))
+        dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
 
 
 # -- float16: float32 math ----------------------------------------------------------------------
@@ -290,6 +352,12 @@ def _to_compute_dtype(params: PackedParams, x: Array, h0: Array, c0: Array | Non
     up = "float32"
     return (params.astype(up), x.astype(up), h0.astype(up), c0.astype(up) if c0 is not None else None,
             tuple(m.astype(up) for m in masks) if masks is not None else None)
+
+
+def _masks_to(dtype: Any, masks: CellMasks | None) -> CellMasks | None:
+    if masks is None:
+        return None
+    return CellMasks(*(m.astype(dtype, copy=False) if m is not None else None for m in masks))
 
 
 def _cast(a: Array | None, dtype: str) -> Array | None:

@@ -1,4 +1,7 @@
-"""Inter-layer dropout masks: ONE counter-based generator, so every engine and device sees the same mask.
+"""Dropout and zoneout masks: ONE counter-based generator, so every engine and device sees the same mask.
+
+:func:`dropout_masks` draws the inter-layer dropout masks, :func:`cell_masks` (public: ``ar.cell_masks``)
+those of the cell variants (recurrent dropout, DropConnect on ``W_hh``, zoneout), from the same hash.
 
 Semantics, exactly (``F = D * H_out``, rows in the caller's order, time-major; all integers uint64,
 arithmetic modulo ``2**64``)::
@@ -27,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import RNNSpec
+from ..core.spec import RNNSpec, check_seed
+from ..engines.base import CellMasks
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -41,6 +45,7 @@ def dropout_masks(spec: RNNSpec, seq_len: int, batch: int, seed: int | None,
     p, layers = spec.dropout, spec.num_layers
     if p == 0.0 or layers == 1:
         return None
+    seed = check_seed(seed)
     if seed is None:
         seed = secrets.randbits(63)
     features = spec.num_directions * spec.output_size
@@ -73,3 +78,58 @@ def _mix_int(z: int) -> int:
     z = ((z ^ (z >> 30)) * _M1) & _MASK64
     z = ((z ^ (z >> 27)) * _M2) & _MASK64
     return z ^ (z >> 31)
+
+
+# -- the cell variants' masks (recurrent dropout, DropConnect, zoneout) -----------------------------
+_STREAMS = {"recurrent": 1, "weight": 2, "zoneout_h": 3, "zoneout_c": 4}
+
+
+def cell_masks(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, *, training: bool = True,
+               xp: ModuleType = np) -> CellMasks | None:
+    """The masks the engines apply for ``spec``'s cell variants in a call of ``batch`` rows and
+    ``seq_len`` steps with this ``seed``: a :class:`~arrayrnn.engines.base.CellMasks`, or ``None`` when
+    no variant is on for this call (the dropouts act only when ``training``).
+
+    The same generator as :func:`dropout_masks` with one key per kind of mask, ``key = mix(mix(seed) +
+    s)`` for ``s`` = 1 (recurrent), 2 (weight), 3 (zoneout of h), 4 (zoneout of c), and ``i`` the
+    entry's position in the row-major array of the shape below (``k = layer * D + direction``)::
+
+        u = (mix(key + (i + 1) * 0x9E3779B97F4A7C15) >> 11) / 2**53
+        recurrent[k, b, j]    = (u >= recurrent_dropout) / (1 - recurrent_dropout)   # (L*D, B, H_out)
+        weight[k, r, j]       = (u >= weight_dropout) / (1 - weight_dropout)         # (L*D, G*H, H_out)
+        zoneout_h[k, t, b, j] = u < zoneout           (training; zoneout in inference)  # (L*D, T, B, H_out)
+        zoneout_c[k, t, b, j] = u < zoneout_cell      (training; zoneout_cell in inference)  # (.., H)
+
+    Rows are in the caller's order and ``t`` is the step's time index (the reverse direction reads
+    ``zoneout_h[k, t]`` at its step ``t`` too). Pass ``xp=cupy`` for masks on the current GPU: the same
+    bits as on the host.
+    """
+    training = bool(training)
+    kd, T, B = spec.num_layers * spec.num_directions, int(seq_len), int(batch)
+    h_out, dtype = spec.output_size, spec.dtype
+    seed = check_seed(seed)
+    if seed is None:
+        seed = secrets.randbits(63)
+    base = _mix_int(seed)
+
+    def draw(kind: str, shape: tuple[int, ...]) -> Any:
+        key = _mix_int((base + _STREAMS[kind]) & _MASK64)
+        return uniform(xp, key, 0, int(np.prod(shape))).reshape(shape)
+
+    def dropout(kind: str, p: float, shape: tuple[int, ...]) -> Any:
+        if not (training and p):
+            return None
+        scale = xp.asarray(1.0 / (1.0 - p), dtype=dtype)
+        return (draw(kind, shape) >= p).astype(dtype) * scale
+
+    def zoneout(kind: str, z: float | None, width: int) -> Any:
+        shape = (kd, T, B, width)
+        if not z:
+            return None
+        return (draw(kind, shape) < z).astype(dtype) if training else xp.full(shape, z, dtype=dtype)
+
+    masks = CellMasks(recurrent=dropout("recurrent", spec.recurrent_dropout, (kd, B, h_out)),
+                      weight=dropout("weight", spec.weight_dropout, (kd, spec.gate_size, h_out)),
+                      zoneout_h=zoneout("zoneout_h", spec.zoneout, h_out),
+                      zoneout_c=zoneout("zoneout_c", spec.zoneout_cell, spec.hidden_size))
+    return None if all(m is None for m in masks) else masks

@@ -42,7 +42,7 @@ from ..core.spec import RNNSpec, check_seed
 from ..engines import select_engine
 from ..engines.base import Call, Engine
 from . import guard
-from .dropout import dropout_masks
+from .dropout import cell_masks, dropout_masks
 
 Array = Any
 
@@ -61,6 +61,7 @@ class _Saved:
     masks: tuple[Array, ...] | None
     cache: Any  # None after an inference forward
     weights: guard.WeightSnapshot
+    variants: dict[str, Any] = field(default_factory=dict)  # cell_masks= / all_states= (only when used)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +69,9 @@ class RNNResult:
     """Outputs of :func:`rnn_forward` plus what :func:`rnn_backward` needs.
 
     ``y``: ``(T, B, D*H_out)`` (``(B, T, D*H_out)`` with ``batch_first``); ``h_n``: ``(L*D, B, H_out)``;
-    ``c_n``: ``(L*D, B, H)`` for LSTM, else ``None``.
+    ``c_n``: ``(L*D, B, H)`` for LSTM, else ``None``. With ``return_all_states=True``: ``h_all``
+    ``(L*D, T, B, H_out)`` and, for LSTM, ``c_all`` ``(L*D, T, B, H)``, every layer's and direction's state
+    after every step (time-major whatever ``batch_first``; zeros past each row's end); else ``None``.
     """
 
     y: Array
@@ -78,6 +81,8 @@ class RNNResult:
     training: bool
     engine: str
     _saved: _Saved = field(repr=False)
+    h_all: Array | None = None
+    c_all: Array | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,20 +97,23 @@ class RNNGrads:
 
 def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = None, c0: Any = None,
                 batch_first: bool = False, training: bool = False, seed: int | None = None,
-                engine: str = "auto") -> RNNResult:
+                engine: str = "auto", return_all_states: bool = False) -> RNNResult:
     """Run ``x`` through every layer and direction of ``params`` in one fused call.
 
     ``x``: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), the params' dtype and
     device. ``lengths``: optional integers ``(B,)`` in ``0..T``, any order, host or device. ``h0``,
     ``c0``: optional initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)`` (zeros when ``None``).
     ``training=True`` keeps the cache for :func:`rnn_backward` and applies inter-layer dropout with
-    masks drawn from ``seed`` (see :mod:`arrayrnn.frontend.dropout`). ``engine``: ``"auto"`` or an engine
-    name.
+    masks drawn from ``seed`` (see :mod:`arrayrnn.frontend.dropout`); the spec's recurrent dropout and
+    DropConnect act only then too, and zoneout uses its training masks (its expectation otherwise); all of
+    them come from ``seed`` (:func:`arrayrnn.cell_masks`). ``engine``: ``"auto"`` or an engine name.
+    ``return_all_states``: also return ``h_all`` / ``c_all`` (see :class:`RNNResult`).
     """
     spec = _check_params(params)
     batch_first = _check_flag("batch_first", batch_first)
     training = _check_flag("training", training)
     seed = check_seed(seed)
+    return_all_states = _check_flag("return_all_states", return_all_states)
     x = as_array(x, "x")
     h0 = as_array(h0, "h0") if h0 is not None else None
     c0 = as_array(c0, "c0") if c0 is not None else None
@@ -117,7 +125,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     dropout = training and spec.dropout > 0 and spec.num_layers > 1
     call = Call(spec=spec, xp=xp, device=device_id(params.data), seq_len=T, batch=B, training=training,
                 dropout=dropout, params_format=params.format,
-                has_zero_length=bool((host_lengths == 0).any()))
+                has_zero_length=bool((host_lengths == 0).any()), all_states=return_all_states)
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
 
@@ -130,21 +138,37 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
         elif spec.has_cell:
             c0 = _zero_state(xp, spec, B, cell=True)
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
+        variants = _variant_arguments(spec, seed, B, T, training, xp, return_all_states)
     out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
-                         keep_cache=training)
+                         keep_cache=training, **variants)
     # with a cache the engine holds its input itself; without one, the recompute needs it
     saved = _Saved(chosen, run_params, batch_first, x if out.cache is None else None, host_lengths, h0, c0,
-                   masks, out.cache, guard.WeightSnapshot(params.data))
+                   masks, out.cache, guard.WeightSnapshot(params.data), variants)
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
-                     _saved=saved)
+                     _saved=saved, h_all=out.h_all, c_all=out.c_all)
+
+
+def _variant_arguments(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, training: bool, xp: Any,
+                       all_states: bool) -> dict[str, Any]:
+    """The engine keywords of the cell variants, only those in use (an engine without variants never
+    sees them)."""
+    arguments: dict[str, Any] = {}
+    if spec.variants:
+        masks = cell_masks(spec, seed, batch, seq_len, training=training, xp=xp)
+        if masks is not None:
+            arguments["cell_masks"] = masks
+    if all_states:
+        arguments["all_states"] = True
+    return arguments
 
 
 def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = None, *,
-                 params: PackedParams | None = None) -> RNNGrads:
+                 params: PackedParams | None = None, dh_all: Any = None, dc_all: Any = None) -> RNNGrads:
     """Hand-written BPTT through the call that produced ``res``.
 
     ``dy``, ``dh_n``, ``dc_n``: cotangents of ``res.y``, ``res.h_n``, ``res.c_n`` (same shapes; ``None``
-    means zeros). ``params``, if given, must be the params ``res`` was computed with (``ValueError``
+    means zeros); ``dh_all``, ``dc_all``: of ``res.h_all``, ``res.c_all`` (a ``return_all_states=True``
+    forward only). ``params``, if given, must be the params ``res`` was computed with (``ValueError``
     otherwise). After a ``training=False`` forward the forward is recomputed with the cache first.
     Returns ``dx`` (shaped like ``x``), ``dh0``, ``dc0`` (LSTM) and ``dparams``.
     """
@@ -159,16 +183,35 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
     if dc_n is not None and res.c_n is None:
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
+    all_states = _all_states_cotangents(res, dh_all, dc_all)
 
     saved.weights.assert_unchanged(res.params.data)
     cache = saved.cache
     if cache is None:  # inference forward: recompute it with the cache
         cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
-                                     saved.masks, batch_first=saved.batch_first, keep_cache=True).cache
-    g = saved.engine.backward(cache, xp.ascontiguousarray(dy), dh_n, dc_n)
+                                     saved.masks, batch_first=saved.batch_first, keep_cache=True,
+                                     **saved.variants).cache
+    g = saved.engine.backward(cache, xp.ascontiguousarray(dy), dh_n, dc_n, **all_states)
     dparams = g.dparams if saved.run_params is res.params else _back_to_format(g.dparams, saved.engine,
                                                                                  res.params.format)
     return RNNGrads(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=dparams)
+
+
+def _all_states_cotangents(res: RNNResult, dh_all: Any, dc_all: Any) -> dict[str, Array]:
+    """``{"dh_all": ..., "dc_all": ...}`` for the cotangents given (checked against ``res``)."""
+    given = {}
+    for name, value, like in (("dh_all", dh_all, res.h_all), ("dc_all", dc_all, res.c_all)):
+        if value is None:
+            continue
+        if like is None and res.h_all is not None:
+            raise ValueError(f"dc_all was given but mode = {res.params.spec.mode!r} has no cell state; "
+                             "pass dc_all=None")
+        if like is None:
+            raise ValueError(f"{name} was given but res has no {name[1:]} (the forward ran with "
+                             f"return_all_states=False); call rnn_forward(..., return_all_states=True)")
+        value = _check_cotangent(name, value, like, "res." + name[1:])
+        given[name] = get_xp(value).ascontiguousarray(value)
+    return given
 
 
 # -- validation ---------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ Semantics roughly equal to this loop (``sum`` across the ranks of ``comm``)::
 - a ``cupy.cuda.nccl.NcclCommunicator`` (CuPy buffers, on CuPy's current stream),
 - a ``torch.distributed.ProcessGroup`` (NumPy or CuPy buffers seen as tensors through DLPack, no copy).
 
+Before any data moves, the ranks agree on what the call reduces (function, root, number of buffers,
+shapes, dtypes) in one small collective (agreement.py): a disagreement, or a rank whose own arguments were
+refused, raises a ``ValueError`` on every rank instead of a hang or an abort inside the library.
+
 Nothing is pickled and nothing is called per named weight. mpi4py, CuPy and torch are imported only when
 a communicator of theirs is passed (a communicator's own module is then already loaded).
 """
@@ -36,6 +40,7 @@ import numpy as np
 
 from ..core.backend import as_array, is_cupy_array
 from ..core.params import PackedParams
+from .agreement import Collectives, agree
 from .optim import Optimizer
 
 ACCEPTED = ("an mpi4py.MPI.Comm (NumPy buffers), a cupy.cuda.nccl.NcclCommunicator (CuPy buffers) or a "
@@ -47,10 +52,15 @@ ACCEPTED = ("an mpi4py.MPI.Comm (NumPy buffers), a cupy.cuda.nccl.NcclCommunicat
 class _Backend:
     name: str
     matches: Callable[[Any], bool]
+    check: Callable[[Any], None]                     # raises if comm cannot be used now
     size: Callable[[Any], int]
+    rank: Callable[[Any], int]
     allreduce_sum: Callable[[Any, Any], None]        # (comm, contiguous buffer) -> sums in place
     broadcast: Callable[[Any, Any, int], None]       # (comm, contiguous buffer, root) -> in place
+    allreduce_max: Callable[[Any, np.ndarray], np.ndarray]  # (comm, host int64 vector) -> element-wise max
+    allgather: Callable[[Any, np.ndarray], np.ndarray]      # (comm, host int64 (n,)) -> (size, n)
     buffer_kind: str                                 # "numpy", "cupy" or "any"
+    dtypes: tuple[str, ...] | None = None            # the dtypes it reduces; None: any native-order dtype
 
 
 def _loaded_class(module: str, attr: str) -> type | None:
@@ -67,6 +77,23 @@ def _isinstance_of(module: str, attr: str) -> Callable[[Any], bool]:
 
 
 # mpi4py
+def _mpi_check(comm: Any) -> None:
+    """MPI must be initialized and not finalized (else MPICH ends the process with no Python exception)."""
+    from mpi4py import MPI
+    if MPI.Is_finalized():
+        raise RuntimeError("MPI is already finalized (MPI.Finalize() was called); collectives are no longer "
+                           "possible in this process: call arrayrnn.distributed before finalizing MPI")
+    if not MPI.Is_initialized():
+        raise RuntimeError("MPI is not initialized (mpi4py.rc.initialize = False?); call MPI.Init() or "
+                           "MPI.Init_thread() before arrayrnn.distributed")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm = MPI.COMM_NULL (a freed communicator, or a Split/Create that excluded this "
+                         "rank); expected a communicator this rank belongs to, e.g. MPI.COMM_WORLD")
+    if comm.Is_inter():
+        raise ValueError("comm is an MPI intercommunicator; expected an intracommunicator (e.g. "
+                         "MPI.COMM_WORLD, or comm.Merge() of the intercommunicator)")
+
+
 def _mpi_allreduce_sum(comm: Any, buf: np.ndarray) -> None:
     from mpi4py import MPI
     comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -76,14 +103,33 @@ def _mpi_broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
     comm.Bcast(buf, root=root)
 
 
+def _mpi_allreduce_max(comm: Any, vector: np.ndarray) -> np.ndarray:
+    from mpi4py import MPI
+    comm.Allreduce(MPI.IN_PLACE, vector, op=MPI.MAX)
+    return vector
+
+
+def _mpi_allgather(comm: Any, vector: np.ndarray) -> np.ndarray:
+    out = np.empty((comm.Get_size(), vector.size), dtype=vector.dtype)
+    comm.Allgather(vector, out)
+    return out
+
+
 # CuPy NCCL
+_NCCL_TYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+               "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+               "int64": "NCCL_INT64", "uint64": "NCCL_UINT64"}
+# what torch.from_dlpack takes from NumPy / CuPy
+_TORCH_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+                 "complex64", "complex128")
+
+
 def _nccl_args(buf: Any) -> tuple[int, int, int, int]:
     """``(pointer, count, NCCL datatype, current stream pointer)`` of a CuPy buffer."""
     import cupy
     from cupy.cuda import nccl
-    types = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
-             "int64": nccl.NCCL_INT64}
-    return buf.data.ptr, buf.size, types[str(buf.dtype)], cupy.cuda.get_current_stream().ptr
+    dtype = getattr(nccl, _NCCL_TYPES[str(buf.dtype)])
+    return buf.data.ptr, buf.size, dtype, cupy.cuda.get_current_stream().ptr
 
 
 def _nccl_allreduce_sum(comm: Any, buf: Any) -> None:
@@ -97,10 +143,38 @@ def _nccl_broadcast(comm: Any, buf: Any, root: int) -> None:
     comm.bcast(ptr, count, dtype, root, stream)
 
 
+def _nccl_allreduce_max(comm: Any, vector: np.ndarray) -> np.ndarray:
+    import cupy
+    from cupy.cuda import nccl
+    buf = cupy.asarray(vector)
+    ptr, count, dtype, stream = _nccl_args(buf)
+    comm.allReduce(ptr, ptr, count, dtype, nccl.NCCL_MAX, stream)
+    return buf.get()        # waits for the current stream
+
+
+def _nccl_allgather(comm: Any, vector: np.ndarray) -> np.ndarray:
+    import cupy
+    send = cupy.asarray(vector)
+    out = cupy.empty((comm.size(), vector.size), dtype=vector.dtype)
+    ptr, count, dtype, stream = _nccl_args(send)
+    comm.allGather(ptr, out.data.ptr, count, dtype, stream)
+    return out.get()
+
+
 # torch.distributed
 def _tensor_view(buf: Any) -> Any:
     import torch
     return torch.from_dlpack(buf)      # zero-copy: the tensor aliases buf's memory
+
+
+def _torch_check(group: Any) -> None:
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized (or was destroyed); call "
+                           "torch.distributed.init_process_group(...) first")
+    if dist.get_rank(group) < 0:
+        raise ValueError("comm is a torch.distributed process group this process is not a member of; "
+                         "expected a group containing this rank (e.g. torch.distributed.group.WORLD)")
 
 
 def _torch_allreduce_sum(group: Any, buf: Any) -> None:
@@ -118,33 +192,102 @@ def _torch_size(group: Any) -> int:
     return dist.get_world_size(group)
 
 
+def _torch_rank(group: Any) -> int:
+    import torch.distributed as dist
+    return dist.get_rank(group)
+
+
+def _torch_host_tensor(group: Any, vector: np.ndarray) -> Any:
+    """``vector`` as a tensor on a device the group's backend reduces (CPU for gloo and MPI, else CUDA)."""
+    import torch
+    import torch.distributed as dist
+    backend = str(dist.get_backend(group))
+    on_cpu = "gloo" in backend or "mpi" in backend
+    return torch.from_numpy(vector).to("cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}")
+
+
+def _torch_allreduce_max(group: Any, vector: np.ndarray) -> np.ndarray:
+    import torch.distributed as dist
+    tensor = _torch_host_tensor(group, vector)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor.cpu().numpy()
+
+
+def _torch_allgather(group: Any, vector: np.ndarray) -> np.ndarray:
+    import torch
+    import torch.distributed as dist
+    tensor = _torch_host_tensor(group, vector)
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, tensor, group=group)
+    return torch.stack(out).cpu().numpy()
+
+
+def _nothing_to_check(comm: Any) -> None:
+    return None
+
+
 _BACKENDS = (
-    _Backend("mpi4py", _isinstance_of("mpi4py.MPI", "Comm"), lambda c: c.Get_size(),
-             _mpi_allreduce_sum, _mpi_broadcast, "numpy"),
-    _Backend("nccl", _isinstance_of("cupy.cuda.nccl", "NcclCommunicator"), lambda c: c.size(),
-             _nccl_allreduce_sum, _nccl_broadcast, "cupy"),
-    _Backend("torch.distributed", _isinstance_of("torch.distributed", "ProcessGroup"), _torch_size,
-             _torch_allreduce_sum, _torch_broadcast, "any"),
+    _Backend("mpi4py", _isinstance_of("mpi4py.MPI", "Comm"), _mpi_check, lambda c: c.Get_size(),
+             lambda c: c.Get_rank(), _mpi_allreduce_sum, _mpi_broadcast, _mpi_allreduce_max, _mpi_allgather,
+             "numpy"),
+    _Backend("nccl", _isinstance_of("cupy.cuda.nccl", "NcclCommunicator"), _nothing_to_check,
+             lambda c: c.size(), lambda c: c.rank_id(), _nccl_allreduce_sum, _nccl_broadcast,
+             _nccl_allreduce_max, _nccl_allgather, "cupy", tuple(_NCCL_TYPES)),
+    _Backend("torch.distributed", _isinstance_of("torch.distributed", "ProcessGroup"), _torch_check,
+             _torch_size, _torch_rank, _torch_allreduce_sum, _torch_broadcast, _torch_allreduce_max,
+             _torch_allgather, "any", _TORCH_DTYPES),
 )
 
 
 def _backend_for(comm: Any) -> _Backend:
+    """The row of ``comm``'s kind, after checking that ``comm`` is usable now."""
     for backend in _BACKENDS:
         if backend.matches(comm):
+            backend.check(comm)
             return backend
     raise TypeError(f"comm has type {type(comm).__module__}.{type(comm).__name__}; expected {ACCEPTED}")
 
 
+def _agreed(call: str, backend: _Backend, comm: Any, plan: Callable[[], tuple[list[str], list[Any]]],
+            root: int = 0) -> list[Any]:
+    """``plan()``'s buffers once every rank has described the same call (see agreement.py).
+
+    A rank whose ``plan()`` raises still takes part (with no buffers), so the other ranks raise too
+    instead of waiting in a collective it will never make; it then raises its own error.
+    """
+    try:
+        names, buffers = plan()
+        refused: Exception | None = None
+    except Exception as err:  # noqa: BLE001 - whatever stops this rank, the others must hear of it
+        names, buffers, refused = [], [], err
+    collectives = Collectives(backend.rank(comm), lambda v: backend.allreduce_max(comm, v),
+                              lambda v: backend.allgather(comm, v))
+    try:
+        agree(call, names, buffers, collectives, root if refused is None else -1, refused is not None)
+    except ValueError:
+        if refused is None:
+            raise
+    if refused is not None:
+        raise refused
+    return buffers
+
+
 # -- buffers ----------------------------------------------------------------------------------------------
-def _flat_buffers(tree: Any, what: str, backend: _Backend) -> list[Any]:
-    """The contiguous buffers of a PackedParams / array or a list/tuple of them, checked for ``backend``."""
+def _flat_buffers(tree: Any, what: str, backend: _Backend) -> list[tuple[str, Any]]:
+    """``(name, contiguous buffer)`` of a PackedParams / array or of each of a list/tuple of them."""
+    if isinstance(tree, dict):
+        raise TypeError(f"{what} is a dict; expected an array, a PackedParams, or a list/tuple of them "
+                        f"(pass list({what}.values()))")
     items = list(tree) if isinstance(tree, (list, tuple)) else [tree]
     out = []
     for i, item in enumerate(items):
         name = what if not isinstance(tree, (list, tuple)) else f"{what}[{i}]"
+        if isinstance(item, np.generic):
+            raise TypeError(f"{name} is a NumPy scalar ({type(item).__name__}), which cannot be updated in "
+                            "place; expected an array (e.g. np.atleast_1d(x), kept and reused)")
         buf = item.data if isinstance(item, PackedParams) else as_array(item, name)
         _check_reducible(name, buf, backend)
-        out.append(buf)
+        out.append((name, buf))
     return out
 
 
@@ -156,6 +299,13 @@ def _check_reducible(name: str, buf: Any, backend: _Backend) -> None:
     if backend.buffer_kind == "cupy" and not on_gpu:
         raise TypeError(f"{name} is a {type(buf).__module__}.{type(buf).__name__}; a {backend.name} "
                         "communicator takes CuPy buffers")
+    dtype = np.dtype(buf.dtype)
+    if not dtype.isnative:
+        raise TypeError(f"{name} has dtype {dtype.str} (non-native byte order); expected a native-order "
+                        f"dtype (convert with .astype({dtype.newbyteorder('=').str!r}))")
+    if backend.dtypes is not None and dtype.name not in backend.dtypes:
+        raise TypeError(f"{name} has dtype {dtype.name}; a {backend.name} communicator reduces "
+                        f"{', '.join(backend.dtypes)} (convert explicitly)")
     if not buf.flags.c_contiguous:
         raise ValueError(f"{name} with shape {tuple(buf.shape)} is not C-contiguous; expected a contiguous "
                          "buffer (gradients from value_and_grad are)")
@@ -163,25 +313,36 @@ def _check_reducible(name: str, buf: Any, backend: _Backend) -> None:
         raise ValueError(f"{name} is read-only; expected a writeable buffer (it is updated in place)")
 
 
+def _unzip(named: list[tuple[str, Any]]) -> tuple[list[str], list[Any]]:
+    return [name for name, _ in named], [buf for _, buf in named]
+
+
 # -- public API -------------------------------------------------------------------------------------------
 def allreduce_mean(grads: Any, comm: Any) -> None:
     """Average ``grads`` in place across the ranks of ``comm``: one all-reduce per flat buffer.
 
     ``grads``: a PackedParams, an array, or a list/tuple of them (what ``value_and_grad`` returns).
-    Every rank must call this with buffers of the same shapes and dtypes, in the same order. A list is
-    reduced one buffer at a time, without staging copies: measured faster than packing the list into one
-    buffer for one all-reduce (bench/bench_allreduce.py, bench/RESULTS.md).
+    Every rank must call this with buffers of the same shapes and dtypes, in the same order: one small
+    collective checks that first, and a disagreement raises a ``ValueError`` on every rank naming the
+    buffer, its shape and dtype here and on the rank that differs (see agreement.py). A list is reduced
+    one buffer at a time, without staging copies: measured faster than packing the list into one buffer
+    for one all-reduce (bench/bench_allreduce.py, bench/RESULTS.md).
     """
     backend = _backend_for(comm)
-    buffers = _flat_buffers(grads, "grads", backend)
+    buffers = _agreed("allreduce_mean", backend, comm, lambda: _unzip(_gradient_buffers(grads, backend)))
     size = backend.size(comm)
-    for buf in buffers:
-        if np.dtype(buf.dtype).kind != "f":
-            raise TypeError(f"a gradient buffer has dtype {buf.dtype}; expected a floating dtype")
     for buf in buffers:
         backend.allreduce_sum(comm, buf)
         if size != 1:
             buf /= size
+
+
+def _gradient_buffers(grads: Any, backend: _Backend) -> list[tuple[str, Any]]:
+    named = _flat_buffers(grads, "grads", backend)
+    for name, buf in named:
+        if np.dtype(buf.dtype).kind != "f":
+            raise TypeError(f"{name} has dtype {buf.dtype}; expected a floating dtype (a gradient)")
+    return named
 
 
 def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
@@ -193,39 +354,54 @@ def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
 
         for item in flatten(tree):
             item[...] = item on rank root
+
+    Every rank must pass the same root and buffers of the same shapes and dtypes: checked first, as in
+    ``allreduce_mean``.
     """
     backend = _backend_for(comm)
-    size = backend.size(comm)
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < size:
-        raise ValueError(f"root = {root!r}; expected a rank in 0..{size - 1}")
-    buffers, counters = _broadcast_plan(tree, backend)
-    for buf in buffers:
+    counters: list[tuple[Optimizer, Any]] = []
+
+    def plan() -> tuple[list[str], list[Any]]:
+        _check_root(root, backend.size(comm))
+        named, found = _broadcast_plan(tree, backend)
+        counters.extend(found)
+        return _unzip(named)
+
+    for buf in _agreed("broadcast_from_root", backend, comm, plan, root):
         backend.broadcast(comm, buf, root)
     for opt, counter in counters:
         opt.step_count = int(counter.get()[0] if is_cupy_array(counter) else counter[0])
 
 
-def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[Any], list[tuple[Optimizer, Any]]]:
-    """Every buffer to broadcast, and a one-element step-count buffer per optimizer (also in the list)."""
-    items = list(tree) if isinstance(tree, (list, tuple)) else [tree]
-    buffers: list[Any] = []
+def _check_root(root: Any, size: int) -> None:
+    if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise ValueError(f"root = {root!r}; expected a rank in 0..{size - 1} (an int)")
+
+
+def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]], list[tuple[Any, Any]]]:
+    """Every ``(name, buffer)`` to broadcast; ``(optimizer, its one-element step-count buffer)`` each."""
+    is_list = isinstance(tree, (list, tuple))
+    items = list(tree) if is_list else [tree]
+    named: list[tuple[str, Any]] = []
     counters: list[tuple[Optimizer, Any]] = []
     for i, item in enumerate(items):
+        where = f"tree[{i}]" if is_list else "tree"
         if not isinstance(item, Optimizer):
-            buffers += _flat_buffers(item, f"tree[{i}]", backend)
+            named += _flat_buffers(item, where, backend)
             continue
-        buffers += _flat_buffers(item._params, f"tree[{i}].params", backend)
+        named += _flat_buffers(item._params, f"{where}.params", backend)
         for j, state in enumerate(item.state):
             for key in sorted(state):
-                _check_reducible(f"tree[{i}].state[{j}][{key!r}]", state[key], backend)
-                buffers.append(state[key])
+                name = f"{where}.state[{j}][{key!r}]"
+                _check_reducible(name, state[key], backend)
+                named.append((name, state[key]))
         counter = np.array([item.step_count], dtype=np.int64)
         if backend.buffer_kind == "cupy":
             import cupy
             counter = cupy.asarray(counter)
-        buffers.append(counter)
+        named.append((f"{where}.step_count", counter))
         counters.append((item, counter))
-    return buffers, counters
+    return named, counters
 
 
 @contextlib.contextmanager
@@ -239,6 +415,11 @@ def abort_on_error(comm: Any, errorcode: int = 1) -> Iterator[None]:
     if not _BACKENDS[0].matches(comm):
         raise TypeError(f"comm has type {type(comm).__module__}.{type(comm).__name__}; expected an "
                         "mpi4py.MPI.Comm")
+    _BACKENDS[0].check(comm)
+    if isinstance(errorcode, (bool, np.bool_)) or not isinstance(errorcode, (int, np.integer)) or not (
+            1 <= errorcode <= 255):
+        raise ValueError(f"errorcode = {errorcode!r}; expected an int in 1..255 (the exit status mpiexec "
+                         "reports; 0 would report success)")
     try:
         yield
     except Exception:

@@ -27,7 +27,8 @@ from ..autodiff.bias_act import dense_bias_act
 from ..autodiff.tape import value_of
 from ..core.backend import get_xp, module_for
 from ..core.params import PackedParams
-from ..core.spec import RNNSpec
+from ..core.spec import RNNSpec, _check_flag, _check_positive_int, _normalize_dtype, check_seed
+from ..engines import engine_names
 
 
 def _check_layer_params(name: str, params: Any, shape: tuple[int, ...], dtype: str) -> None:
@@ -50,12 +51,13 @@ class Dense:
             if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
                 raise ValueError(f"Dense: {name} = {n!r}; expected an integer >= 1")
         in_features, out_features = int(in_features), int(out_features)
-        self.in_features, self.out_features, self.bias = in_features, out_features, bool(bias)
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = _check_flag("bias", bias)
         self.activation = get_activation(activation)
-        self.dtype = str(np.dtype(dtype))
+        self.dtype = _normalize_dtype(dtype)
         size = out_features * in_features + (out_features if self.bias else 0)
         bound = 1.0 / math.sqrt(in_features)
-        host = np.random.default_rng(seed).uniform(-bound, bound, size).astype(self.dtype)
+        host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, size).astype(self.dtype)
         self.params = module_for(xp).asarray(host)
 
     @property
@@ -98,12 +100,14 @@ class Embedding:
             if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
                 raise ValueError(f"Embedding: {name} = {n!r}; expected an integer >= 1")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.dtype = str(np.dtype(dtype))
-        host = np.random.default_rng(seed).standard_normal((num_embeddings, embedding_dim)).astype(self.dtype)
+        self.dtype = _normalize_dtype(dtype)
+        rng = np.random.default_rng(check_seed(seed))
+        host = rng.standard_normal((num_embeddings, embedding_dim)).astype(self.dtype)
         self.params = module_for(xp).asarray(host)
 
     def apply(self, params: Any, ids: Any) -> Any:
         _check_layer_params("Embedding", params, (self.num_embeddings, self.embedding_dim), self.dtype)
+        _check_no_negative_ids(ids, self.num_embeddings)
         return ops.take(params, ids, axis=0)
 
     def __call__(self, ids: Any) -> Any:
@@ -113,12 +117,22 @@ class Embedding:
         return f"Embedding({self.num_embeddings}, {self.embedding_dim}, dtype={self.dtype})"
 
 
+def _check_no_negative_ids(ids: Any, num_embeddings: int) -> None:
+    """Refuse negative ids (``take`` would count them from the end; torch.nn.Embedding refuses them)."""
+    array = ids if hasattr(ids, "dtype") and hasattr(ids, "min") else np.asarray(ids)
+    if np.dtype(array.dtype).kind in "iu" and array.size and int(array.min()) < 0:
+        raise ValueError(f"Embedding: ids has the entry {int(array.min())}; expected ids in "
+                         f"0..{num_embeddings - 1}")
+
+
 class _Recurrent:
     """A recurrent stack (all layers and directions) over one PackedParams; calls ``ar.ops.rnn``."""
 
     def __init__(self, spec: RNNSpec, *, batch_first: bool, seed: int | None, xp: ModuleType, engine: str):
+        if not isinstance(engine, str) or engine not in engine_names():
+            raise ValueError(f"{type(self).__name__}: engine = {engine!r}; expected one of {engine_names()}")
         self.spec = spec
-        self.batch_first = bool(batch_first)
+        self.batch_first = _check_flag("batch_first", batch_first)
         self.engine = engine
         self.params = PackedParams.init(spec, seed=seed, xp=xp)
 
@@ -126,6 +140,9 @@ class _Recurrent:
               c0: Any = None, *, seed: int | None = None) -> tuple[Any, Any, Any]:
         """``(y, h_n, c_n)`` (``c_n`` None unless LSTM); shapes and semantics of ``ar.rnn_forward``.
         ``seed`` seeds inter-layer dropout when differentiating a stack with ``dropout > 0``."""
+        if not isinstance(params, (PackedParams, TracedParams)):
+            raise TypeError(f"{type(self).__name__}: params has type {type(params).__name__}; expected a "
+                            "PackedParams (this layer's .params, or the traced one value_and_grad passes)")
         if params.spec != self.spec:
             raise ValueError(f"{type(self).__name__}: params.spec = {params.spec}; expected this "
                              f"layer's spec "
@@ -147,6 +164,7 @@ class _Recurrent:
 
     def initial_state(self, batch_size: int) -> tuple[Any, Any]:
         """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` None unless LSTM)."""
+        batch_size = _check_positive_int("batch_size", batch_size, minimum=0)
         xp = get_xp(self.params.data)
         s = self.spec
         h0 = xp.zeros(s.state_shape(batch_size), dtype=s.dtype)
@@ -158,38 +176,52 @@ class _Recurrent:
 
 
 class LSTM(_Recurrent):
-    """A stacked (optionally bidirectional, projected, cell-clipped) LSTM; PyTorch's ``nn.LSTM`` weights."""
+    """A stacked (optionally bidirectional, projected, cell-clipped) LSTM; PyTorch's ``nn.LSTM`` weights.
+
+    Cell variants (``arrayrnn.RNNSpec``'s fields of the same names): ``recurrent_dropout``,
+    ``weight_dropout`` (DropConnect on ``W_hh``) and zoneout (``zoneout`` of h, ``zoneout_cell`` of c,
+    default ``zoneout``) act under differentiation (training); zoneout's expectation and ``peepholes``
+    always."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool | str = True,
                  bidirectional: bool = False, proj_size: int = 0, cell_clip: Any = None, dropout: float = 0.0,
-                 batch_first: bool = False, dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np,
-                 engine: str = "auto"):
+                 recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, zoneout: float = 0.0,
+                 zoneout_cell: float | None = None, peepholes: bool = False, batch_first: bool = False,
+                 dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np, engine: str = "auto"):
         spec = RNNSpec("lstm", input_size, hidden_size, num_layers, bidirectional, bias, proj_size, cell_clip,
-                       dropout, dtype=dtype)
+                       dropout, dtype=dtype, recurrent_dropout=recurrent_dropout,
+                       weight_dropout=weight_dropout, zoneout=zoneout, zoneout_cell=zoneout_cell,
+                       peepholes=peepholes)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)
 
 
 class GRU(_Recurrent):
-    """A stacked GRU; ``reset_after=True`` is the cuDNN/PyTorch variant."""
+    """A stacked GRU; ``reset_after=True`` is the cuDNN/PyTorch variant. Cell variants as :class:`LSTM`'s
+    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool | str = True,
                  bidirectional: bool = False, reset_after: bool = True, dropout: float = 0.0,
+                 recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, zoneout: float = 0.0,
                  batch_first: bool = False, dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np,
                  engine: str = "auto"):
         spec = RNNSpec("gru", input_size, hidden_size, num_layers, bidirectional, bias, dropout=dropout,
-                       reset_after=reset_after, dtype=dtype)
+                       reset_after=reset_after, dtype=dtype, recurrent_dropout=recurrent_dropout,
+                       weight_dropout=weight_dropout, zoneout=zoneout)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)
 
 
 class RNN(_Recurrent):
-    """A stacked Elman RNN with ``nonlinearity`` ``"tanh"`` or ``"relu"``."""
+    """A stacked Elman RNN with ``nonlinearity`` ``"tanh"`` or ``"relu"``. Cell variants as :class:`LSTM`'s
+    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, nonlinearity: str = "tanh",
                  bias: bool | str = True, bidirectional: bool = False, dropout: float = 0.0,
+                 recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, zoneout: float = 0.0,
                  batch_first: bool = False, dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np,
                  engine: str = "auto"):
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN: nonlinearity = {nonlinearity!r}; expected 'tanh' or 'relu'")
         spec = RNNSpec(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bidirectional, bias,
-                       dropout=dropout, dtype=dtype)
+                       dropout=dropout, dtype=dtype, recurrent_dropout=recurrent_dropout,
+                       weight_dropout=weight_dropout, zoneout=zoneout)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)

@@ -44,6 +44,28 @@ def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
     return single, out
 
 
+def _check_updatable(single: bool, buffers: list[Any]) -> None:
+    """Parameters are updated in place: no NumPy scalars (a copy would be updated), no buffer twice."""
+    seen: dict[tuple[int, tuple[int, ...]], int] = {}
+    for i, buf in enumerate(buffers):
+        name = "params" if single else f"params[{i}]"
+        if isinstance(buf, np.generic):
+            raise TypeError(f"{name} is a NumPy scalar ({type(buf).__name__}), which cannot be updated in "
+                            "place; expected an array")
+        key = (_address(buf), tuple(buf.shape))
+        if key in seen:
+            raise ValueError(f"{name} is the same buffer as params[{seen[key]}]; expected each parameter "
+                             "once (it would be updated twice per step; PyTorch warns that this will become "
+                             "an error)")
+        seen[key] = i
+
+
+def _address(buf: Any) -> int:
+    """The first byte of ``buf`` (NumPy or CuPy), or its id when it exposes no address."""
+    interface = getattr(buf, "__array_interface__", None) or getattr(buf, "__cuda_array_interface__", None)
+    return interface["data"][0] if interface else id(buf)
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
@@ -65,10 +87,20 @@ class Optimizer:
     def __init__(self, params: Any, lr: float):
         self.params = params
         self._single, self._params = _buffers(params, "params")
-        self.lr = _check_number("lr", lr)
+        _check_updatable(self._single, self._params)
+        self.lr = lr
         self.step_count = 0
         self.state = [{name: get_xp(p).zeros_like(p) for name in self.state_names} for p in self._params]
         self._scratch: list[tuple[Any, Any] | None] = [None] * len(self._params)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate; may be changed between steps (a schedule), checked on assignment."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = _check_number("lr", value)
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {"lr": self.lr}
@@ -121,6 +153,10 @@ class Optimizer:
         """Restore what :meth:`state_dict` returned (validated against this optimizer's buffers)."""
         if not isinstance(state_dict, dict):
             raise ValueError(f"state_dict is a {type(state_dict).__name__}; expected a dict")
+        expected_keys = {"type", "hyperparameters", "step", "state"}
+        if set(state_dict) != expected_keys:
+            raise ValueError(f"state_dict has entries {sorted(map(str, state_dict))}; expected "
+                             f"{sorted(expected_keys)}, as Optimizer.state_dict() returns")
         kind = state_dict.get("type")
         if kind != type(self).__name__:
             raise ValueError(f"state_dict is for optimizer {kind!r}; this one is {type(self).__name__!r}")
@@ -129,8 +165,9 @@ class Optimizer:
             raise ValueError(f"state_dict has state for {len(states) if isinstance(states, list) else 'no'} "
                              f"buffers; this optimizer has {len(self._params)}")
         step = state_dict.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"state_dict['step'] = {step!r}; expected an integer >= 0")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+            raise ValueError(f"state_dict['step'] = {step!r}; expected an integer in [0, 2**63) (a file "
+                             "stores it as int64)")
         fresh = self._fresh_from(state_dict.get("hyperparameters"))
         for i, (saved, mine) in enumerate(zip(states, fresh.state, strict=True)):
             if not isinstance(saved, dict) or set(saved) != set(mine):
@@ -169,20 +206,29 @@ class Optimizer:
         npzfile.write(path, KIND, VERSIONS[-1], header, arrays)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore the state written by :meth:`save` (a damaged or foreign file is a ``ValueError``; the
-        optimizer is unchanged then)."""
-        header, arrays = npzfile.read(path, KIND, VERSIONS)
+        """Restore the state written by :meth:`save` (a damaged or foreign file, or one saved for other
+        buffers, is a ``ValueError`` naming the file; the optimizer is unchanged then). Each state array's
+        declared shape and dtype are checked against its parameter before the array is read."""
+        header, arrays = npzfile.read(path, KIND, VERSIONS, expect=lambda h: self._expected_arrays(path, h))
+        names = header["names"]
+        state = [{k: arrays[f"state/{i}/{k}"] for k in n} for i, n in enumerate(names)]
+        try:
+            self.load_state_dict({"type": header.get("type"), "step": header.get("step"), "state": state,
+                                  "hyperparameters": header.get("hyperparameters")})
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def _expected_arrays(self, path: Any, header: dict[str, Any]) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        """``{member: (dtype, shape)}`` a file's header announces, each state array like its parameter."""
         names = header.get("names")
         if not isinstance(names, list) or not all(
                 isinstance(n, list) and all(isinstance(k, str) for k in n) for n in names):
             raise ValueError(f"{path}: header 'names' = {names!r}; expected a list of lists of state names")
-        missing = sorted(f"state/{i}/{k}" for i, n in enumerate(names) for k in n
-                         if f"state/{i}/{k}" not in arrays)
-        if missing:
-            raise ValueError(f"{path}: the header names arrays {missing} that the file does not hold")
-        state = [{k: arrays[f"state/{i}/{k}"] for k in n} for i, n in enumerate(names)]
-        self.load_state_dict({"type": header.get("type"), "hyperparameters": header.get("hyperparameters"),
-                              "step": header.get("step"), "state": state})
+        if len(names) != len(self._params):
+            raise ValueError(f"{path}: holds state for {len(names)} buffers; this optimizer has "
+                             f"{len(self._params)}")
+        return {f"state/{i}/{k}": (np.dtype(p.dtype), tuple(p.shape))
+                for i, (n, p) in enumerate(zip(names, self._params, strict=True)) for k in n}
 
 
 class SGD(Optimizer):

@@ -106,7 +106,8 @@ def host(obj: Any) -> Any:
     if isinstance(obj, PackedParams):
         return obj if get_xp(obj.data) is np else obj.to(np)
     if isinstance(obj, RNNResult):
-        return replace(obj, y=to_host(obj.y), h_n=to_host(obj.h_n), c_n=host(obj.c_n))
+        return replace(obj, y=to_host(obj.y), h_n=to_host(obj.h_n), c_n=host(obj.c_n), h_all=host(obj.h_all),
+                       c_all=host(obj.c_all))
     if isinstance(obj, RNNGrads):
         return replace(obj, dx=to_host(obj.dx), dh0=to_host(obj.dh0), dc0=host(obj.dc0),
                        dparams=host(obj.dparams))
