@@ -187,9 +187,13 @@ def test_numba_and_cudnn_decline_each_variant_with_its_reason_and_auto_takes_the
         call = probe_call(plain.replace(**fields), training=training, all_states=all_states)
         numba = engine_unavailable_reason("numba", call)
         phrase = next(iter(fields), "return_all_states")
-        assert numba is not None and phrase in numba and "not yet on the numba engine" in numba
         assert phrase in (cudnn_format.variant_refusal(call) or cudnn_format.refusal(call.spec))
         case = make_case(call.spec, 3, 2)
+        if phrase in ("recurrent_dropout", "weight_dropout", "return_all_states"):  # on numba (its own tests)
+            assert numba is None
+            assert forward(case, "auto", training=training, return_all_states=all_states).engine == "numba"
+            continue
+        assert numba is not None and phrase in numba and "not yet on the numba engine" in numba
         assert forward(case, "auto", training=training, return_all_states=all_states).engine == "reference"
     # inference ignores the dropouts: numba runs that call
     assert engine_unavailable_reason("numba", probe_call(plain.replace(recurrent_dropout=0.5,

@@ -47,6 +47,14 @@ def _c(a: Array) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def _mask_args(w: DirectionWeights, dtype: Any, B: int, with_buffer: bool = True) -> tuple:
+    """The kernels' recurrent-dropout arguments: ``(masked, h_mask[, hm buffer])``, zero-size when off."""
+    if w.h_mask is None:
+        return (False, _absent(dtype, 2)) + ((_absent(dtype, 2),) if with_buffer else ())
+    h_mask = _c(w.h_mask).astype(dtype, copy=False)
+    return (True, h_mask) + ((np.empty((B, h_mask.shape[1]), dtype),) if with_buffer else ())
+
+
 def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The r, z rows and the n rows of a GRU's ``W_hh`` (the reset-before GRU multiplies them apart)."""
     return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
@@ -75,7 +83,7 @@ class NumbaKernel:
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
             nk.lstm_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p, project, h, c, y,
                                  np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
-                                 dtype.type(hi), scratch)
+                                 dtype.type(hi), *_mask_args(w, dtype, B), scratch)
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
             return DirectionForward(y, h, c, cache if keep_cache else None)
         if spec.mode == "gru":
@@ -88,16 +96,18 @@ class NumbaKernel:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
             nk.gru_forward_loop(0, B, xw, bs, reverse, *packed, spec.reset_after, b_hn, h, y,
-                                np.empty((B, 3 * H), dtype), keep_hn, hn_all, scratch)
+                                np.empty((B, 3 * H), dtype), keep_hn, hn_all, *_mask_args(w, dtype, B),
+                                scratch)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
-        nk.rnn_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, y, scratch)
+        nk.rnn_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, y,
+                            *_mask_args(w, dtype, B), scratch)
         return DirectionForward(y, h, None, DirectionCache() if keep_cache else None)
 
     # -- backward -------------------------------------------------------------------------------
     def backward(self, spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
                  c_prev: Array | None, dy: Array, dh_n: Array, dc_n: Array | None, batch_sizes: np.ndarray,
-                 reverse: bool) -> DirectionGrads:
+                 reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
         dy = _c(dy)
         T, B, _ = dy.shape
         dtype = dy.dtype
@@ -106,6 +116,7 @@ class NumbaKernel:
         scratch = new_scratch(dtype)
         H = spec.hidden_size
         cache = fwd.cache
+        masks = _mask_args(w, dtype, B, with_buffer=False)
         if spec.mode == "lstm":
             dc = np.array(dc_n, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
@@ -115,9 +126,11 @@ class NumbaKernel:
             lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
             W_hr_p = pack_b(w.W_hr) if project else _no_packed(dtype)
             tanh_c = _c(cache.tanh_c) if project else _absent(dtype, 3)
+            seq = (True, _c(dc_seq)) if dc_seq is not None else (False, _absent(dtype, 3))
             nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cache.c), _c(c_prev), tanh_c, bs, reverse,
                                   pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
-                                  np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), scratch)
+                                  np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks,
+                                  *seq, scratch)
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
@@ -130,11 +143,11 @@ class NumbaKernel:
                 packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
             drh = np.empty((B, H), dtype)
             nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed,
-                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, scratch)
+                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, scratch)
             return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
         nk.rnn_backward_loop(0, B, _c(fwd.y), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy, dh,
-                             d_pre, scratch)
+                             d_pre, *masks, scratch)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 
 
@@ -142,6 +155,10 @@ class NumbaKernel:
 # BLAS call that small gains nothing from BLAS's threads, and on a busy machine waiting on them cost
 # more than the product (S3: 23 ms for a 200x64 @ 64x512 projection, its time loop 3 ms)
 PACKED_PROJECTION_MAX = 1 << 24
+
+
+# the cell variants the numba kernels run (call_variants' phrases); the others are declined per call
+_ON_NUMBA = ("recurrent_dropout=", "weight_dropout=", "return_all_states=")
 
 
 class NumbaEngine(StackEngine):
@@ -170,7 +187,7 @@ class NumbaEngine(StackEngine):
             blas_binding()
         except BlasNotFoundError as err:
             return f"the numba engine calls NumPy's BLAS from compiled code, but {err}"
-        variants = call_variants(call)
+        variants = [v for v in call_variants(call) if not v.startswith(_ON_NUMBA)]
         if variants:
             return f"{', '.join(variants)}: not yet on the numba engine (use engine='reference')"
         return None

@@ -150,6 +150,32 @@ def _step_time(s, T, reverse):
     return T - 1 - s if reverse else s
 
 
+@register_jitable(inline="always")
+def _masked_rows(h, h_mask, hm, r0, n):
+    """``hm[r0:n] = h[r0:n] * h_mask[r0:n]``: the recurrent-dropout-masked state the step's GEMM reads."""
+    for b in range(r0, n):
+        hb, mb, out = h[b], h_mask[b], hm[b]
+        for j in range(hb.shape[0]):
+            out[j] = hb[j] * mb[j]
+
+
+@register_jitable(inline="always")
+def _add_masked(src, h_mask, dh, r0, n):
+    """``dh[r0:n] += src[r0:n] * h_mask[r0:n]``: a GEMM's gradient of the masked state, into the carry."""
+    for b in range(r0, n):
+        sb, mb, out = src[b], h_mask[b], dh[b]
+        for j in range(sb.shape[0]):
+            out[j] += sb[j] * mb[j]
+
+
+@register_jitable(inline="always")
+def _scale_rows(dh, h_mask, r0, n):
+    for b in range(r0, n):
+        db, mb = dh[b], h_mask[b]
+        for j in range(db.shape[0]):
+            db[j] *= mb[j]
+
+
 # -- LSTM -----------------------------------------------------------------------------------------
 @register_jitable(inline="always")
 def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
@@ -181,12 +207,13 @@ def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, cli
 
 @simd_jit(**_JIT)
 def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y, m, keep, c_all, tanh_c_all,
-                      clip_lo, clip_hi, scratch):
+                      clip_lo, clip_hi, masked, h_mask, hm, scratch):
     """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
     ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
     ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only).
     ``W_hh_p = pack_b(W_hh.T, gates=4)``, ``W_hr_p = pack_b(W_hr.T)``. Per step, per unit group and
-    row tile: the tile's four gates (one GEMM tile) and at once their gate math."""
+    row tile: the tile's four gates (one GEMM tile) and at once their gate math. ``masked``: recurrent
+    dropout, the GEMM reads ``hm = h * h_mask (B,H_out)`` (else both are zero-size)."""
     T = xw.shape[0]
     H = c.shape[1]
     mr_max = ROWS_BY_NV[4]
@@ -195,10 +222,13 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
         n = min(bs[t], r1)
         if n > r0:
             gates = xw[t]
+            if masked:
+                _masked_rows(h, h_mask, hm, r0, n)
+            src = hm if masked else h
             for i0 in range(r0, n, mr_max):
                 i1 = min(n, i0 + mr_max)
                 for u in range(W_hh_p.shape[0] // 4):
-                    gate_group(h, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
+                    gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
                 _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
             if keep:
                 for b in range(r0, n):
@@ -216,12 +246,15 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
 
 @simd_jit(**_JIT)
 def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh_p, W_hr_p, project,
-                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, scratch):
+                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, masked, h_mask, has_seq,
+                       dc_seq, scratch):
     """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
     forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
     (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
     out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection.
-    ``W_hh_p = pack_b(W_hh)``, ``W_hr_p = pack_b(W_hr)``."""
+    ``W_hh_p = pack_b(W_hh)``, ``W_hr_p = pack_b(W_hr)``. ``masked``: recurrent dropout, the GEMM's
+    ``dh`` times ``h_mask (B,H_out)``; ``has_seq``: ``dc_seq (T,B,H)``, every step's cell cotangent
+    (``return_all_states``), joins the carry (both zero-size when off)."""
     T = gates.shape[0]
     H = dc.shape[1]
     one = one_of(gates)
@@ -229,6 +262,11 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if has_seq:
+                for b in range(r0, n):
+                    dcb, seq = dc[b], dc_seq[t, b]
+                    for j in range(H):
+                        dcb[j] += seq[j]
             if project:
                 for b in range(r0, n):
                     dhb, dyb, out = dh[b], dy[t, b], d_h[t, b]
@@ -256,6 +294,8 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
                     d[LSTM_O * H + j] = do
                     dcb[j] = dcp
             gemm(dpre_in[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            if masked:
+                _scale_rows(dh, h_mask, r0, n)
         dpre_in[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
@@ -288,13 +328,14 @@ def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
 
 @simd_jit(**_JIT)
 def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, b_hn, h, y, hh, keep,
-                     hn_all, scratch):
+                     hn_all, masked, h_mask, hm, scratch):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
     ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
     ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after).
     Reset-after: ``W_hh_p = pack_b(W_hh.T, gates=3)``, one fused tile per unit group and row tile.
     Reset-before: ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (``pack_b(W.T)``);
-    the n product needs every unit's ``r * h`` first, so it runs after the r, z product."""
+    the n product needs every unit's ``r * h`` first, so it runs after the r, z product. ``masked``:
+    recurrent dropout, the products read ``hm = h * h_mask (B,H)`` (``z * h`` keeps the carried ``h``)."""
     T = xw.shape[0]
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -302,17 +343,20 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if masked:
+                _masked_rows(h, h_mask, hm, r0, n)
+            src = hm if masked else h
             if reset_after:
                 mr_max = ROWS_BY_NV[3]
                 for i0 in range(r0, n, mr_max):
                     i1 = min(n, i0 + mr_max)
                     for u in range(W_hh_p.shape[0] // 3):
-                        gate_group(h, i0, i1 - i0, W_hh_p, 3, u, hh, False, scratch)
+                        gate_group(src, i0, i1 - i0, W_hh_p, 3, u, hh, False, scratch)
                     _gru_after_tile(xw, t, i0, i1, 0, H, H, h, hh, b_hn, y, hn_all, keep)
             else:
-                gemm(h[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
+                gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
                 for b in range(r0, n):
-                    g, hb, q = xw[t, b], h[b], hh[b]
+                    g, hb, q = xw[t, b], src[b], hh[b]
                     for j in range(H):
                         r = sigmoid(g[R + j])
                         g[R + j] = r
@@ -336,11 +380,12 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
 
 @simd_jit(**_JIT)
 def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, dy, dh,
-                      dpre_in, dpre_rec, drh, scratch):
+                      dpre_in, dpre_rec, drh, masked, h_mask, scratch):
     """``dpre_in (T,B,3H)`` out; ``dpre_rec (T,B,3H)`` out for reset-after (the n part is ``dpre_in``'s
     times r), unused for reset-before (equal to ``dpre_in``); ``drh (B,H)`` scratch (reset-before: the
     gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)`` (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows
-    and the n rows of ``W_hh`` packed (reset-before)."""
+    and the n rows of ``W_hh`` packed (reset-before). ``masked``: recurrent dropout, the products' share of
+    ``dh`` times ``h_mask (B,H)`` (the product then lands in ``drh`` first)."""
     T = gates.shape[0]
     H = dh.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -368,7 +413,21 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
                         e[R + j] = dr
                         e[Z + j] = d[Z + j]
                         e[N + j] = d[N + j] * r
-                gemm(dpre_rec[t, r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
+                if masked:
+                    gemm(dpre_rec[t, r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
+                    _add_masked(drh, h_mask, dh, r0, n)
+                else:
+                    gemm(dpre_rec[t, r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
+            elif masked:
+                gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
+                for b in range(r0, n):
+                    g, hp, d, q, mb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], h_mask[b]
+                    for j in range(H):
+                        r = g[R + j]
+                        d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j] * mb[j])
+                        q[j] *= r  # now the gradient of the masked h through r * h
+                gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
+                _add_masked(drh, h_mask, dh, r0, n)
             else:
                 gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
                 for b in range(r0, n):
@@ -385,9 +444,10 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
 @simd_jit(**_JIT)
-def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, scratch):
+def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask, hm, scratch):
     """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch; ``W_hh_p = pack_b(W_hh.T)``.
-    The activation runs on each GEMM tile (one vector of units) as it is written."""
+    The activation runs on each GEMM tile (one vector of units) as it is written. ``masked``: recurrent
+    dropout, the GEMM reads ``hm = h * h_mask (B,H)``."""
     T = xw.shape[0]
     H = h.shape[1]
     mr_max = ROWS_BY_NV[1]
@@ -397,10 +457,13 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, scratch):
         n = min(bs[t], r1)
         if n > r0:
             pre = xw[t]
+            if masked:
+                _masked_rows(h, h_mask, hm, r0, n)
+            src = hm if masked else h
             for i0 in range(r0, n, mr_max):
                 i1 = min(n, i0 + mr_max)
                 for u in range(W_hh_p.shape[0]):
-                    gate_group(h, i0, i1 - i0, W_hh_p, 1, u, pre, True, scratch)
+                    gate_group(src, i0, i1 - i0, W_hh_p, 1, u, pre, True, scratch)
                 for b in range(i0, i1):
                     p, yb = pre[b], y[t, b]
                     for j in range(H):
@@ -410,8 +473,8 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, scratch):
 
 
 @simd_jit(**_JIT)
-def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, scratch):
-    """``W_hh_p = pack_b(W_hh)``."""
+def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, masked, h_mask, scratch):
+    """``W_hh_p = pack_b(W_hh)``; ``masked``: recurrent dropout, the GEMM's ``dh`` times ``h_mask``."""
     T = y.shape[0]
     H = dh.shape[1]
     one = one_of(y)
@@ -424,4 +487,6 @@ def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, scrat
                 for j in range(H):
                     d[j] = gm.rnn_grad(one, relu, yb[j], dyb[j] + dhb[j])
             gemm(d_pre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            if masked:
+                _scale_rows(dh, h_mask, r0, n)
         d_pre[t, max(n, r0):r1] = 0.0
