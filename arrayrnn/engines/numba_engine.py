@@ -55,6 +55,14 @@ def _mask_args(w: DirectionWeights, dtype: Any, B: int, with_buffer: bool = True
     return (True, h_mask) + ((np.empty((B, h_mask.shape[1]), dtype),) if with_buffer else ())
 
 
+def _zone_args(m: Array | None, dtype: Any, B: int, width: int) -> tuple:
+    """The kernels' zoneout arguments of one state: ``(on, m (T,B,width), a (B,width) buffer)``,
+    zero-size when off."""
+    if m is None:
+        return False, _absent(dtype, 3), _absent(dtype, 2)
+    return True, _c(m), np.empty((B, width), dtype)
+
+
 def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The r, z rows and the n rows of a GRU's ``W_hh`` (the reset-before GRU multiplies them apart)."""
     return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
@@ -81,10 +89,15 @@ class NumbaKernel:
             c_all = np.empty((T, B, H), dtype) if keep_cache else _absent(dtype, 3)
             tanh_c_all = np.empty((T if keep_cache else 1, B, H), dtype) if project else _absent(dtype, 3)
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
+            zone_c = _zone_args(w.zoneout_c, dtype, B, H)
+            c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
             nk.lstm_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p, project, h, c, y,
                                  np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
-                                 dtype.type(hi), *_mask_args(w, dtype, B), scratch)
-            cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
+                                 dtype.type(hi), *_mask_args(w, dtype, B),
+                                 *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,
+                                 scratch)
+            cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None,
+                                   c_cand=c_cand if zone_c[0] else None)
             return DirectionForward(y, h, c, cache if keep_cache else None)
         if spec.mode == "gru":
             keep_hn = keep_cache and spec.reset_after
@@ -97,12 +110,14 @@ class NumbaKernel:
                 packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
             nk.gru_forward_loop(0, B, xw, bs, reverse, *packed, spec.reset_after, b_hn, h, y,
                                 np.empty((B, 3 * H), dtype), keep_hn, hn_all, *_mask_args(w, dtype, B),
-                                scratch)
+                                *_zone_args(w.zoneout_h, dtype, B, H)[:2], scratch)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
+        zone_h = _zone_args(w.zoneout_h, dtype, B, H)[:2]
         nk.rnn_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, y,
-                            *_mask_args(w, dtype, B), scratch)
-        return DirectionForward(y, h, None, DirectionCache() if keep_cache else None)
+                            *_mask_args(w, dtype, B), *zone_h, scratch)
+        cache = DirectionCache(gates=xw if zone_h[0] else None)  # with zoneout: each step's own output
+        return DirectionForward(y, h, None, cache if keep_cache else None)
 
     # -- backward -------------------------------------------------------------------------------
     def backward(self, spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
@@ -117,6 +132,7 @@ class NumbaKernel:
         H = spec.hidden_size
         cache = fwd.cache
         masks = _mask_args(w, dtype, B, with_buffer=False)
+        zone_h = _zone_args(w.zoneout_h, dtype, B, spec.output_size)
         if spec.mode == "lstm":
             dc = np.array(dc_n, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
@@ -127,10 +143,12 @@ class NumbaKernel:
             W_hr_p = pack_b(w.W_hr) if project else _no_packed(dtype)
             tanh_c = _c(cache.tanh_c) if project else _absent(dtype, 3)
             seq = (True, _c(dc_seq)) if dc_seq is not None else (False, _absent(dtype, 3))
-            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cache.c), _c(c_prev), tanh_c, bs, reverse,
+            zone_c = _zone_args(w.zoneout_c, dtype, B, H)
+            cell = cache.c_cand if zone_c[0] else cache.c  # the cell h~ and the clip saw
+            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cell), _c(c_prev), tanh_c, bs, reverse,
                                   pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
                                   np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks,
-                                  *seq, scratch)
+                                  *seq, *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2], scratch)
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
@@ -143,11 +161,12 @@ class NumbaKernel:
                 packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
             drh = np.empty((B, H), dtype)
             nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed,
-                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, scratch)
+                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, *zone_h, scratch)
             return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
-        nk.rnn_backward_loop(0, B, _c(fwd.y), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy, dh,
-                             d_pre, *masks, scratch)
+        own_output = cache.gates if zone_h[0] else fwd.y  # with zoneout y is not the step's own output
+        nk.rnn_backward_loop(0, B, _c(own_output), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy,
+                             dh, d_pre, *masks, *zone_h, scratch)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 
 
@@ -158,7 +177,7 @@ PACKED_PROJECTION_MAX = 1 << 24
 
 
 # the cell variants the numba kernels run (call_variants' phrases); the others are declined per call
-_ON_NUMBA = ("recurrent_dropout=", "weight_dropout=", "return_all_states=")
+_ON_NUMBA = ("recurrent_dropout=", "weight_dropout=", "return_all_states=", "zoneout=", "zoneout_cell=")
 
 
 class NumbaEngine(StackEngine):

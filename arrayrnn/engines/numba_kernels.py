@@ -176,6 +176,41 @@ def _scale_rows(dh, h_mask, r0, n):
             db[j] *= mb[j]
 
 
+@register_jitable(inline="always")
+def _zone_rows(m, t, prev, new, r0, n):
+    """Zoneout of step ``t``: ``new[r0:n] = m[t] * prev + (1 - m[t]) * new`` (``prev``: the carried state)."""
+    for b in range(r0, n):
+        mb, pb, nb = m[t, b], prev[b], new[b]
+        for j in range(nb.shape[0]):
+            nb[j] = gm.zoneout(mb[j], pb[j], nb[j])
+
+
+@register_jitable(inline="always")
+def _split_zoned(one, m, t, total, own, carry, r0, n):
+    """Zoneout's backward split of the cotangents ``total[r0:n]`` of step ``t``'s state: the step's own
+    share ``(1 - m) * total`` into ``own``, the carried share ``m * total`` into ``carry``."""
+    for b in range(r0, n):
+        mb, tb, ob, cb = m[t, b], total[b], own[b], carry[b]
+        for j in range(tb.shape[0]):
+            ob[j], cb[j] = gm.zoneout_grads(one, mb[j], tb[j])
+
+
+@register_jitable(inline="always")
+def _add_rows(src, dst, r0, n):
+    for b in range(r0, n):
+        sb, db = src[b], dst[b]
+        for j in range(db.shape[0]):
+            db[j] += sb[j]
+
+
+@register_jitable(inline="always")
+def _dy_plus_dh(dy, t, dh, out, r0, n):
+    for b in range(r0, n):
+        dyb, dhb, ob = dy[t, b], dh[b], out[b]
+        for j in range(ob.shape[0]):
+            ob[j] = dyb[j] + dhb[j]
+
+
 # -- LSTM -----------------------------------------------------------------------------------------
 @register_jitable(inline="always")
 def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
@@ -207,13 +242,16 @@ def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, cli
 
 @simd_jit(**_JIT)
 def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y, m, keep, c_all, tanh_c_all,
-                      clip_lo, clip_hi, masked, h_mask, hm, scratch):
+                      clip_lo, clip_hi, masked, h_mask, hm, zone_h, m_h, zone_c, m_c, c_prev, c_cand_all,
+                      scratch):
     """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
     ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
     ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only).
     ``W_hh_p = pack_b(W_hh.T, gates=4)``, ``W_hr_p = pack_b(W_hr.T)``. Per step, per unit group and
     row tile: the tile's four gates (one GEMM tile) and at once their gate math. ``masked``: recurrent
-    dropout, the GEMM reads ``hm = h * h_mask (B,H_out)`` (else both are zero-size)."""
+    dropout, the GEMM reads ``hm = h * h_mask (B,H_out)`` (else both are zero-size). ``zone_h``/``zone_c``:
+    zoneout of ``h``/``c`` with the masks ``m_h (T,B,H_out)``/``m_c (T,B,H)`` after the step (``h~`` reads
+    the cell before zoneout, kept in ``c_cand_all (T,B,H)`` when ``keep``; ``c_prev (B,H)`` scratch)."""
     T = xw.shape[0]
     H = c.shape[1]
     mr_max = ROWS_BY_NV[4]
@@ -225,16 +263,24 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
+            if zone_c:
+                c_prev[r0:n] = c[r0:n]
             for i0 in range(r0, n, mr_max):
                 i1 = min(n, i0 + mr_max)
                 for u in range(W_hh_p.shape[0] // 4):
                     gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
                 _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+            if zone_c:
+                if keep:
+                    c_cand_all[t, r0:n] = c[r0:n]
+                _zone_rows(m_c, t, c_prev, c, r0, n)
             if keep:
                 for b in range(r0, n):
                     c_all[t, b] = c[b]
             if project:
                 gemm(m[r0:n], W_hr_p, 1, y[t, r0:n], False, scratch)
+            if zone_h:
+                _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
         if keep:
@@ -242,19 +288,23 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
             c_all[t, max(n, r0):r1] = 0.0
             if project:
                 tanh_c_all[t, max(n, r0):r1] = 0.0
+            if zone_c:
+                c_cand_all[t, max(n, r0):r1] = 0.0
 
 
 @simd_jit(**_JIT)
 def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh_p, W_hr_p, project,
                        dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, masked, h_mask, has_seq,
-                       dc_seq, scratch):
+                       dc_seq, zone_h, m_h, zone_c, m_c, carry_h, carry_c, scratch):
     """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
     forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
     (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
     out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection.
     ``W_hh_p = pack_b(W_hh)``, ``W_hr_p = pack_b(W_hr)``. ``masked``: recurrent dropout, the GEMM's
     ``dh`` times ``h_mask (B,H_out)``; ``has_seq``: ``dc_seq (T,B,H)``, every step's cell cotangent
-    (``return_all_states``), joins the carry (both zero-size when off)."""
+    (``return_all_states``), joins the carry (both zero-size when off). ``zone_h``/``zone_c``: zoneout, each
+    state's cotangent splits into the step's share and the carried share (``carry_h``/``carry_c`` scratch),
+    added to the carry after the step; ``c_all`` is then the cell before zoneout."""
     T = gates.shape[0]
     H = dc.shape[1]
     one = one_of(gates)
@@ -267,11 +317,14 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
                     dcb, seq = dc[b], dc_seq[t, b]
                     for j in range(H):
                         dcb[j] += seq[j]
+            if zone_c:
+                _split_zoned(one, m_c, t, dc, dc, carry_c, r0, n)
+            if zone_h:  # the step's share of dy + dh, read below as dh (or d_h with projection)
+                _dy_plus_dh(dy, t, dh, dh, r0, n)
+                _split_zoned(one, m_h, t, dh, d_h[t] if project else dh, carry_h, r0, n)
             if project:
-                for b in range(r0, n):
-                    dhb, dyb, out = dh[b], dy[t, b], d_h[t, b]
-                    for j in range(out.shape[0]):
-                        out[j] = dyb[j] + dhb[j]
+                if not zone_h:
+                    _dy_plus_dh(dy, t, dh, d_h[t], r0, n)
                 gemm(d_h[t, r0:n], W_hr_p, 1, dm[r0:n], False, scratch)
             for b in range(r0, n):
                 g = gates[t, b]
@@ -285,7 +338,7 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
                     gg = g[LSTM_G * H + j]
                     go = g[LSTM_O * H + j]
                     tc = tcb[j] if project else tanh(cb[j])
-                    dmj = dmb[j] if project else dyb[j] + dhb[j]
+                    dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
                     di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj,
                                                              dcb[j], use_clip, clip_lo, clip_hi)
                     d[LSTM_I * H + j] = di
@@ -293,9 +346,13 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
                     d[LSTM_G * H + j] = dg
                     d[LSTM_O * H + j] = do
                     dcb[j] = dcp
+            if zone_c:
+                _add_rows(carry_c, dc, r0, n)
             gemm(dpre_in[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             if masked:
                 _scale_rows(dh, h_mask, r0, n)
+            if zone_h:
+                _add_rows(carry_h, dh, r0, n)
         dpre_in[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
@@ -328,14 +385,15 @@ def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
 
 @simd_jit(**_JIT)
 def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, b_hn, h, y, hh, keep,
-                     hn_all, masked, h_mask, hm, scratch):
+                     hn_all, masked, h_mask, hm, zone_h, m_h, scratch):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
     ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
     ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after).
     Reset-after: ``W_hh_p = pack_b(W_hh.T, gates=3)``, one fused tile per unit group and row tile.
     Reset-before: ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (``pack_b(W.T)``);
     the n product needs every unit's ``r * h`` first, so it runs after the r, z product. ``masked``:
-    recurrent dropout, the products read ``hm = h * h_mask (B,H)`` (``z * h`` keeps the carried ``h``)."""
+    recurrent dropout, the products read ``hm = h * h_mask (B,H)`` (``z * h`` keeps the carried ``h``).
+    ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)`` after the step."""
     T = xw.shape[0]
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -370,6 +428,8 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
                         z = g[Z + j]
                         g[N + j] = nn
                         yb[j] = gm.gru_output(z, nn, hb[j])
+            if zone_h:
+                _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
         if keep:
@@ -380,12 +440,13 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
 
 @simd_jit(**_JIT)
 def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, dy, dh,
-                      dpre_in, dpre_rec, drh, masked, h_mask, scratch):
+                      dpre_in, dpre_rec, drh, masked, h_mask, zone_h, m_h, carry_h, scratch):
     """``dpre_in (T,B,3H)`` out; ``dpre_rec (T,B,3H)`` out for reset-after (the n part is ``dpre_in``'s
     times r), unused for reset-before (equal to ``dpre_in``); ``drh (B,H)`` scratch (reset-before: the
     gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)`` (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows
     and the n rows of ``W_hh`` packed (reset-before). ``masked``: recurrent dropout, the products' share of
-    ``dh`` times ``h_mask (B,H)`` (the product then lands in ``drh`` first)."""
+    ``dh`` times ``h_mask (B,H)`` (the product then lands in ``drh`` first). ``zone_h``: zoneout, ``dy + dh``
+    splits into the step's share and the carried share (``carry_h (B,H)`` scratch, added after the step)."""
     T = gates.shape[0]
     H = dh.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -394,11 +455,14 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if zone_h:  # the step's share of dy + dh, read below as dh
+                _dy_plus_dh(dy, t, dh, dh, r0, n)
+                _split_zoned(one, m_h, t, dh, dh, carry_h, r0, n)
             for b in range(r0, n):
                 g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], dpre_in[t, b]
                 for j in range(H):
                     r, z, nn = g[R + j], g[Z + j], g[N + j]
-                    dhj = dyb[j] + dhb[j]
+                    dhj = dhb[j] if zone_h else dyb[j] + dhb[j]
                     dz, dn, carry = gm.gru_zn_grads(one, z, nn, hp[j], dhj)
                     d[N + j] = dn
                     d[Z + j] = dz
@@ -437,6 +501,8 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
                         d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
                         dhb[j] += q[j] * r
                 gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
+            if zone_h:
+                _add_rows(carry_h, dh, r0, n)
         dpre_in[t, max(n, r0):r1] = 0.0
         if reset_after:
             dpre_rec[t, max(n, r0):r1] = 0.0
@@ -444,10 +510,11 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
 @simd_jit(**_JIT)
-def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask, hm, scratch):
+def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask, hm, zone_h, m_h, scratch):
     """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch; ``W_hh_p = pack_b(W_hh.T)``.
     The activation runs on each GEMM tile (one vector of units) as it is written. ``masked``: recurrent
-    dropout, the GEMM reads ``hm = h * h_mask (B,H)``."""
+    dropout, the GEMM reads ``hm = h * h_mask (B,H)``. ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)``
+    after the step; ``xw[t]`` then keeps the step's own output ``h~`` (the backward's residual)."""
     T = xw.shape[0]
     H = h.shape[1]
     mr_max = ROWS_BY_NV[1]
@@ -468,13 +535,18 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask
                     p, yb = pre[b], y[t, b]
                     for j in range(H):
                         yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+            if zone_h:
+                xw[t, r0:n] = y[t, r0:n]
+                _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
 
 
 @simd_jit(**_JIT)
-def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, masked, h_mask, scratch):
-    """``W_hh_p = pack_b(W_hh)``; ``masked``: recurrent dropout, the GEMM's ``dh`` times ``h_mask``."""
+def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, masked, h_mask, zone_h, m_h,
+                      carry_h, scratch):
+    """``W_hh_p = pack_b(W_hh)``; ``masked``: recurrent dropout, the GEMM's ``dh`` times ``h_mask``;
+    ``zone_h``: zoneout (``y`` is then each step's own output ``h~``; ``carry_h (B,H)`` scratch)."""
     T = y.shape[0]
     H = dh.shape[1]
     one = one_of(y)
@@ -482,11 +554,16 @@ def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, maske
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if zone_h:  # the step's share of dy + dh, read below as dh
+                _dy_plus_dh(dy, t, dh, dh, r0, n)
+                _split_zoned(one, m_h, t, dh, dh, carry_h, r0, n)
             for b in range(r0, n):
                 yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], d_pre[t, b]
                 for j in range(H):
-                    d[j] = gm.rnn_grad(one, relu, yb[j], dyb[j] + dhb[j])
+                    d[j] = gm.rnn_grad(one, relu, yb[j], dhb[j] if zone_h else dyb[j] + dhb[j])
             gemm(d_pre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             if masked:
                 _scale_rows(dh, h_mask, r0, n)
+            if zone_h:
+                _add_rows(carry_h, dh, r0, n)
         d_pre[t, max(n, r0):r1] = 0.0
