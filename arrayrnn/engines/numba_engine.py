@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
-from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, call_variants
+from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import gate_slice
 from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
@@ -63,6 +63,11 @@ def _zone_args(m: Array | None, dtype: Any, B: int, width: int) -> tuple:
     return True, _c(m), np.empty((B, width), dtype)
 
 
+def _peephole_args(w: DirectionWeights, dtype: Any) -> tuple:
+    """The LSTM kernels' peephole arguments ``(on, P (3,H))``, zero-size when off."""
+    return (False, _absent(dtype, 2)) if w.P is None else (True, _c(w.P))
+
+
 def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The r, z rows and the n rows of a GRU's ``W_hh`` (the reset-before GRU multiplies them apart)."""
     return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
@@ -95,7 +100,7 @@ class NumbaKernel:
                                  np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
                                  dtype.type(hi), *_mask_args(w, dtype, B),
                                  *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,
-                                 scratch)
+                                 *_peephole_args(w, dtype), scratch)
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None,
                                    c_cand=c_cand if zone_c[0] else None)
             return DirectionForward(y, h, c, cache if keep_cache else None)
@@ -148,7 +153,8 @@ class NumbaKernel:
             nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cell), _c(c_prev), tanh_c, bs, reverse,
                                   pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
                                   np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks,
-                                  *seq, *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2], scratch)
+                                  *seq, *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2],
+                                  *_peephole_args(w, dtype), scratch)
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
@@ -174,10 +180,6 @@ class NumbaKernel:
 # BLAS call that small gains nothing from BLAS's threads, and on a busy machine waiting on them cost
 # more than the product (S3: 23 ms for a 200x64 @ 64x512 projection, its time loop 3 ms)
 PACKED_PROJECTION_MAX = 1 << 24
-
-
-# the cell variants the numba kernels run (call_variants' phrases); the others are declined per call
-_ON_NUMBA = ("recurrent_dropout=", "weight_dropout=", "return_all_states=", "zoneout=", "zoneout_cell=")
 
 
 class NumbaEngine(StackEngine):
@@ -206,9 +208,6 @@ class NumbaEngine(StackEngine):
             blas_binding()
         except BlasNotFoundError as err:
             return f"the numba engine calls NumPy's BLAS from compiled code, but {err}"
-        variants = [v for v in call_variants(call) if not v.startswith(_ON_NUMBA)]
-        if variants:
-            return f"{', '.join(variants)}: not yet on the numba engine (use engine='reference')"
         return None
 
 

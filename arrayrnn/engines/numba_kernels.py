@@ -240,10 +240,38 @@ def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, cli
             out[j] = go * tc
 
 
+@register_jitable(inline="always")
+def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P):
+    """:func:`_lstm_tile` (all units) with peepholes ``P (3,H)``: ``i``, ``f`` also read the cell entering
+    the step, ``o`` the new (clipped) cell."""
+    p_i, p_f, p_o = P[0], P[1], P[2]
+    for b in range(i0, i1):
+        g = xw[t, b]
+        gi_, gf_, gg_, go_ = g[LSTM_I * H:(LSTM_I + 1) * H], g[LSTM_F * H:(LSTM_F + 1) * H], \
+            g[LSTM_G * H:(LSTM_G + 1) * H], g[LSTM_O * H:(LSTM_O + 1) * H]
+        cb = c[b]
+        out = m[b] if project else y[t, b]
+        tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
+        for j in range(H):
+            gi = sigmoid(gm.peephole_input(gi_[j], p_i[j], cb[j]))
+            gf = sigmoid(gm.peephole_input(gf_[j], p_f[j], cb[j]))
+            gg = tanh(gg_[j])
+            cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+            go = sigmoid(gm.peephole_input(go_[j], p_o[j], cn))
+            tc = tanh(cn)
+            gi_[j] = gi
+            gf_[j] = gf
+            gg_[j] = gg
+            go_[j] = go
+            cb[j] = cn
+            tc_out[j] = tc
+            out[j] = go * tc
+
+
 @simd_jit(**_JIT)
 def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y, m, keep, c_all, tanh_c_all,
                       clip_lo, clip_hi, masked, h_mask, hm, zone_h, m_h, zone_c, m_c, c_prev, c_cand_all,
-                      scratch):
+                      peep, P, scratch):
     """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
     ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
     ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only).
@@ -251,7 +279,8 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
     row tile: the tile's four gates (one GEMM tile) and at once their gate math. ``masked``: recurrent
     dropout, the GEMM reads ``hm = h * h_mask (B,H_out)`` (else both are zero-size). ``zone_h``/``zone_c``:
     zoneout of ``h``/``c`` with the masks ``m_h (T,B,H_out)``/``m_c (T,B,H)`` after the step (``h~`` reads
-    the cell before zoneout, kept in ``c_cand_all (T,B,H)`` when ``keep``; ``c_prev (B,H)`` scratch)."""
+    the cell before zoneout, kept in ``c_cand_all (T,B,H)`` when ``keep``; ``c_prev (B,H)`` scratch).
+    ``peep``: peepholes ``P (3,H)`` (:func:`_lstm_peephole_tile`)."""
     T = xw.shape[0]
     H = c.shape[1]
     mr_max = ROWS_BY_NV[4]
@@ -269,7 +298,11 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
                 i1 = min(n, i0 + mr_max)
                 for u in range(W_hh_p.shape[0] // 4):
                     gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
-                _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+                if peep:
+                    _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo,
+                                        clip_hi, P)
+                else:
+                    _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
             if zone_c:
                 if keep:
                     c_cand_all[t, r0:n] = c[r0:n]
@@ -295,7 +328,7 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
 @simd_jit(**_JIT)
 def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh_p, W_hr_p, project,
                        dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, masked, h_mask, has_seq,
-                       dc_seq, zone_h, m_h, zone_c, m_c, carry_h, carry_c, scratch):
+                       dc_seq, zone_h, m_h, zone_c, m_c, carry_h, carry_c, peep, P, scratch):
     """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
     forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
     (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
@@ -304,7 +337,8 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
     ``dh`` times ``h_mask (B,H_out)``; ``has_seq``: ``dc_seq (T,B,H)``, every step's cell cotangent
     (``return_all_states``), joins the carry (both zero-size when off). ``zone_h``/``zone_c``: zoneout, each
     state's cotangent splits into the step's share and the carried share (``carry_h``/``carry_c`` scratch),
-    added to the carry after the step; ``c_all`` is then the cell before zoneout."""
+    added to the carry after the step; ``c_all`` is then the cell before zoneout. ``peep``: peepholes
+    ``P (3,H)`` (:func:`.gate_math.lstm_peephole_cell_grads`)."""
     T = gates.shape[0]
     H = dc.shape[1]
     one = one_of(gates)
@@ -332,6 +366,21 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
                 cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
                 dyb, dhb, dmb = dy[t, b], dh[b], dm[b]
                 tcb = tanh_c_all[t, b] if project else cb
+                if peep:
+                    for j in range(H):
+                        gi, gf = g[LSTM_I * H + j], g[LSTM_F * H + j]
+                        gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
+                        tc = tcb[j] if project else tanh(cb[j])
+                        dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
+                        di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
+                            one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi,
+                            P[0, j], P[1, j], P[2, j])
+                        d[LSTM_I * H + j] = di
+                        d[LSTM_F * H + j] = df
+                        d[LSTM_G * H + j] = dg
+                        d[LSTM_O * H + j] = do
+                        dcb[j] = dcp
+                    continue
                 for j in range(H):
                     gi = g[LSTM_I * H + j]
                     gf = g[LSTM_F * H + j]
