@@ -2,9 +2,9 @@
 
 S1: T=100, B=64, I=256, H=256, float32. Per option and engine, the training step
 (``rnn_forward(training=True)`` + ``rnn_backward``) with the option against the same engine's step without
-it, pairs alternated, medians over ``--repeats`` pairs: on the numba engine for each option it runs, on
-the reference engine for every option (the fallback of the options numba declines); and the plain step on
-both engines (the fallback's cost).
+it, pairs alternated, medians over ``--repeats`` pairs: on the numba engine (what ``"auto"`` runs on CPU;
+an option it declined would print "declined") and, for comparison, on the reference engine; and the plain
+step on both engines.
 Usage: python -m bench.bench_variants [--repeats 7]
 """
 
