@@ -23,6 +23,12 @@ int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``; ``*_p`` are packed wei
 Buffers are preallocated by the caller; nothing is allocated per step. Entries of inactive rows
 (``b >= bs[t]``) of ``y``, the residuals and the gradient stacks are set to zero.
 
+The cell variants run in the same loops behind run-time flags, each with its zero-size stand-ins when
+off (one signature still): recurrent dropout (the products read ``h * h_mask``, their ``dh`` is masked),
+zoneout (after the step; the backward splits each state's cotangent with :func:`.gate_math.zoneout_grads`),
+peepholes (their own LSTM tile and backward loop), per-step cell cotangents (``return_all_states``). A
+plain call runs the code it ran before, plus one untaken branch per step.
+
 The gate formulas themselves (how activated gates combine into the state, and their derivatives) live
 in :mod:`.gate_math` and are shared with the cupy engine's CUDA kernels; numba inlines them here, so the
 compiled loops equal the hand-inlined ones (same instruction count within 0.5%, same packed vector ops).
