@@ -53,11 +53,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import cpu_peak  # noqa: E402
 import onnx_peer  # noqa: E402
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call  # noqa: E402
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call, simd_ir  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 CHART = ROOT / "bench" / "rnn_ratios.png"
@@ -339,7 +340,7 @@ def compile_cost(threads: int) -> dict:
 
 
 # -- report ----------------------------------------------------------------------------------------
-def environment(threads: int, roofline: float, ort_missing: str | None) -> list[str]:
+def environment(threads: int, roofline: float, peak: float, ort_missing: str | None) -> list[str]:
     import numba
     import torch
 
@@ -364,6 +365,9 @@ def environment(threads: int, roofline: float, ort_missing: str | None) -> list[
         f"- BLAS loaded (threadpoolctl): {'; '.join(blas)}",
         f"- environment: {env or 'no OPENBLAS_/OMP_/MKL_/NUMBA_ variables'}",
         f"- GEMM roofline: {roofline / 1e9:.0f} GFLOP/s (best float32 square sgemm, NumPy's BLAS)",
+        f"- numba engine SIMD variant: {simd_ir.VARIANT} (`ARRAYRNN_SIMD` overrides)",
+        f"- FMA peak: {peak / 1e9:.0f} GFLOP/s with {threads} threads (bench/cpu_peak.py: independent "
+        "register FMA chains, best of 5)",
     ]
 
 
@@ -447,9 +451,10 @@ def main(argv: list[str] | None = None) -> None:
     # the better of a measurement before and after the timings: on a shared machine one can land in a
     # slow moment (and give roofline fractions above 100%)
     roofline = max(roofline, gemm_roofline(threads, n=gemm_n))
+    peak = cpu_peak.measure(threads, iters=200_000 if args.quick else 20_000_000)
     compile_info = compile_cost(threads) if "numba" in engines and not args.no_compile else None
-    env_lines = environment(threads, roofline, ort_missing)
-    section = render(rows, mem_rows, compile_info, env_lines, command, pairs, gap, roofline)
+    env_lines = environment(threads, roofline, peak, ort_missing)
+    section = render(rows, mem_rows, compile_info, env_lines, command, pairs, gap, roofline, peak)
     print(section)
     if args.write and not args.quick:
         write_results(section)
@@ -473,7 +478,8 @@ def progress_line(row: Row) -> str:
             f"{row.vs_faster:5.2f}{note}")
 
 
-def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, gap, roofline: float) -> str:
+def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, gap, roofline: float,
+           peak: float) -> str:
     out = ["## RNN engines vs PyTorch CPU and ONNX Runtime (BENCH_SHAPES.md)", ""]
     out.append(f"Command: `{command}` (environment variables below)")
     out.append("")
@@ -482,15 +488,16 @@ def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, g
                "ms = medians, ratios = medians of per-round ratios (< 1: we are faster); vs faster = ours / "
                "the faster peer of the same round (forward: PyTorch or ONNX Runtime; train: PyTorch, ORT "
                "has no training), the ratio the target applies to (issue 15: forward <= 0.9, train <= 0.8, "
-               "numba engine, S1-S5); roofline = FLOPs / best 2048^3 sgemm rate; `max|dy|` = largest "
+               "numba engine, S1-S5); roofline = FLOPs / best 2048^3 sgemm rate; peak = FLOPs / the FMA "
+               "peak (bench/cpu_peak.py); `max|dy|` = largest "
                "difference of the forward outputs (same weights). train = forward + backward incl. dx. "
                "n/a: not run.")
     out.append("")
     out += env_lines
     out.append("")
     out.append("| shape | mode | phase | engine | ours ms | PyTorch ms | ORT ms | vs PyTorch | vs ORT "
-               "| vs faster | target | met | ours roofline | PyTorch roofline | max\\|dy\\| PyTorch "
-               "| max\\|dy\\| ORT |")
+               "| vs faster | target | met | ours roofline / peak | PyTorch roofline / peak "
+               "| max\\|dy\\| PyTorch | max\\|dy\\| ORT |")
     out.append("|---" * 16 + "|")
     for r in rows:
         met = "" if r.met is None else ("yes" if r.met else "**no**")
@@ -498,7 +505,8 @@ def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, g
         out.append(f"| {r.shape} | {r.mode} | {r.phase} | {r.engine} | {r.ours * 1e3:.2f} | "
                    f"{r.torch * 1e3:.2f} | {_fmt(None if r.ort is None else r.ort * 1e3, '.2f')} | "
                    f"{r.vs_torch:.2f} | {_fmt(r.vs_ort, '.2f')} | {r.vs_faster:.2f} | {target} | {met} | "
-                   f"{r.flops / r.ours / roofline:.0%} | {r.flops / r.torch / roofline:.0%} | "
+                   f"{r.flops / r.ours / roofline:.0%} / {r.flops / r.ours / peak:.0%} | "
+                   f"{r.flops / r.torch / roofline:.0%} / {r.flops / r.torch / peak:.0%} | "
                    f"{r.diff_torch:.1e} | {_fmt(r.diff_ort, '.1e')} |")
     if mem_rows:
         out += ["", "Peak memory of one training step, MiB (fresh subprocess per side, warmed up on a tiny "

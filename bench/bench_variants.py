@@ -1,9 +1,10 @@
 """Cost of each cell variant (issue 24) on an S1 LSTM training step, as ratios measured in the same run.
 
-S1: T=100, B=64, I=256, H=256, float32. Per option, the training step (``rnn_forward(training=True)`` +
-``rnn_backward``) with the option against the same step without it, on the reference engine (the CPU engine
-that runs the variants until the numba engine has them), pairs alternated, medians over ``--repeats``
-pairs; and the plain step on the numba engine, what ``"auto"`` runs without variants (the fallback's cost).
+S1: T=100, B=64, I=256, H=256, float32. Per option and engine, the training step
+(``rnn_forward(training=True)`` + ``rnn_backward``) with the option against the same engine's step without
+it, pairs alternated, medians over ``--repeats`` pairs: on the numba engine (what ``"auto"`` runs on CPU;
+an option it declined would print "declined") and, for comparison, on the reference engine; and the plain
+step on both engines.
 Usage: python -m bench.bench_variants [--repeats 7]
 """
 
@@ -16,6 +17,7 @@ import time
 import numpy as np
 
 import arrayrnn as ar
+from arrayrnn.engines import engine_unavailable_reason, probe_call
 
 OPTIONS = {"recurrent_dropout=0.25": dict(recurrent_dropout=0.25),
            "weight_dropout=0.5": dict(weight_dropout=0.5),
@@ -54,13 +56,19 @@ def main() -> None:
     x = np.random.default_rng(0).standard_normal((100, 64, 256)).astype(np.float32)
     plain = _step(spec, x, "reference")
     numba_s, ref_s = _paired_medians(_step(spec, x, "numba"), plain, args.repeats)
-    print("| S1 LSTM training step | median ms | ratio to the same step without the option (reference) |")
+    print("| S1 LSTM training step | median ms | ratio to the same engine's step without the option |")
     print("|---|---|---|")
     print(f"| numba engine, no option | {numba_s * 1e3:.1f} | reference / numba = {ref_s / numba_s:.2f} |")
-    for name, fields in OPTIONS.items():
-        with_option = _step(spec.replace(**fields), x, "reference", all_states=name == "return_all_states")
-        base_s, option_s = _paired_medians(plain, with_option, args.repeats)
-        print(f"| reference, {name} | {option_s * 1e3:.1f} | {option_s / base_s:.3f} |")
+    for engine in ("numba", "reference"):
+        for name, fields in OPTIONS.items():
+            all_states = name == "return_all_states"
+            variant = spec.replace(**fields)
+            if engine_unavailable_reason(engine, probe_call(variant, training=True, all_states=all_states)):
+                print(f"| {engine}, {name} | declined | |")
+                continue
+            with_option = _step(variant, x, engine, all_states=all_states)
+            base_s, option_s = _paired_medians(_step(spec, x, engine), with_option, args.repeats)
+            print(f"| {engine}, {name} | {option_s * 1e3:.1f} | {option_s / base_s:.3f} |")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ between peers, which this profile of one engine does not need):
 - ``total``: ``ar.rnn_forward`` (inference) or ``rnn_forward(training=True)`` + ``rnn_backward``;
 - ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the driver's ``input_projection``);
 - ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
-- ``recurrent GEMM``: the same per-step GEMM calls as the kernel (same shapes, same entry point:
-  ``gemm_step`` for the forward, flipped where the engine flips, ``gemm`` for the backward; ``T`` calls
-  in one compiled loop), without any gate math;
+- ``recurrent GEMM``: the same per-step products as the kernel (same shapes, same packed weights and
+  entry point, :func:`arrayrnn.engines.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
+  calls in one compiled loop), without any gate math;
 - ``gate math`` = ``time loop`` - ``recurrent GEMM`` (everything the kernel does between its GEMMs);
 - ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop;
 - ``rest`` = ``total`` - the parts above: the frontend (checks, the private copies of ``x`` and of the
@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 import threadpoolctl
 
@@ -40,8 +39,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import numba_blas, numba_engine  # noqa: E402
-from arrayrnn.engines.numba_blas import blas_binding, gemm, transposed  # noqa: E402
+from arrayrnn.engines import numba_engine, packed_gemm  # noqa: E402
+from arrayrnn.engines.simd_ir import simd_jit  # noqa: E402
 from arrayrnn.engines.stack import _weight_grads, direction_weights, input_projection  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -49,18 +48,11 @@ START, END = "<!-- step-profile:start -->", "<!-- step-profile:end -->"
 SHAPES = {"S1": (100, 64, 256, 256), "S2-layer": (50, 16, 128, 512), "S3": (200, 1, 64, 128)}
 
 
-@numba.njit(cache=True, nogil=True)
-def _gemm_steps(ilp64, a, b, c, beta):
-    """``c[t] = a[t] @ b + beta * c[t]`` for every ``t``: the kernel's per-step GEMMs without gate math."""
+@simd_jit(cache=True, nogil=True)
+def _gemm_steps(a, packed, gates, c, accumulate, scratch):
+    """``c[t] (+)= a[t] @ b`` for every ``t``: the kernel's per-step products without gate math."""
     for t in range(c.shape[0]):
-        gemm(ilp64, a[t], b, c[t], beta)
-
-
-if hasattr(numba_blas, "gemm_step"):   # the engine's per-step product (flipped for a few rows)
-    @numba.njit(cache=True, nogil=True)
-    def _forward_gemm_steps(ilp64, a, b, b_t, c, beta, scratch):
-        for t in range(c.shape[0]):
-            numba_blas.gemm_step(ilp64, a[t], b, b_t, c[t], beta, scratch)
+        packed_gemm.gemm(a[t], packed, gates, c[t], accumulate, scratch)
 
 
 def _median_time(fn, repeats: int, gap: float) -> float:
@@ -88,16 +80,15 @@ class Parts:
         self.h0 = np.zeros((B, H), np.float32)
         self.c0 = np.zeros((B, H), np.float32) if mode == "lstm" else None
         self.kernel = numba_engine.NumbaKernel()
-        self.ilp64 = blas_binding().ilp64
         self.xw = input_projection(self.x, self.w)
         G = self.spec.gate_size
-        # the per-step GEMMs of the kernels: forward h @ W_hh.T -> (B, G); backward d_gates @ W_hh -> (B, H)
-        self.fwd_gemm = (np.zeros((T, B, H), np.float32), transposed(self.w.W_hh),
+        gates = {"lstm": 4, "gru": 3}.get(mode, 1)   # the engine's gate-grouped packing (reset-after GRU)
+        self.scratch = packed_gemm.new_scratch(np.float32)
+        # the per-step products of the kernels: forward h @ W_hh.T -> (B, G); backward dgates @ W_hh -> (B, H)
+        pack = packed_gemm.pack_b
+        self.fwd_gemm = (np.zeros((T, B, H), np.float32), pack(self.w.W_hh.T, gates), gates,
                          np.zeros((T, B, G), np.float32))
-        if hasattr(numba_blas, "gemm_step"):   # the engine's flipped per-step products: W_hh, scratch
-            scratch = numba_blas.flipped_scratch(B, H, G, np.float32)
-            self.flipped = (np.ascontiguousarray(self.w.W_hh), scratch)
-        self.bwd_gemm = (rng.standard_normal((T, B, G)).astype(np.float32), np.ascontiguousarray(self.w.W_hh),
+        self.bwd_gemm = (rng.standard_normal((T, B, G)).astype(np.float32), pack(self.w.W_hh), 1,
                          np.zeros((T, B, H), np.float32))
 
     def forward_total(self):
@@ -114,14 +105,10 @@ class Parts:
         return self.kernel.forward(self.spec, self.w, self.xw.copy(), self.bs, self.h0, self.c0, False, keep)
 
     def forward_gemms(self):
-        a, b, c = self.fwd_gemm
-        if not hasattr(numba_blas, "gemm_step"):   # before gemm_step (the "before" profile's engine)
-            return _gemm_steps(self.ilp64, a, b, c, 0.0)
-        W_hh, scratch = self.flipped
-        _forward_gemm_steps(self.ilp64, a, b, W_hh, c, 0.0, scratch)
+        _gemm_steps(*self.fwd_gemm, True, self.scratch)
 
     def backward_gemms(self):
-        _gemm_steps(self.ilp64, *self.bwd_gemm, 0.0)
+        _gemm_steps(*self.bwd_gemm, False, self.scratch)
 
     def backward_pieces(self):
         """The backward loop's inputs, as the driver builds them (not timed)."""

@@ -83,7 +83,6 @@ def test_command_line_rejects_bad_options(capsys):
     (["--recurrent-dropout", "1"], "--recurrent-dropout = 1.0; expected a number in [0, 1)"),
     (["--weight-dropout=-0.1"], "--weight-dropout = -0.1; expected a number in [0, 1)"),
     (["--weight-dropout", "nan"], "--weight-dropout = nan; expected a number in [0, 1)"),
-    (["--engine", "numba", "--recurrent-dropout", "0.2"], "--engine = numba: "),
 ])
 def test_every_bad_option_is_a_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit) as info:

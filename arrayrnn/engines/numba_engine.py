@@ -1,25 +1,20 @@
 """The numba engine: the shared stack driver with compiled per-direction time loops (the default on CPU).
 
-The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and every GEMM that can be hoisted
-out of the time loop (input projections, weight gradients, ``dx``). :class:`NumbaKernel` replaces the
-per-direction time loop: the loop itself, the per-step recurrent GEMM (through NumPy's own BLAS, see
-:mod:`.numba_blas`) and the fused gate math run in compiled code (:mod:`.numba_kernels`), with every
-buffer allocated once per call and ``W_hh.T`` made contiguous once per call (by BLAS's ``omatcopy``).
+The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and the GEMMs hoisted out of the
+time loop (input projections, weight gradients, ``dx``, through NumPy's BLAS; a small input
+projection on the packed kernel, :meth:`NumbaEngine.project_input`). :class:`NumbaKernel`
+replaces the per-direction time loop: the loop itself, the per-step recurrent products and the fused
+gate math run in compiled code (:mod:`.numba_kernels`) on the engine's own packed SIMD GEMM
+(:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and ``W_hr`` with
+projection) is packed once per call, in compiled code: gate-grouped for the forward (one GEMM tile
+computes every gate of a group of hidden units, and the gate math runs on each row tile's gates while
+they are in L1), plain for the backward's ``dgates @ W_hh``. Buffers are allocated once per call.
 
-Per-step products of a few rows (4..16 active rows) by a large ``W_hh`` run flipped, ``W_hh @ h.T`` then
-transposed in (:func:`.numba_blas.gemm_step`): with the weight as BLAS's left operand the same product
-measured 1.3-2x faster in OpenBLAS here (one-layer S2 LSTM forward 27-31 -> 23 ms).
+Threads: the time loops run on the calling thread (one core); the hoisted GEMMs use NumPy's BLAS
+with its thread count (set it with threadpoolctl).
 
-Threads: the engine starts none of its own. The per-step GEMMs and the hoisted ones use NumPy's BLAS
-with its thread count (set it with threadpoolctl); the gate math runs on the calling thread between
-GEMMs. Splitting the batch into row chunks on numba threads (no barrier per step, rows never
-interact) was measured slower here: after every multi-threaded BLAS call OpenBLAS's idle workers spin
-for about 0.1 s, and the numba workers then share the cores with them (S1 LSTM forward 36 ms with
-chunks vs 27 ms without). So was splitting each step of a small batch by hidden units across threads
-with a spin barrier per step (bench/RESULTS.md, "tried and dropped").
-
-Compiled code is cached on disk (``cache=True``); the first call in a fresh environment compiles the
-kernels for the dtype in use.
+Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too); the first call in a
+fresh environment compiles the kernels for the dtype in use.
 """
 
 from __future__ import annotations
@@ -30,8 +25,10 @@ import numpy as np
 
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
-from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, call_variants
-from .numba_blas import BlasNotFoundError, blas_binding, flipped_scratch, transposed
+from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .cells import gate_slice
+from .numba_blas import BlasNotFoundError, blas_binding
+from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
 from .stack import StackEngine
 
 Array = Any
@@ -42,16 +39,42 @@ def _absent(dtype: Any, ndim: int) -> np.ndarray:
     return np.empty((0,) * ndim, dtype=dtype)
 
 
+def _no_packed(dtype: Any) -> np.ndarray:
+    return np.empty((0, 0, vector_lanes(dtype)), dtype=dtype)
+
+
 def _c(a: Array) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def _mask_args(w: DirectionWeights, dtype: Any, B: int, with_buffer: bool = True) -> tuple:
+    """The kernels' recurrent-dropout arguments: ``(masked, h_mask[, hm buffer])``, zero-size when off."""
+    if w.h_mask is None:
+        return (False, _absent(dtype, 2)) + ((_absent(dtype, 2),) if with_buffer else ())
+    h_mask = _c(w.h_mask).astype(dtype, copy=False)
+    return (True, h_mask) + ((np.empty((B, h_mask.shape[1]), dtype),) if with_buffer else ())
+
+
+def _zone_args(m: Array | None, dtype: Any, B: int, width: int) -> tuple:
+    """The kernels' zoneout arguments of one state: ``(on, m (T,B,width), a (B,width) buffer)``,
+    zero-size when off."""
+    if m is None:
+        return False, _absent(dtype, 3), _absent(dtype, 2)
+    return True, _c(m), np.empty((B, width), dtype)
+
+
+def _peephole_args(w: DirectionWeights, dtype: Any) -> tuple:
+    """The LSTM kernels' peephole arguments ``(on, P (3,H))``, zero-size when off."""
+    return (False, _absent(dtype, 2)) if w.P is None else (True, _c(w.P))
+
+
+def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The r, z rows and the n rows of a GRU's ``W_hh`` (the reset-before GRU multiplies them apart)."""
+    return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
+
+
 class NumbaKernel:
     """:class:`~arrayrnn.engines.base.DirectionKernel` running the time loop in compiled code."""
-
-    @staticmethod
-    def _run(loop: Any, batch: int, *args: Any) -> None:
-        loop(blas_binding().ilp64, 0, batch, *args)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, spec: RNNSpec, w: DirectionWeights, xw: Array, batch_sizes: np.ndarray, h0: Array,
@@ -62,45 +85,59 @@ class NumbaKernel:
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         y = np.empty((T, B, spec.output_size), dtype=dtype)
         h = np.array(h0, dtype=dtype, order="C", copy=True)
-        W_hh, W_hhT = _c(w.W_hh), transposed(w.W_hh)
-        flip = flipped_scratch(B, *W_hhT.shape, dtype)  # per-step products of a few rows run flipped
+        scratch = new_scratch(dtype)
         H = spec.hidden_size
         if spec.mode == "lstm":
             c = np.array(c0, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
-            W_hrT = transposed(w.W_hr) if project else _absent(dtype, 2)
+            W_hr_p = pack_b(w.W_hr.T) if project else _no_packed(dtype)
             c_all = np.empty((T, B, H), dtype) if keep_cache else _absent(dtype, 3)
             tanh_c_all = np.empty((T if keep_cache else 1, B, H), dtype) if project else _absent(dtype, 3)
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
-            self._run(nk.lstm_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, project,
-                      h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
-                      dtype.type(hi))
-            cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
+            zone_c = _zone_args(w.zoneout_c, dtype, B, H)
+            c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
+            nk.lstm_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p, project, h, c, y,
+                                 np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
+                                 dtype.type(hi), *_mask_args(w, dtype, B),
+                                 *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,
+                                 *_peephole_args(w, dtype), scratch)
+            cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None,
+                                   c_cand=c_cand if zone_c[0] else None)
             return DirectionForward(y, h, c, cache if keep_cache else None)
         if spec.mode == "gru":
             keep_hn = keep_cache and spec.reset_after
             hn_all = np.empty((T if keep_hn else 1, B, H), dtype)
             b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(H, dtype)
-            self._run(nk.gru_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, spec.reset_after,
-                      b_hn, h, y, np.empty((B, 3 * H), dtype), keep_hn, hn_all)
+            if spec.reset_after:
+                packed = (pack_b(w.W_hh.T, gates=3), _no_packed(dtype), _no_packed(dtype))
+            else:
+                W_rz, W_n = _gru_parts(spec, w.W_hh)
+                packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
+            nk.gru_forward_loop(0, B, xw, bs, reverse, *packed, spec.reset_after, b_hn, h, y,
+                                np.empty((B, 3 * H), dtype), keep_hn, hn_all, *_mask_args(w, dtype, B),
+                                *_zone_args(w.zoneout_h, dtype, B, H)[:2], scratch)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
-        self._run(nk.rnn_forward_loop, B, xw, bs, reverse, W_hhT, W_hh, flip, spec.mode == "rnn_relu",
-                  h, y)
-        return DirectionForward(y, h, None, DirectionCache() if keep_cache else None)
+        zone_h = _zone_args(w.zoneout_h, dtype, B, H)[:2]
+        nk.rnn_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, y,
+                            *_mask_args(w, dtype, B), *zone_h, scratch)
+        cache = DirectionCache(gates=xw if zone_h[0] else None)  # with zoneout: each step's own output
+        return DirectionForward(y, h, None, cache if keep_cache else None)
 
     # -- backward -------------------------------------------------------------------------------
     def backward(self, spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
                  c_prev: Array | None, dy: Array, dh_n: Array, dc_n: Array | None, batch_sizes: np.ndarray,
-                 reverse: bool) -> DirectionGrads:
+                 reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
         dy = _c(dy)
         T, B, _ = dy.shape
         dtype = dy.dtype
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         dh = np.array(dh_n, dtype=dtype, order="C", copy=True)
-        W_hh = _c(w.W_hh)
+        scratch = new_scratch(dtype)
         H = spec.hidden_size
         cache = fwd.cache
+        masks = _mask_args(w, dtype, B, with_buffer=False)
+        zone_h = _zone_args(w.zoneout_h, dtype, B, spec.output_size)
         if spec.mode == "lstm":
             dc = np.array(dc_n, dtype=dtype, order="C", copy=True)
             project = w.W_hr is not None
@@ -108,22 +145,41 @@ class NumbaKernel:
             d_h = np.empty((T, B, spec.output_size), dtype) if project else _absent(dtype, 3)
             use_clip = spec.cell_clip is not None
             lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
-            self._run(nk.lstm_backward_loop, B, _c(cache.gates), _c(cache.c),
-                      _c(c_prev), _c(cache.tanh_c) if project else _absent(dtype, 3), bs, reverse, W_hh,
-                      _c(w.W_hr) if project else _absent(dtype, 2), project, dy, dh, dc, dpre_in, d_h,
-                      np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi))
+            W_hr_p = pack_b(w.W_hr) if project else _no_packed(dtype)
+            tanh_c = _c(cache.tanh_c) if project else _absent(dtype, 3)
+            seq = (True, _c(dc_seq)) if dc_seq is not None else (False, _absent(dtype, 3))
+            zone_c = _zone_args(w.zoneout_c, dtype, B, H)
+            cell = cache.c_cand if zone_c[0] else cache.c  # the cell h~ and the clip saw
+            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cell), _c(c_prev), tanh_c, bs, reverse,
+                                  pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
+                                  np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks,
+                                  *seq, *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2],
+                                  *_peephole_args(w, dtype), scratch)
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
             dpre_rec = np.empty_like(dpre_in) if spec.reset_after else _absent(dtype, 3)
             hn_all = _c(cache.hn) if spec.reset_after else _absent(dtype, 3)
-            self._run(nk.gru_backward_loop, B, _c(cache.gates), hn_all, _c(h_prev), bs,
-                      reverse, W_hh, spec.reset_after, dy, dh, dpre_in, dpre_rec, np.empty((B, H), dtype))
+            if spec.reset_after:
+                packed = (pack_b(w.W_hh), _no_packed(dtype), _no_packed(dtype))
+            else:
+                W_rz, W_n = _gru_parts(spec, w.W_hh)
+                packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
+            drh = np.empty((B, H), dtype)
+            nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed,
+                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, *zone_h, scratch)
             return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
-        self._run(nk.rnn_backward_loop, B, _c(fwd.y), bs, reverse, W_hh,
-                  spec.mode == "rnn_relu", dy, dh, d_pre)
+        own_output = cache.gates if zone_h[0] else fwd.y  # with zoneout y is not the step's own output
+        nk.rnn_backward_loop(0, B, _c(own_output), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy,
+                             dh, d_pre, *masks, *zone_h, scratch)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
+
+
+# below this many multiply-adds the hoisted input projection runs on the packed kernel, one thread: a
+# BLAS call that small gains nothing from BLAS's threads, and on a busy machine waiting on them cost
+# more than the product (S3: 23 ms for a 200x64 @ 64x512 projection, its time loop 3 ms)
+PACKED_PROJECTION_MAX = 1 << 24
 
 
 class NumbaEngine(StackEngine):
@@ -132,6 +188,19 @@ class NumbaEngine(StackEngine):
     def __init__(self) -> None:
         super().__init__("numba", NumbaKernel())
 
+    def project_input(self, x: Array, w: DirectionWeights) -> Array:
+        T, B, I = x.shape
+        N = w.W_ih.shape[0]
+        if T * B * I * N > PACKED_PROJECTION_MAX or x.dtype not in (np.float32, np.float64):
+            return super().project_input(x, w)
+        rows = np.ascontiguousarray(x.reshape(T * B, I))
+        xw = np.empty((T * B, N), x.dtype)
+        bias = w.input_bias is not None
+        if bias:
+            xw[...] = w.input_bias
+        gemm(rows, pack_b(w.W_ih.T), 1, xw, bias, new_scratch(x.dtype))
+        return xw.reshape(T, B, N)
+
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
@@ -139,9 +208,6 @@ class NumbaEngine(StackEngine):
             blas_binding()
         except BlasNotFoundError as err:
             return f"the numba engine calls NumPy's BLAS from compiled code, but {err}"
-        variants = call_variants(call)
-        if variants:
-            return f"{', '.join(variants)}: not yet on the numba engine (use engine='reference')"
         return None
 
 

@@ -1,12 +1,14 @@
-"""Compiled time loops of the numba engine: per-step GEMM plus fused gate math, forward and backward.
+"""Compiled time loops of the numba engine: per-step packed GEMM plus fused gate math, forward and backward.
 
 Each ``*_forward_loop`` / ``*_backward_loop`` function runs the WHOLE time loop of one direction for the
-rows ``[r0, r1)`` of the length-sorted batch; step ``t`` works on the active rows ``[r0, min(bs[t], r1))``.
-Per step: the recurrent GEMM through NumPy's BLAS (:mod:`.numba_blas`, using BLAS's threads), then one
-pass of fused, vectorisable gate math that writes the new state, the output and the residuals in place.
-The engine passes ``r0, r1 = 0, B``. The row range stays a run-time argument on purpose: with the bounds
-known at compile time (0 and ``xw.shape[1]``) LLVM's code for the gate loop ran 3.5x slower here
-(S1 LSTM forward time loop without GEMMs: 57 vs 12 ms).
+rows ``[r0, r1)`` of the length-sorted batch; step ``t`` works on the active rows ``[r0, min(bs[t], r1))``
+(variable lengths shrink the per-step product to the active prefix). The per-step products run on the
+packed SIMD kernels (:mod:`.packed_gemm`) with the weights packed by the caller. Forward: for each row
+tile, every gate-grouped GEMM tile of ``h @ W_hh.T`` is added into ``xw[t]`` and then the gate math runs
+over the row tile's full rows while they are in L1, writing the new state, the output and the
+residuals in place (per unit group, the gate loop over 16 units did not vectorise). The engine passes
+``r0, r1 = 0, B``. The row range stays a run-time argument on purpose: with the bounds known at
+compile time (0 and ``xw.shape[1]``) LLVM's code for the gate loop ran 3.5x slower here.
 
 Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of step ``t`` of an LSTM, roughly::
 
@@ -16,11 +18,16 @@ Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of st
 
 Argument conventions, to keep one compiled signature per dtype: every array is C-contiguous; an absent
 array (no projection, no cache, no inner bias) is a zero-size array, announced by a flag; ``bs`` is the
-int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``. The forward loops take the recurrent weight
-both ways, ``W_hhT`` and ``W_hh``, and ``flip``, the scratch of :func:`.numba_blas.gemm_step` (zero-size:
-every per-step product direct). Buffers are preallocated by the caller; nothing
-is allocated per step. Entries of inactive rows (``b >= bs[t]``) of ``y``, the residuals and the
-gradient stacks are set to zero.
+int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``; ``*_p`` are packed weights
+(:func:`.packed_gemm.pack_b`, zero-size when absent) and ``scratch`` is :func:`.packed_gemm.new_scratch`.
+Buffers are preallocated by the caller; nothing is allocated per step. Entries of inactive rows
+(``b >= bs[t]``) of ``y``, the residuals and the gradient stacks are set to zero.
+
+The cell variants run in the same loops behind run-time flags, each with its zero-size stand-ins when
+off (one signature still): recurrent dropout (the products read ``h * h_mask``, their ``dh`` is masked),
+zoneout (after the step; the backward splits each state's cotangent with :func:`.gate_math.zoneout_grads`),
+peepholes (their own LSTM tile and backward loop), per-step cell cotangents (``return_all_states``). A
+plain call runs the code it ran before, plus one untaken branch per step.
 
 The gate formulas themselves (how activated gates combine into the state, and their derivatives) live
 in :mod:`.gate_math` and are shared with the cupy engine's CUDA kernels; numba inlines them here, so the
@@ -42,9 +49,11 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from . import gate_math as gm
 from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
-from .numba_blas import gemm, gemm_step
+from .packed_gemm import gate_group, gemm
+from .simd_ir import ROWS_BY_NV, simd_jit
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
+# the time loops reach the SIMD kernels: their cache is keyed on the variant (simd_ir.simd_jit)
 
 
 # -- activations ----------------------------------------------------------------------------------
@@ -147,44 +156,170 @@ def _step_time(s, T, reverse):
     return T - 1 - s if reverse else s
 
 
+@register_jitable(inline="always")
+def _masked_rows(h, h_mask, hm, r0, n):
+    """``hm[r0:n] = h[r0:n] * h_mask[r0:n]``: the recurrent-dropout-masked state the step's GEMM reads."""
+    for b in range(r0, n):
+        hb, mb, out = h[b], h_mask[b], hm[b]
+        for j in range(hb.shape[0]):
+            out[j] = hb[j] * mb[j]
+
+
+@register_jitable(inline="always")
+def _add_masked(src, h_mask, dh, r0, n):
+    """``dh[r0:n] += src[r0:n] * h_mask[r0:n]``: a GEMM's gradient of the masked state, into the carry."""
+    for b in range(r0, n):
+        sb, mb, out = src[b], h_mask[b], dh[b]
+        for j in range(sb.shape[0]):
+            out[j] += sb[j] * mb[j]
+
+
+@register_jitable(inline="always")
+def _scale_rows(dh, h_mask, r0, n):
+    for b in range(r0, n):
+        db, mb = dh[b], h_mask[b]
+        for j in range(db.shape[0]):
+            db[j] *= mb[j]
+
+
+@register_jitable(inline="always")
+def _zone_rows(m, t, prev, new, r0, n):
+    """Zoneout of step ``t``: ``new[r0:n] = m[t] * prev + (1 - m[t]) * new`` (``prev``: the carried state)."""
+    for b in range(r0, n):
+        mb, pb, nb = m[t, b], prev[b], new[b]
+        for j in range(nb.shape[0]):
+            nb[j] = gm.zoneout(mb[j], pb[j], nb[j])
+
+
+@register_jitable(inline="always")
+def _split_zoned(one, m, t, total, own, carry, r0, n):
+    """Zoneout's backward split of the cotangents ``total[r0:n]`` of step ``t``'s state: the step's own
+    share ``(1 - m) * total`` into ``own``, the carried share ``m * total`` into ``carry``."""
+    for b in range(r0, n):
+        mb, tb, ob, cb = m[t, b], total[b], own[b], carry[b]
+        for j in range(tb.shape[0]):
+            ob[j], cb[j] = gm.zoneout_grads(one, mb[j], tb[j])
+
+
+@register_jitable(inline="always")
+def _add_rows(src, dst, r0, n):
+    for b in range(r0, n):
+        sb, db = src[b], dst[b]
+        for j in range(db.shape[0]):
+            db[j] += sb[j]
+
+
+@register_jitable(inline="always")
+def _dy_plus_dh(dy, t, dh, out, r0, n):
+    for b in range(r0, n):
+        dyb, dhb, ob = dy[t, b], dh[b], out[b]
+        for j in range(ob.shape[0]):
+            ob[j] = dyb[j] + dhb[j]
+
+
 # -- LSTM -----------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
-def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, project, h, c, y, m,
-                      keep, c_all, tanh_c_all, clip_lo, clip_hi):
+@register_jitable(inline="always")
+def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
+    """The LSTM gate math of rows ``i0 .. i1``, units ``j0 .. j1`` of step ``t`` (pre-activations in
+    ``xw[t]``, just written by the tile's GEMM). The loop runs over views that start at ``j0``: indexed
+    from ``j0`` directly, LLVM did not vectorise it (scalar divisions, several times slower)."""
+    for b in range(i0, i1):
+        g = xw[t, b]
+        gi_, gf_ = g[LSTM_I * H + j0:LSTM_I * H + j1], g[LSTM_F * H + j0:LSTM_F * H + j1]
+        gg_, go_ = g[LSTM_G * H + j0:LSTM_G * H + j1], g[LSTM_O * H + j0:LSTM_O * H + j1]
+        cb = c[b, j0:j1]
+        out = m[b, j0:j1] if project else y[t, b, j0:j1]
+        tc_out = tanh_c_all[t if keep else 0, b, j0:j1] if project else m[b, j0:j1]
+        for j in range(j1 - j0):
+            gi = sigmoid(gi_[j])
+            gf = sigmoid(gf_[j])
+            gg = tanh(gg_[j])
+            go = sigmoid(go_[j])
+            cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+            tc = tanh(cn)
+            gi_[j] = gi
+            gf_[j] = gf
+            gg_[j] = gg
+            go_[j] = go
+            cb[j] = cn
+            tc_out[j] = tc
+            out[j] = go * tc
+
+
+@register_jitable(inline="always")
+def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P):
+    """:func:`_lstm_tile` (all units) with peepholes ``P (3,H)``: ``i``, ``f`` also read the cell entering
+    the step, ``o`` the new (clipped) cell."""
+    p_i, p_f, p_o = P[0], P[1], P[2]
+    for b in range(i0, i1):
+        g = xw[t, b]
+        gi_, gf_, gg_, go_ = g[LSTM_I * H:(LSTM_I + 1) * H], g[LSTM_F * H:(LSTM_F + 1) * H], \
+            g[LSTM_G * H:(LSTM_G + 1) * H], g[LSTM_O * H:(LSTM_O + 1) * H]
+        cb = c[b]
+        out = m[b] if project else y[t, b]
+        tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
+        for j in range(H):
+            gi = sigmoid(gm.peephole_input(gi_[j], p_i[j], cb[j]))
+            gf = sigmoid(gm.peephole_input(gf_[j], p_f[j], cb[j]))
+            gg = tanh(gg_[j])
+            cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+            go = sigmoid(gm.peephole_input(go_[j], p_o[j], cn))
+            tc = tanh(cn)
+            gi_[j] = gi
+            gf_[j] = gf
+            gg_[j] = gg
+            go_[j] = go
+            cb[j] = cn
+            tc_out[j] = tc
+            out[j] = go * tc
+
+
+@simd_jit(**_JIT)
+def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y, m, keep, c_all, tanh_c_all,
+                      clip_lo, clip_hi, masked, h_mask, hm, zone_h, m_h, zone_c, m_c, c_prev, c_cand_all,
+                      peep, P, scratch):
     """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
     ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
-    ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only)."""
+    ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only).
+    ``W_hh_p = pack_b(W_hh.T, gates=4)``, ``W_hr_p = pack_b(W_hr.T)``. Per step, per unit group and
+    row tile: the tile's four gates (one GEMM tile) and at once their gate math. ``masked``: recurrent
+    dropout, the GEMM reads ``hm = h * h_mask (B,H_out)`` (else both are zero-size). ``zone_h``/``zone_c``:
+    zoneout of ``h``/``c`` with the masks ``m_h (T,B,H_out)``/``m_c (T,B,H)`` after the step (``h~`` reads
+    the cell before zoneout, kept in ``c_cand_all (T,B,H)`` when ``keep``; ``c_prev (B,H)`` scratch).
+    ``peep``: peepholes ``P (3,H)`` (:func:`_lstm_peephole_tile`)."""
     T = xw.shape[0]
     H = c.shape[1]
+    mr_max = ROWS_BY_NV[4]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            gates = xw[t, r0:n]
-            gemm_step(ilp64, h[r0:n], W_hhT, W_hh, gates, 1.0, flip)
-            for b in range(r0, n):
-                g = xw[t, b]
-                cb = c[b]
-                out = m[b] if project else y[t, b]
-                tc_out = tanh_c_all[t if keep else 0, b] if project else m[b]
-                for j in range(H):
-                    gi = sigmoid(g[LSTM_I * H + j])
-                    gf = sigmoid(g[LSTM_F * H + j])
-                    gg = tanh(g[LSTM_G * H + j])
-                    go = sigmoid(g[LSTM_O * H + j])
-                    cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
-                    tc = tanh(cn)
-                    g[LSTM_I * H + j] = gi
-                    g[LSTM_F * H + j] = gf
-                    g[LSTM_G * H + j] = gg
-                    g[LSTM_O * H + j] = go
-                    cb[j] = cn
-                    tc_out[j] = tc
-                    out[j] = go * tc
+            gates = xw[t]
+            if masked:
+                _masked_rows(h, h_mask, hm, r0, n)
+            src = hm if masked else h
+            if zone_c:
+                c_prev[r0:n] = c[r0:n]
+            for i0 in range(r0, n, mr_max):
+                i1 = min(n, i0 + mr_max)
+                for u in range(W_hh_p.shape[0] // 4):
+                    gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
+                if peep:
+                    _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo,
+                                        clip_hi, P)
+                else:
+                    _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+            if zone_c:
                 if keep:
-                    c_all[t, b] = cb
+                    c_cand_all[t, r0:n] = c[r0:n]
+                _zone_rows(m_c, t, c_prev, c, r0, n)
+            if keep:
+                for b in range(r0, n):
+                    c_all[t, b] = c[b]
             if project:
-                gemm(ilp64, m[r0:n], W_hrT, y[t, r0:n], 0.0)
+                gemm(m[r0:n], W_hr_p, 1, y[t, r0:n], False, scratch)
+            if zone_h:
+                _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
         if keep:
@@ -192,15 +327,24 @@ def lstm_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, W_hrT, 
             c_all[t, max(n, r0):r1] = 0.0
             if project:
                 tanh_c_all[t, max(n, r0):r1] = 0.0
+            if zone_c:
+                c_cand_all[t, max(n, r0):r1] = 0.0
 
 
-@numba.njit(**_JIT)
-def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh, W_hr, project,
-                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi):
+@simd_jit(**_JIT)
+def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh_p, W_hr_p, project,
+                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, masked, h_mask, has_seq,
+                       dc_seq, zone_h, m_h, zone_c, m_c, carry_h, carry_c, peep, P, scratch):
     """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
     forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
     (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
-    out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection."""
+    out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection.
+    ``W_hh_p = pack_b(W_hh)``, ``W_hr_p = pack_b(W_hr)``. ``masked``: recurrent dropout, the GEMM's
+    ``dh`` times ``h_mask (B,H_out)``; ``has_seq``: ``dc_seq (T,B,H)``, every step's cell cotangent
+    (``return_all_states``), joins the carry (both zero-size when off). ``zone_h``/``zone_c``: zoneout, each
+    state's cotangent splits into the step's share and the carried share (``carry_h``/``carry_c`` scratch),
+    added to the carry after the step; ``c_all`` is then the cell before zoneout. ``peep``: peepholes
+    ``P (3,H)`` (:func:`.gate_math.lstm_peephole_cell_grads`)."""
     T = gates.shape[0]
     H = dc.shape[1]
     one = one_of(gates)
@@ -208,25 +352,48 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            if project:
+            if has_seq:
                 for b in range(r0, n):
-                    dhb, dyb, out = dh[b], dy[t, b], d_h[t, b]
-                    for j in range(out.shape[0]):
-                        out[j] = dyb[j] + dhb[j]
-                gemm(ilp64, d_h[t, r0:n], W_hr, dm[r0:n], 0.0)
+                    dcb, seq = dc[b], dc_seq[t, b]
+                    for j in range(H):
+                        dcb[j] += seq[j]
+            if zone_c:
+                _split_zoned(one, m_c, t, dc, dc, carry_c, r0, n)
+            if zone_h:  # the step's share of dy + dh, read below as dh (or d_h with projection)
+                _dy_plus_dh(dy, t, dh, dh, r0, n)
+                _split_zoned(one, m_h, t, dh, d_h[t] if project else dh, carry_h, r0, n)
+            if project:
+                if not zone_h:
+                    _dy_plus_dh(dy, t, dh, d_h[t], r0, n)
+                gemm(d_h[t, r0:n], W_hr_p, 1, dm[r0:n], False, scratch)
             for b in range(r0, n):
                 g = gates[t, b]
                 d = dpre_in[t, b]
                 cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
                 dyb, dhb, dmb = dy[t, b], dh[b], dm[b]
                 tcb = tanh_c_all[t, b] if project else cb
+                if peep:
+                    for j in range(H):
+                        gi, gf = g[LSTM_I * H + j], g[LSTM_F * H + j]
+                        gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
+                        tc = tcb[j] if project else tanh(cb[j])
+                        dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
+                        di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
+                            one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi,
+                            P[0, j], P[1, j], P[2, j])
+                        d[LSTM_I * H + j] = di
+                        d[LSTM_F * H + j] = df
+                        d[LSTM_G * H + j] = dg
+                        d[LSTM_O * H + j] = do
+                        dcb[j] = dcp
+                    continue
                 for j in range(H):
                     gi = g[LSTM_I * H + j]
                     gf = g[LSTM_F * H + j]
                     gg = g[LSTM_G * H + j]
                     go = g[LSTM_O * H + j]
                     tc = tcb[j] if project else tanh(cb[j])
-                    dmj = dmb[j] if project else dyb[j] + dhb[j]
+                    dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
                     di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj,
                                                              dcb[j], use_clip, clip_lo, clip_hi)
                     d[LSTM_I * H + j] = di
@@ -234,19 +401,54 @@ def lstm_backward_loop(ilp64, r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reve
                     d[LSTM_G * H + j] = dg
                     d[LSTM_O * H + j] = do
                     dcb[j] = dcp
-            gemm(ilp64, dpre_in[t, r0:n], W_hh, dh[r0:n], 0.0)
+            if zone_c:
+                _add_rows(carry_c, dc, r0, n)
+            gemm(dpre_in[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            if masked:
+                _scale_rows(dh, h_mask, r0, n)
+            if zone_h:
+                _add_rows(carry_h, dh, r0, n)
         dpre_in[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
 
 
 # -- GRU ------------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
-def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_after, b_hn, h, y, hh, keep,
-                     hn_all):
+@register_jitable(inline="always")
+def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
+    """Reset-after GRU gate math of rows ``i0 .. i1``, units ``j0 .. j1`` (``hh = h @ W_hh.T`` there);
+    over views that start at ``j0`` (see :func:`_lstm_tile`)."""
+    R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
+    bias = b_hn[j0:j1]
+    for b in range(i0, i1):
+        g, q = xw[t, b], hh[b]
+        gr, gz, gn = g[R + j0:R + j1], g[Z + j0:Z + j1], g[N + j0:N + j1]
+        qr, qz, qn = q[R + j0:R + j1], q[Z + j0:Z + j1], q[N + j0:N + j1]
+        hb, yb = h[b, j0:j1], y[t, b, j0:j1]
+        hn_out = hn_all[t if keep else 0, b, j0:j1]
+        for j in range(j1 - j0):
+            r = sigmoid(gr[j] + qr[j])
+            z = sigmoid(gz[j] + qz[j])
+            hn = qn[j] + bias[j]
+            nn = tanh(gm.gru_candidate_input(gn[j], r, hn))
+            gr[j] = r
+            gz[j] = z
+            gn[j] = nn
+            hn_out[j] = hn
+            yb[j] = gm.gru_output(z, nn, hb[j])
+
+
+@simd_jit(**_JIT)
+def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, b_hn, h, y, hh, keep,
+                     hn_all, masked, h_mask, hm, zone_h, m_h, scratch):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
     ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
-    ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after)."""
+    ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after).
+    Reset-after: ``W_hh_p = pack_b(W_hh.T, gates=3)``, one fused tile per unit group and row tile.
+    Reset-before: ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (``pack_b(W.T)``);
+    the n product needs every unit's ``r * h`` first, so it runs after the r, z product. ``masked``:
+    recurrent dropout, the products read ``hm = h * h_mask (B,H)`` (``z * h`` keeps the carried ``h``).
+    ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)`` after the step."""
     T = xw.shape[0]
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -254,33 +456,26 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if masked:
+                _masked_rows(h, h_mask, hm, r0, n)
+            src = hm if masked else h
             if reset_after:
-                gemm_step(ilp64, h[r0:n], W_hhT, W_hh, hh[r0:n], 0.0, flip)
-                for b in range(r0, n):
-                    g, hb, q, yb = xw[t, b], h[b], hh[b], y[t, b]
-                    hn_out = hn_all[t if keep else 0, b]
-                    for j in range(H):
-                        r = sigmoid(g[R + j] + q[R + j])
-                        z = sigmoid(g[Z + j] + q[Z + j])
-                        hn = q[N + j] + b_hn[j]
-                        nn = tanh(gm.gru_candidate_input(g[N + j], r, hn))
-                        g[R + j] = r
-                        g[Z + j] = z
-                        g[N + j] = nn
-                        hn_out[j] = hn
-                        yb[j] = gm.gru_output(z, nn, hb[j])
+                mr_max = ROWS_BY_NV[3]
+                for i0 in range(r0, n, mr_max):
+                    i1 = min(n, i0 + mr_max)
+                    for u in range(W_hh_p.shape[0] // 3):
+                        gate_group(src, i0, i1 - i0, W_hh_p, 3, u, hh, False, scratch)
+                    _gru_after_tile(xw, t, i0, i1, 0, H, H, h, hh, b_hn, y, hn_all, keep)
             else:
-                rz = xw[t, r0:n, RZ:RZ + 2 * H]
-                gemm_step(ilp64, h[r0:n], W_hhT[:, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], rz, 1.0, flip)
+                gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
                 for b in range(r0, n):
-                    g, hb, q = xw[t, b], h[b], hh[b]
+                    g, hb, q = xw[t, b], src[b], hh[b]
                     for j in range(H):
                         r = sigmoid(g[R + j])
                         g[R + j] = r
                         g[Z + j] = sigmoid(g[Z + j])
                         q[j] = r * hb[j]
-                gemm_step(ilp64, hh[r0:n, :H], W_hhT[:, N:N + H], W_hh[N:N + H], xw[t, r0:n, N:N + H], 1.0,
-                          flip)
+                gemm(hh[r0:n, :H], W_n_p, 1, xw[t, r0:n, N:N + H], True, scratch)
                 for b in range(r0, n):
                     g, hb, yb = xw[t, b], h[b], y[t, b]
                     for j in range(H):
@@ -288,6 +483,8 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
                         z = g[Z + j]
                         g[N + j] = nn
                         yb[j] = gm.gru_output(z, nn, hb[j])
+            if zone_h:
+                _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
         if keep:
@@ -296,12 +493,15 @@ def gru_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, reset_af
                 hn_all[t, max(n, r0):r1] = 0.0
 
 
-@numba.njit(**_JIT)
-def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, reset_after, dy, dh, dpre_in,
-                      dpre_rec, drh):
+@simd_jit(**_JIT)
+def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, dy, dh,
+                      dpre_in, dpre_rec, drh, masked, h_mask, zone_h, m_h, carry_h, scratch):
     """``dpre_in (T,B,3H)`` out; ``dpre_rec (T,B,3H)`` out for reset-after (the n part is ``dpre_in``'s
     times r), unused for reset-before (equal to ``dpre_in``); ``drh (B,H)`` scratch (reset-before: the
-    gradient of ``r*h``)."""
+    gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)`` (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows
+    and the n rows of ``W_hh`` packed (reset-before). ``masked``: recurrent dropout, the products' share of
+    ``dh`` times ``h_mask (B,H)`` (the product then lands in ``drh`` first). ``zone_h``: zoneout, ``dy + dh``
+    splits into the step's share and the carried share (``carry_h (B,H)`` scratch, added after the step)."""
     T = gates.shape[0]
     H = dh.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -310,11 +510,14 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if zone_h:  # the step's share of dy + dh, read below as dh
+                _dy_plus_dh(dy, t, dh, dh, r0, n)
+                _split_zoned(one, m_h, t, dh, dh, carry_h, r0, n)
             for b in range(r0, n):
                 g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], dpre_in[t, b]
                 for j in range(H):
                     r, z, nn = g[R + j], g[Z + j], g[N + j]
-                    dhj = dyb[j] + dhb[j]
+                    dhj = dhb[j] if zone_h else dyb[j] + dhb[j]
                     dz, dn, carry = gm.gru_zn_grads(one, z, nn, hp[j], dhj)
                     d[N + j] = dn
                     d[Z + j] = dz
@@ -329,44 +532,76 @@ def gru_backward_loop(ilp64, r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh, r
                         e[R + j] = dr
                         e[Z + j] = d[Z + j]
                         e[N + j] = d[N + j] * r
-                gemm(ilp64, dpre_rec[t, r0:n], W_hh, dh[r0:n], 1.0)
+                if masked:
+                    gemm(dpre_rec[t, r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
+                    _add_masked(drh, h_mask, dh, r0, n)
+                else:
+                    gemm(dpre_rec[t, r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
+            elif masked:
+                gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
+                for b in range(r0, n):
+                    g, hp, d, q, mb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], h_mask[b]
+                    for j in range(H):
+                        r = g[R + j]
+                        d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j] * mb[j])
+                        q[j] *= r  # now the gradient of the masked h through r * h
+                gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
+                _add_masked(drh, h_mask, dh, r0, n)
             else:
-                gemm(ilp64, dpre_in[t, r0:n, N:N + H], W_hh[N:N + H], drh[r0:n], 0.0)
+                gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
                 for b in range(r0, n):
                     g, hp, d, q, dhb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], dh[b]
                     for j in range(H):
                         r = g[R + j]
                         d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
                         dhb[j] += q[j] * r
-                gemm(ilp64, dpre_in[t, r0:n, RZ:RZ + 2 * H], W_hh[RZ:RZ + 2 * H], dh[r0:n], 1.0)
+                gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
+            if zone_h:
+                _add_rows(carry_h, dh, r0, n)
         dpre_in[t, max(n, r0):r1] = 0.0
         if reset_after:
             dpre_rec[t, max(n, r0):r1] = 0.0
 
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
-@numba.njit(**_JIT)
-def rnn_forward_loop(ilp64, r0, r1, xw, bs, reverse, W_hhT, W_hh, flip, relu, h, y):
-    """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch."""
+@simd_jit(**_JIT)
+def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask, hm, zone_h, m_h, scratch):
+    """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch; ``W_hh_p = pack_b(W_hh.T)``.
+    The activation runs on each GEMM tile (one vector of units) as it is written. ``masked``: recurrent
+    dropout, the GEMM reads ``hm = h * h_mask (B,H)``. ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)``
+    after the step; ``xw[t]`` then keeps the step's own output ``h~`` (the backward's residual)."""
     T = xw.shape[0]
     H = h.shape[1]
+    mr_max = ROWS_BY_NV[1]
     zero = one_of(xw) * 0
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            pre = xw[t, r0:n]
-            gemm_step(ilp64, h[r0:n], W_hhT, W_hh, pre, 1.0, flip)
-            for b in range(r0, n):
-                p, yb = xw[t, b], y[t, b]
-                for j in range(H):
-                    yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+            pre = xw[t]
+            if masked:
+                _masked_rows(h, h_mask, hm, r0, n)
+            src = hm if masked else h
+            for i0 in range(r0, n, mr_max):
+                i1 = min(n, i0 + mr_max)
+                for u in range(W_hh_p.shape[0]):
+                    gate_group(src, i0, i1 - i0, W_hh_p, 1, u, pre, True, scratch)
+                for b in range(i0, i1):
+                    p, yb = pre[b], y[t, b]
+                    for j in range(H):
+                        yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+            if zone_h:
+                xw[t, r0:n] = y[t, r0:n]
+                _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
         y[t, max(n, r0):r1] = 0.0
 
 
-@numba.njit(**_JIT)
-def rnn_backward_loop(ilp64, r0, r1, y, bs, reverse, W_hh, relu, dy, dh, d_pre):
+@simd_jit(**_JIT)
+def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, masked, h_mask, zone_h, m_h,
+                      carry_h, scratch):
+    """``W_hh_p = pack_b(W_hh)``; ``masked``: recurrent dropout, the GEMM's ``dh`` times ``h_mask``;
+    ``zone_h``: zoneout (``y`` is then each step's own output ``h~``; ``carry_h (B,H)`` scratch)."""
     T = y.shape[0]
     H = dh.shape[1]
     one = one_of(y)
@@ -374,11 +609,16 @@ def rnn_backward_loop(ilp64, r0, r1, y, bs, reverse, W_hh, relu, dy, dh, d_pre):
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
+            if zone_h:  # the step's share of dy + dh, read below as dh
+                _dy_plus_dh(dy, t, dh, dh, r0, n)
+                _split_zoned(one, m_h, t, dh, dh, carry_h, r0, n)
             for b in range(r0, n):
                 yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], d_pre[t, b]
                 for j in range(H):
-                    d[j] = gm.rnn_grad(one, relu, yb[j], dyb[j] + dhb[j])
-            gemm(ilp64, d_pre[t, r0:n], W_hh, dh[r0:n], 0.0)
+                    d[j] = gm.rnn_grad(one, relu, yb[j], dhb[j] if zone_h else dyb[j] + dhb[j])
+            gemm(d_pre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            if masked:
+                _scale_rows(dh, h_mask, r0, n)
+            if zone_h:
+                _add_rows(carry_h, dh, r0, n)
         d_pre[t, max(n, r0):r1] = 0.0
-
-

@@ -156,6 +156,11 @@ class StackEngine(Engine):
     def check(self, call: Call) -> str | None:
         return None
 
+    def project_input(self, x: Array, w: DirectionWeights) -> Array:
+        """The hoisted input projection of one layer-direction (:func:`input_projection`; an engine may
+        run it on its own GEMM)."""
+        return input_projection(x, w)
+
     # -- forward --------------------------------------------------------------------------------
     def take_input(self, x: Array, lengths: np.ndarray, batch_first: bool) -> SortedInput:
         """ONE gather of the caller's ``x``: rows sorted by length, time-major, zero at padding."""
@@ -198,7 +203,7 @@ class StackEngine(Engine):
             for direction in range(D):
                 k = layer * D + direction
                 w = direction_weights(params, layer, direction, cell_masks)
-                out = self.kernel.forward(spec, w, input_projection(layer_input, w), batch_sizes, h0[k],
+                out = self.kernel.forward(spec, w, self.project_input(layer_input, w), batch_sizes, h0[k],
                                           c0[k] if c0 is not None else None, direction == 1, keep_c)
                 h_n[k] = out.h_n
                 if c_n is not None:

@@ -1,0 +1,187 @@
+"""Packed GEMM on the SIMD micro-kernel of :mod:`.simd_ir`: ``C (+)= A @ B`` with ``B`` packed once.
+
+The recurrent weights are the right operand of every product of an RNN (``h @ W_hh.T``, ``x @ W_ih.T``,
+``dgates @ W_hh``) and stay the same for a whole call, so they are packed once (:func:`pack_b`) into
+vector columns: ``packed[v]`` is the contiguous ``(K, W)`` block of ``W`` consecutive columns, zero past
+the last one. The micro-kernel then streams ``nv`` of these blocks per tile while ``mr`` rows of ``A``
+are broadcast from memory (:func:`.simd_ir.tile`).
+
+Gate-grouped packing (``gates=G``, ``N = G * H``): the vectors are ordered unit group by unit group,
+``packed[u * G + g]`` holding columns ``g * H + u * W ... + W - 1`` (gate ``g`` of units ``u * W ...``).
+One tile of ``G`` vectors then computes every gate of ``W`` hidden units, which is what the fused
+time loops (:mod:`.numba_kernels`) need to apply the gate nonlinearities to a tile while it is in L1.
+``C`` keeps its ordinary column order either way (the tile stores gate ``g`` at column ``g * H + ...``).
+
+Edges: rows past a multiple of the tile height run a shorter tile (every ``mr`` has its own loop); a
+block of columns that runs past ``N`` (or past ``H`` in a gate group) is computed into a small scratch
+tile and copied. ``M``, ``N`` or ``K`` may be any size, ``K = 0`` included.
+
+Which tile a product uses: blocks of 2 vectors with up to :func:`.simd_ir.max_rows` ``(2)`` rows
+(10 with AVX-512), or 4 vectors for products of at most ``max_rows(4)`` rows (a per-step product of a
+small batch); gate-grouped products use ``G``-vector tiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import simd_ir
+from .simd_ir import MAX_NV, ROWS_BY_NV, max_rows, simd_jit, tile
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+
+MR_WIDE = max_rows(MAX_NV)   # products of at most this many rows use 4-vector tiles
+ROW_PANEL = 240      # rows of a per panel (a multiple of the tile heights 10, 8, 6)
+
+
+def vector_lanes(dtype: Any) -> int:
+    """Elements per packed vector (``W``) for ``dtype`` on this CPU's SIMD variant."""
+    return simd_ir.lanes(np.dtype(dtype).itemsize)
+
+
+@simd_jit(**_JIT)
+def pack_b_into(b, gates, out):
+    """Pack ``b (K, N)`` (any strides) into ``out (G * ceil(N / G / W), K, W)``; see :func:`pack_b`."""
+    K, N = b.shape
+    W = out.shape[2]
+    H = N // gates
+    for v in range(out.shape[0]):
+        u, g = v // gates, v % gates
+        first = u * W
+        valid = min(W, H - first)
+        col = g * H + first
+        for kk in range(K):
+            row = out[v, kk]
+            for lane in range(valid):
+                row[lane] = b[kk, col + lane]
+            for lane in range(valid, W):
+                row[lane] = 0.0
+
+
+def pack_b(b: np.ndarray, gates: int = 1) -> np.ndarray:
+    """``b (K, N)`` packed for :func:`gemm`: ``(G * ceil(N / G / W), K, W)``, ``W`` = :func:`vector_lanes`.
+
+    ``gates = G > 1`` packs gate-grouped (``N = G * H``, see the module doc). For ``A @ W.T`` pass
+    ``b = W.T`` (a view: the packing reads any strides).
+    """
+    if b.ndim != 2 or b.dtype not in (np.float32, np.float64):
+        raise ValueError(f"pack_b: b must be a 2-D float32 or float64 array, got shape {b.shape} dtype "
+                         f"{b.dtype}")
+    K, N = b.shape
+    if gates < 1 or gates > MAX_NV or N % gates:
+        raise ValueError(f"pack_b: gates={gates} must be 1..{MAX_NV} and divide b's {N} columns")
+    W = vector_lanes(b.dtype)
+    groups = -(-(N // gates) // W)
+    out = np.empty((groups * gates, K, W), dtype=b.dtype)
+    pack_b_into(b, gates, out)
+    return out
+
+
+@simd_jit(**_JIT)
+def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch):
+    """Rows ``i0 .. i0 + mr`` of ``a`` times packed vectors ``v0 .. v0 + nv``, into ``c`` from column
+    ``c_col``, vector ``v`` at ``c_col + v * cvs``, only the first ``valid`` lanes of each vector
+    (``valid < W``: through ``scratch``, a ``(>= mr, >= nv * W)`` C-contiguous array)."""
+    K = a.shape[1]
+    W = bp.shape[2]
+    item = a.itemsize
+    lda, ldc = a.strides[0] // item, c.strides[0] // item
+    a_addr = a.ctypes.data + i0 * lda * item
+    b_addr = bp.ctypes.data + v0 * K * W * item
+    like = bp.dtype.type(0)
+    if valid == W:
+        tile(mr, nv, a_addr, lda, b_addr, K * W, K, c.ctypes.data + (i0 * ldc + c_col) * item, ldc, cvs,
+             accumulate, like)
+        return
+    ld = scratch.shape[1]
+    tile(mr, nv, a_addr, lda, b_addr, K * W, K, scratch.ctypes.data, ld, W, False, like)
+    for i in range(mr):
+        row, src = c[i0 + i], scratch[i]
+        for v in range(nv):
+            base = c_col + v * cvs
+            if accumulate:
+                for lane in range(valid):
+                    row[base + lane] += src[v * W + lane]
+            else:
+                for lane in range(valid):
+                    row[base + lane] = src[v * W + lane]
+
+
+@simd_jit(**_JIT)
+def gate_group(a, i0, mr, bp, gates, u, c, accumulate, scratch):
+    """Every gate of unit group ``u`` (units ``u*W .. u*W + W``) for rows ``i0 .. i0 + mr``, into ``c
+    (M, G * H)`` in its ordinary column order; ``bp`` packed with ``gates = G``."""
+    W = bp.shape[2]
+    H = c.shape[1] // gates
+    first = u * W
+    block(a, i0, mr, bp, u * gates, gates, c, first, H, min(W, H - first), accumulate, scratch)
+
+
+def new_scratch(dtype: Any) -> np.ndarray:
+    """The scratch tile of :func:`gemm` / :func:`block` for ``dtype``."""
+    return np.empty((max(max_rows(nv) for nv in range(1, MAX_NV + 1)), MAX_NV * vector_lanes(dtype)), dtype)
+
+
+@simd_jit(**_JIT)
+def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
+    """:func:`gemm` on rows ``r0 .. r1``: column blocks outside, row tiles inside."""
+    M = r1 - r0
+    NV, _, W = bp.shape
+    N = c.shape[1]
+    if gates > 1:
+        mr_max = ROWS_BY_NV[gates]
+        for u in range(NV // gates):
+            for i0 in range(r0, r1, mr_max):
+                gate_group(a, i0, min(mr_max, r1 - i0), bp, gates, u, c, accumulate, scratch)
+        return
+    nvb = MAX_NV if M <= MR_WIDE else 2
+    mr_max = ROWS_BY_NV[nvb]
+    for v0 in range(0, NV, nvb):
+        nv = min(nvb, NV - v0)
+        first = v0 * W
+        valid = min(W, N - (v0 + nv - 1) * W)
+        for i0 in range(r0, r1, mr_max):
+            mr = min(mr_max, r1 - i0)
+            if valid < W and nv > 1:
+                # the full vectors straight into c, the last (partial) one through the scratch
+                block(a, i0, mr, bp, v0, nv - 1, c, first, W, W, accumulate, scratch)
+                block(a, i0, mr, bp, v0 + nv - 1, 1, c, first + (nv - 1) * W, W, valid, accumulate, scratch)
+            else:
+                block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch)
+
+
+@simd_jit(**_JIT)
+def gemm(a, bp, gates, c, accumulate, scratch):
+    """``c = a @ b`` (or ``c += a @ b`` when ``accumulate``) with ``bp = pack_b(b, gates)``.
+
+    ``a (M, K)`` and ``c (M, N)``: unit inner stride, rows may be strided; ``scratch`` from
+    :func:`new_scratch`. Rows run in panels of :data:`ROW_PANEL` (a panel of ``a`` stays in L2 while
+    every column block of ``b`` passes over it); within a panel, a block of ``b`` (``nv * K * W``
+    elements) stays in L1/L2 across the row tiles.
+    """
+    M = a.shape[0]
+    if M == 0 or c.shape[1] == 0:
+        return
+    for r0 in range(0, M, ROW_PANEL):
+        _gemm_rows(a, r0, min(M, r0 + ROW_PANEL), bp, gates, c, accumulate, scratch)
+
+
+def matmul(a: np.ndarray, packed: np.ndarray, n: int, gates: int = 1, out: np.ndarray | None = None,
+           accumulate: bool = False) -> np.ndarray:
+    """``a @ b`` for ``packed = pack_b(b, gates)`` and ``b``'s column count ``n``; into ``out`` if given
+    (``out += a @ b`` with ``accumulate``). A checked front for :func:`gemm`."""
+    if a.ndim != 2 or a.dtype != packed.dtype or a.shape[1] != packed.shape[1]:
+        raise ValueError(f"matmul: a must be 2-D {packed.dtype} with {packed.shape[1]} columns (the packed "
+                         f"K), got shape {a.shape} dtype {a.dtype}")
+    if a.shape[0] and a.strides[1] != a.itemsize:
+        a = np.ascontiguousarray(a)
+    if out is None:
+        out = np.zeros((a.shape[0], n), a.dtype)
+    elif (out.shape != (a.shape[0], n) or out.dtype != a.dtype
+          or (out.size and out.strides[1] != out.itemsize)):
+        raise ValueError(f"matmul: out must be ({a.shape[0]}, {n}) {a.dtype} with unit column stride, got "
+                         f"shape {out.shape} dtype {out.dtype}")
+    gemm(a, packed, gates, out, accumulate, new_scratch(a.dtype))
+    return out

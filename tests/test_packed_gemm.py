@@ -1,0 +1,152 @@
+"""The packed GEMM and its SIMD micro-kernels against ``np.matmul`` (float64 oracle), every edge.
+
+Shapes hit every edge of the tiles: M, N, K not multiples of the tile sizes, M = 1, K = 1, K = 0, a
+partial last vector in a gate group. The variant this process runs is tested in process; every other
+variant this CPU can run (AVX2 and the portable one on an AVX-512 machine) is tested in a subprocess
+with ``ARRAYRNN_SIMD`` (and numba's target features) set, running this file's shape list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+from llvmlite import binding as llvm
+
+from arrayrnn.engines import packed_gemm as pg
+from arrayrnn.engines import simd_ir
+
+# (M, K, N, gates)
+SHAPES = [(1, 1, 1, 1), (1, 7, 33, 1), (13, 5, 70, 1), (2, 3, 24, 2), (23, 3, 36, 3), (11, 9, 512, 4),
+          (7, 64, 100, 4), (5, 0, 17, 1), (250, 17, 40, 1), (9, 33, 96, 1)]
+
+
+def check_shapes(dtype) -> float:
+    """Worst relative error over :data:`SHAPES`, both overwrite and accumulate (used by subprocesses)."""
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for M, K, N, gates in SHAPES:
+        a = rng.standard_normal((M, K)).astype(dtype)
+        b = rng.standard_normal((K, N)).astype(dtype)
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        packed = pg.pack_b(b, gates)
+        got = pg.matmul(a, packed, N, gates)
+        c0 = rng.standard_normal((M, N)).astype(dtype)
+        added = pg.matmul(a, packed, N, gates, out=c0.copy(), accumulate=True)
+        scale = np.sqrt(K) + 1
+        worst = max(worst, np.abs(got - exact).max(initial=0) / scale,
+                    np.abs(added - (exact + c0)).max(initial=0) / scale)
+    return worst
+
+
+TOL = {np.float32: 1e-5, np.float64: 1e-13}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_gemm_matches_matmul_on_every_edge(dtype):
+    assert check_shapes(dtype) < TOL[dtype]
+
+
+def test_gemm_on_strided_rows_leaves_the_rest_of_c_alone(rng):
+    a_full = rng.standard_normal((9, 40)).astype(np.float32)
+    a = a_full[::2, 3:35]                       # strided rows, unit inner stride
+    b = rng.standard_normal((32, 50)).astype(np.float32)
+    c = np.full((5, 80), 7.0, np.float32)
+    pg.gemm(a, pg.pack_b(b), 1, c[:, 10:60], False, pg.new_scratch(np.float32))
+    np.testing.assert_allclose(c[:, 10:60], a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert (c[:, :10] == 7).all() and (c[:, 60:] == 7).all()
+
+
+def test_gate_grouped_packing_orders_vectors_by_unit_group(rng):
+    W = pg.vector_lanes(np.float64)
+    H, K = W + 3, 2                             # two unit groups, the second partial
+    b = rng.standard_normal((K, 4 * H))
+    packed = pg.pack_b(b, gates=4)
+    assert packed.shape == (8, K, W)
+    np.testing.assert_array_equal(packed[4 + 2, :, :3], b[:, 2 * H + W:2 * H + W + 3])   # group 1, gate 2
+    assert (packed[4 + 2, :, 3:] == 0).all()
+
+
+def test_bad_arguments_name_what_was_expected():
+    with pytest.raises(ValueError, match="gates=3 must be"):
+        pg.pack_b(np.zeros((2, 8), np.float32), gates=3)
+    with pytest.raises(ValueError, match="2-D float32 or float64"):
+        pg.pack_b(np.zeros((2, 8), np.int32))
+    packed = pg.pack_b(np.zeros((4, 8), np.float32))
+    with pytest.raises(ValueError, match="4 columns"):
+        pg.matmul(np.zeros((2, 5), np.float32), packed, 8)
+
+
+def _runnable_variants() -> list[str]:
+    host = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    out = ["portable"]
+    if {"avx2", "fma"} <= host:
+        out.append("avx2")
+    if {"avx512f", "fma"} <= host:
+        out.append("avx512")
+    return out
+
+
+_NUMBA_TARGET = {"avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+sse4.2"},
+                 "avx512": {}, "portable": {}}
+
+
+@pytest.mark.parametrize("variant", [v for v in simd_ir.VARIANTS if v != simd_ir.VARIANT])
+def test_other_variants_match_matmul(variant):
+    if variant not in _runnable_variants():
+        pytest.skip(f"this CPU cannot run the {variant} variant")
+    env = dict(os.environ, ARRAYRNN_SIMD=variant, **_NUMBA_TARGET[variant])
+    here = os.path.dirname(__file__)
+    code = (f"import sys, numpy as np; sys.path.insert(0, {here!r}); import test_packed_gemm as t; "
+            f"from arrayrnn.engines import simd_ir; assert simd_ir.VARIANT == {variant!r}; "
+            "print(t.check_shapes(np.float32), t.check_shapes(np.float64))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    err32, err64 = map(float, done.stdout.split())
+    assert err32 < TOL[np.float32] and err64 < TOL[np.float64]
+
+
+def test_simd_variant_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("ARRAYRNN_SIMD", "portable")
+    assert simd_ir.detect_variant() == "portable"
+    monkeypatch.setenv("ARRAYRNN_SIMD", "sse9")
+    with pytest.raises(ValueError, match="ARRAYRNN_SIMD='sse9'"):
+        simd_ir.detect_variant()
+
+
+@numba.njit
+def _one_tile(mr, nv, a, bp, c):
+    W = bp.shape[2]
+    K = a.shape[1]
+    simd_ir.tile(mr, nv, a.ctypes.data, K, bp.ctypes.data, bp.shape[1] * W, K, c.ctypes.data, c.shape[1], W,
+                 True, a[0, 0])
+
+
+def _k_loops(asm: str) -> list[str]:
+    """The machine-code blocks that branch back to themselves and hold vector FMAs (the K loops)."""
+    blocks = re.split(r"\n(?=\.LBB\d+_\d+:)", asm)
+    loops = []
+    for text in blocks:
+        label = re.match(r"(\.LBB\d+_\d+):", text)
+        if label and "vfmadd" in text and re.search(rf"\bj\w+\s+{re.escape(label.group(1))}\b", text):
+            loops.append(text)
+    return loops
+
+
+@pytest.mark.skipif(simd_ir.VARIANT == "portable", reason="the portable variant's code is the target's own")
+def test_k_loops_keep_accumulators_in_registers():
+    f32 = numba.float32
+    sig = (numba.int64, numba.int64, f32[:, ::1], f32[:, :, ::1], f32[:, ::1])
+    _one_tile.compile(sig)                               # compiled, not run
+    asm = _one_tile.inspect_asm(sig)
+    loops = _k_loops(asm)
+    # one K loop per tile shape, none unrolled; tiles of <= 4 accumulators add a remainder loop
+    shapes = [(mr, nv) for nv in range(1, simd_ir.MAX_NV + 1) for mr in range(1, simd_ir.max_rows(nv) + 1)]
+    assert len(loops) == sum(2 if mr * nv <= 4 else 1 for mr, nv in shapes)
+    spilling = [loop.splitlines()[0] for loop in loops if re.search(r"\(%rsp\)", loop)]
+    assert not spilling, f"K loops spill to the stack: {spilling}"
