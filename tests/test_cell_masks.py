@@ -73,3 +73,13 @@ def test_rates(p):
     assert abs((m.recurrent == 0).mean() - p) < 0.05 and abs((m.weight == 0).mean() - p) < 0.02
     assert abs(m.zoneout_h.mean() - p) < 0.01
     assert set(np.unique(m.recurrent)) <= {0.0, np.float32(1 / (1 - p))}
+
+
+@pytest.mark.parametrize("key", [0, 1, 2**63 + 5, 2**64 - 1])
+@pytest.mark.parametrize("start", [0, 7, 2**40])
+def test_the_host_loop_draws_the_bits_of_the_array_formula(key, start):
+    """The compiled host generator (NumPy) and the array-operation one (CuPy's path) give the same bits."""
+    from arrayrnn.frontend import dropout
+
+    np.testing.assert_array_equal(dropout.uniform(np, key, start, 1031),
+                                  dropout.uniform_arrays(np, key, start, 1031))
