@@ -8,7 +8,7 @@ calls after one untimed call (steady state; ``--gap`` adds a pause before each, 
 between peers, which this profile of one engine does not need):
 
 - ``total``: ``ar.rnn_forward`` (inference) or ``rnn_forward(training=True)`` + ``rnn_backward``;
-- ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the driver's ``input_projection``);
+- ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the engine's ``project_input``);
 - ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
 - ``recurrent GEMM``: the same per-step products as the kernel (same shapes, same packed weights and
   entry point, :func:`arrayrnn.engines.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
@@ -18,7 +18,10 @@ between peers, which this profile of one engine does not need):
 - ``rest`` = ``total`` - the parts above: the frontend (checks, the private copies of ``x`` and of the
   weights, zero initial states), the driver's ``previous_states`` and concatenations, Python overhead.
 
-Parts are measured apart, so they need not add up exactly; ``rest`` absorbs the difference.
+Parts are measured apart, so they need not add up exactly; ``rest`` absorbs the difference. Each part
+runs with the threads the engine gives a call of its batch
+(:func:`arrayrnn.engines.row_threads.engine_threads`: with 2 threads the time loops and per-step
+products split the rows, BLAS is held to one thread and the hoisted products split their rows too).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import numba_engine, packed_gemm  # noqa: E402
+from arrayrnn.engines import numba_engine, packed_gemm, row_threads  # noqa: E402
 from arrayrnn.engines.simd_ir import simd_jit  # noqa: E402
 from arrayrnn.engines.stack import _weight_grads, direction_weights, input_projection  # noqa: E402
 
@@ -99,16 +102,23 @@ class Parts:
         return ar.rnn_backward(res, self.dy)
 
     def input_gemm(self):
-        return input_projection(self.x, self.w)
+        return numba_engine.ENGINE.project_input(self.x, self.w)
 
     def forward_loop(self, keep: bool):
         return self.kernel.forward(self.spec, self.w, self.xw.copy(), self.bs, self.h0, self.c0, False, keep)
 
+    def _split_steps(self, a, packed, gates, c, accumulate):
+        """:func:`_gemm_steps` over the engine's row ranges, one per thread, as the time loops split."""
+        ranges = row_threads.row_ranges(self.bs, a.shape[1], row_threads.thread_count(a.shape[1]))
+        row_threads.in_parallel(lambda r0, r1: _gemm_steps(a[:, r0:r1], packed, gates, c[:, r0:r1],
+                                                           accumulate, packed_gemm.new_scratch(np.float32)),
+                                ranges)
+
     def forward_gemms(self):
-        _gemm_steps(*self.fwd_gemm, True, self.scratch)
+        self._split_steps(*self.fwd_gemm, True)
 
     def backward_gemms(self):
-        _gemm_steps(*self.bwd_gemm, False, self.scratch)
+        self._split_steps(*self.bwd_gemm, False)
 
     def backward_pieces(self):
         """The backward loop's inputs, as the driver builds them (not timed)."""
@@ -131,14 +141,18 @@ class Parts:
         grads = ar.PackedParams.zeros(self.spec)
 
         def run():
-            _weight_grads(self.spec, grads, 0, 0, self.w, g, fwd, self.x, h_prev)
-            return g.dpre_in.reshape(-1, g.dpre_in.shape[-1]) @ self.w.W_ih
+            matmul = numba_engine.ENGINE.matmul
+            _weight_grads(matmul, self.spec, grads, 0, 0, self.w, g, fwd, self.x, h_prev)
+            return matmul(g.dpre_in.reshape(-1, g.dpre_in.shape[-1]), self.w.W_ih)
         return run
 
 
 def profile(mode: str, shape: str, repeats: int, gap: float) -> dict[str, dict[str, float]]:
     p = Parts(mode, *SHAPES[shape])
-    t = lambda fn: _median_time(fn, repeats, gap) * 1e3  # noqa: E731
+
+    def t(fn) -> float:
+        with row_threads.engine_threads(p.x.shape[1]):  # each part with the threads the engine gives it
+            return _median_time(fn, repeats, gap) * 1e3
     fwd = {"total": t(p.forward_total), "input GEMM": t(p.input_gemm), "recurrent GEMM": t(p.forward_gemms)}
     loop = t(lambda: p.forward_loop(False))
     fwd["gate math"] = loop - fwd["recurrent GEMM"]
@@ -160,7 +174,8 @@ COLUMNS = ("total", "input GEMM", "recurrent GEMM", "gate math", "hoisted backwa
 
 def render(results, command: str, label: str) -> str:
     out = [f"#### Per-call profile of the numba engine: {label}", "",
-           f"Command: `{command}`; float32, 1 layer, 2 BLAS threads; ms, median; share of total in brackets. "
+           f"Command: `{command}`; float32, 1 layer, the engine's threads; ms, median; share of total in "
+           "brackets. "
            "`gate math` = compiled time loop - its per-step GEMMs measured alone; `rest` = total - parts "
            "(frontend copies, driver, Python).", "",
            "| shape | mode | phase | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (3 + len(COLUMNS))]

@@ -25,11 +25,21 @@ import numpy as np
 
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
-from .base import Call, DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .base import (
+    Call,
+    DirectionCache,
+    DirectionForward,
+    DirectionGrads,
+    DirectionWeights,
+    StackForward,
+    StackGrads,
+)
 from .cells import gate_slice
 from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
-from .stack import StackEngine
+from .row_threads import engine_threads, run_split, split_matmul
+from .simd_ir import ROWS_BY_NV
+from .stack import StackCache, StackEngine, input_projection
 
 Array = Any
 
@@ -85,7 +95,6 @@ class NumbaKernel:
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         y = np.empty((T, B, spec.output_size), dtype=dtype)
         h = np.array(h0, dtype=dtype, order="C", copy=True)
-        scratch = new_scratch(dtype)
         H = spec.hidden_size
         if spec.mode == "lstm":
             c = np.array(c0, dtype=dtype, order="C", copy=True)
@@ -96,11 +105,11 @@ class NumbaKernel:
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
             zone_c = _zone_args(w.zoneout_c, dtype, B, H)
             c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
-            nk.lstm_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p, project, h, c, y,
-                                 np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all, dtype.type(lo),
-                                 dtype.type(hi), *_mask_args(w, dtype, B),
-                                 *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,
-                                 *_peephole_args(w, dtype), scratch)
+            run_split(nk.lstm_forward_loop, bs, B, dtype, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p,
+                      project, h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all,
+                      dtype.type(lo), dtype.type(hi), *_mask_args(w, dtype, B),
+                      *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,
+                      *_peephole_args(w, dtype), tile=ROWS_BY_NV[4])
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None,
                                    c_cand=c_cand if zone_c[0] else None)
             return DirectionForward(y, h, c, cache if keep_cache else None)
@@ -113,14 +122,14 @@ class NumbaKernel:
             else:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
-            nk.gru_forward_loop(0, B, xw, bs, reverse, *packed, spec.reset_after, b_hn, h, y,
-                                np.empty((B, 3 * H), dtype), keep_hn, hn_all, *_mask_args(w, dtype, B),
-                                *_zone_args(w.zoneout_h, dtype, B, H)[:2], scratch)
+            run_split(nk.gru_forward_loop, bs, B, dtype, xw, bs, reverse, *packed, spec.reset_after, b_hn, h,
+                      y, np.empty((B, 3 * H), dtype), keep_hn, hn_all, *_mask_args(w, dtype, B),
+                      *_zone_args(w.zoneout_h, dtype, B, H)[:2], tile=ROWS_BY_NV[3])
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return DirectionForward(y, h, None, cache if keep_cache else None)
         zone_h = _zone_args(w.zoneout_h, dtype, B, H)[:2]
-        nk.rnn_forward_loop(0, B, xw, bs, reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, y,
-                            *_mask_args(w, dtype, B), *zone_h, scratch)
+        run_split(nk.rnn_forward_loop, bs, B, dtype, xw, bs, reverse, pack_b(w.W_hh.T),
+                  spec.mode == "rnn_relu", h, y, *_mask_args(w, dtype, B), *zone_h, tile=ROWS_BY_NV[1])
         cache = DirectionCache(gates=xw if zone_h[0] else None)  # with zoneout: each step's own output
         return DirectionForward(y, h, None, cache if keep_cache else None)
 
@@ -133,7 +142,6 @@ class NumbaKernel:
         dtype = dy.dtype
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         dh = np.array(dh_n, dtype=dtype, order="C", copy=True)
-        scratch = new_scratch(dtype)
         H = spec.hidden_size
         cache = fwd.cache
         masks = _mask_args(w, dtype, B, with_buffer=False)
@@ -150,11 +158,10 @@ class NumbaKernel:
             seq = (True, _c(dc_seq)) if dc_seq is not None else (False, _absent(dtype, 3))
             zone_c = _zone_args(w.zoneout_c, dtype, B, H)
             cell = cache.c_cand if zone_c[0] else cache.c  # the cell h~ and the clip saw
-            nk.lstm_backward_loop(0, B, _c(cache.gates), _c(cell), _c(c_prev), tanh_c, bs, reverse,
-                                  pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
-                                  np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks,
-                                  *seq, *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2],
-                                  *_peephole_args(w, dtype), scratch)
+            run_split(nk.lstm_backward_loop, bs, B, dtype, _c(cache.gates), _c(cell), _c(c_prev), tanh_c, bs,
+                      reverse, pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
+                      np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks, *seq,
+                      *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2], *_peephole_args(w, dtype))
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
@@ -166,13 +173,13 @@ class NumbaKernel:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
             drh = np.empty((B, H), dtype)
-            nk.gru_backward_loop(0, B, _c(cache.gates), hn_all, _c(h_prev), bs, reverse, *packed,
-                                 spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, *zone_h, scratch)
+            run_split(nk.gru_backward_loop, bs, B, dtype, _c(cache.gates), hn_all, _c(h_prev), bs, reverse,
+                      *packed, spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, *zone_h)
             return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
         d_pre = np.empty((T, B, H), dtype)
         own_output = cache.gates if zone_h[0] else fwd.y  # with zoneout y is not the step's own output
-        nk.rnn_backward_loop(0, B, _c(own_output), bs, reverse, pack_b(w.W_hh), spec.mode == "rnn_relu", dy,
-                             dh, d_pre, *masks, *zone_h, scratch)
+        run_split(nk.rnn_backward_loop, bs, B, dtype, _c(own_output), bs, reverse, pack_b(w.W_hh),
+                  spec.mode == "rnn_relu", dy, dh, d_pre, *masks, *zone_h)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 
 
@@ -188,11 +195,22 @@ class NumbaEngine(StackEngine):
     def __init__(self) -> None:
         super().__init__("numba", NumbaKernel())
 
+    def forward_sorted(self, params: Any, x: Array, *args: Any, **kwargs: Any) -> StackForward:
+        with engine_threads(x.shape[1]):
+            return super().forward_sorted(params, x, *args, **kwargs)
+
+    def backward_sorted(self, cache: StackCache, *args: Any, **kwargs: Any) -> StackGrads:
+        with engine_threads(cache.x.shape[1]):
+            return super().backward_sorted(cache, *args, **kwargs)
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        return split_matmul(a, b)
+
     def project_input(self, x: Array, w: DirectionWeights) -> Array:
         T, B, I = x.shape
         N = w.W_ih.shape[0]
         if T * B * I * N > PACKED_PROJECTION_MAX or x.dtype not in (np.float32, np.float64):
-            return super().project_input(x, w)
+            return input_projection(x, w, split_matmul)
         rows = np.ascontiguousarray(x.reshape(T * B, I))
         xw = np.empty((T * B, N), x.dtype)
         bias = w.input_bias is not None

@@ -28,6 +28,8 @@ cast back).
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 from types import ModuleType
@@ -53,6 +55,7 @@ from .batch_order import BatchOrder
 from .cells import gate, gate_slice, split_biases
 
 Array = Any
+MatMul = Callable[[Array, Array], Array]
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,10 +114,10 @@ def sorted_cell_masks(order: BatchOrder, masks: CellMasks | None) -> CellMasks |
                      zoneout_c=order.sort(masks.zoneout_c, axis=2))
 
 
-def input_projection(x: Array, w: DirectionWeights) -> Array:
+def input_projection(x: Array, w: DirectionWeights, matmul: MatMul = operator.matmul) -> Array:
     """``x @ W_ih.T + input_bias`` for every step at once: (T, B, I) -> (T, B, G*H)."""
     T, B, I = x.shape
-    xw = x.reshape(T * B, I) @ w.W_ih.T
+    xw = matmul(x.reshape(T * B, I), w.W_ih.T)
     if w.input_bias is not None:
         xw += w.input_bias
     return xw.reshape(T, B, -1)
@@ -160,6 +163,11 @@ class StackEngine(Engine):
         """The hoisted input projection of one layer-direction (:func:`input_projection`; an engine may
         run it on its own GEMM)."""
         return input_projection(x, w)
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        """``a @ b`` for the backward's hoisted products (``dx``, the weight gradients); an engine may run
+        them on its own threads."""
+        return a @ b
 
     # -- forward --------------------------------------------------------------------------------
     def take_input(self, x: Array, lengths: np.ndarray, batch_first: bool) -> SortedInput:
@@ -270,10 +278,10 @@ class StackEngine(Engine):
                 dh0[k] = g.dh0
                 if dc0 is not None:
                     dc0[k] = g.dc0
-                _weight_grads(spec, grads, layer, direction, w, g, fwd, layer_input, h_prev, c_prev,
-                              cache.cell_masks)
+                _weight_grads(self.matmul, spec, grads, layer, direction, w, g, fwd, layer_input, h_prev,
+                              c_prev, cache.cell_masks)
                 del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
-                d_input = _add_dx(d_input, g.dpre_in, w.W_ih, layer_input.shape)
+                d_input = _add_dx(self.matmul, d_input, g.dpre_in, w.W_ih, layer_input.shape)
                 del g
             if layer > 0 and cache.masks is not None:
                 d_input *= cache.masks[layer - 1]
@@ -291,9 +299,10 @@ class StackEngine(Engine):
         return below * cache.masks[layer - 1] if cache.masks is not None else below
 
 
-def _add_dx(d_input: Array | None, dpre_in: Array, W_ih: Array, shape: tuple[int, ...]) -> Array:
+def _add_dx(matmul: MatMul, d_input: Array | None, dpre_in: Array, W_ih: Array,
+            shape: tuple[int, ...]) -> Array:
     """``d_input + dpre_in @ W_ih`` over all rows; the first direction's product is the buffer itself."""
-    dx = (_rows(dpre_in) @ W_ih).reshape(shape)
+    dx = matmul(_rows(dpre_in), W_ih).reshape(shape)
     if d_input is None:
         return dx
     d_input += dx
@@ -304,9 +313,9 @@ def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[Direction
     return outs[0].y if len(outs) == 1 else xp.concatenate([o.y for o in outs], axis=2)
 
 
-def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int, w: DirectionWeights,
-                  g: DirectionGrads, fwd: DirectionForward, layer_input: Array, h_prev: Array,
-                  c_prev: Array | None = None, cell_masks: CellMasks | None = None) -> None:
+def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int, direction: int,
+                  w: DirectionWeights, g: DirectionGrads, fwd: DirectionForward, layer_input: Array,
+                  h_prev: Array, c_prev: Array | None = None, cell_masks: CellMasks | None = None) -> None:
     """The hoisted weight-gradient GEMMs and bias reductions of one layer-direction (with the cell
     variants: ``W_hh`` multiplies the recurrent-dropout-masked ``h_prev`` and its gradient goes through
     the DropConnect mask; the peephole weights' gradient is one reduction per gate)."""
@@ -314,7 +323,7 @@ def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int
         grads.view(layer, direction, name)[...] = value
 
     dpre_in, dpre_rec = _rows(g.dpre_in), _rows(g.dpre_rec)
-    put("W_ih", dpre_in.T @ _rows(layer_input))
+    put("W_ih", matmul(dpre_in.T, _rows(layer_input)))
     if w.b_ih is not None:
         put("b_ih", dpre_in.sum(axis=0))
     if w.b_hh is not None:
@@ -325,17 +334,17 @@ def _weight_grads(spec: RNNSpec, grads: PackedParams, layer: int, direction: int
     if spec.mode == "gru" and not spec.reset_after:
         # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
         dW_hh = grads.view(layer, direction, "W_hh")
-        dW_hh[gate_slice(spec, "r", "z")] = gate(spec, dpre_rec, "r", "z").T @ h_prev
+        dW_hh[gate_slice(spec, "r", "z")] = matmul(gate(spec, dpre_rec, "r", "z").T, h_prev)
         r_h = gate(spec, _rows(fwd.cache.gates), "r") * h_prev
-        dW_hh[gate_slice(spec, "n")] = gate(spec, dpre_rec, "n").T @ r_h
+        dW_hh[gate_slice(spec, "n")] = matmul(gate(spec, dpre_rec, "n").T, r_h)
     else:
-        put("W_hh", dpre_rec.T @ h_prev)
+        put("W_hh", matmul(dpre_rec.T, h_prev))
     if cell_masks is not None and cell_masks.weight is not None:
         k = layer * spec.num_directions + direction
         grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
     if w.W_hr is not None:
         m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
-        put("W_hr", _rows(g.d_h).T @ _rows(m))
+        put("W_hr", matmul(_rows(g.d_h).T, _rows(m)))
     if w.P is not None:
         c_new = fwd.cache.c_cand if fwd.cache.c_cand is not None else fwd.cache.c
         dP = grads.view(layer, direction, "P")

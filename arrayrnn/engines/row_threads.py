@@ -1,0 +1,181 @@
+"""Threads for the numba engine's time loops: the batch rows split between persistent worker threads.
+
+Rows of a direction's batch never interact inside its time loop (each row's state feeds only its own
+next step), so every compiled loop of :mod:`.numba_kernels` takes a row range ``[r0, r1)`` and runs
+the whole sequence for it. :func:`run_split` runs one loop per thread on contiguous row ranges, with
+no barrier at all: the threads meet once, when the call returns. The loops release the GIL
+(``nogil=True``) and write disjoint rows of the shared buffers; each thread gets its own scratch tile.
+
+Semantics roughly equal to this Python loop, run concurrently::
+
+    for r0, r1 in row_ranges(batch_sizes, threads):
+        loop(r0, r1, *args, new_scratch(dtype))
+
+Rows are split by work, not by count: the batch is sorted by length (longest first), so a row's work
+is its length, and the first range holds fewer, longer rows. A range boundary is rounded to the
+loop's row tile when that keeps the balance (a partial tile runs below the kernel's peak).
+
+How many threads: :func:`numba.get_num_threads` (``NUMBA_NUM_THREADS``, or
+:func:`numba.set_num_threads` in the calling thread), at most one per :data:`MIN_ROWS_PER_THREAD` rows
+(a smaller share loses more to the second core's start-up than the split saves). The workers are
+created on first use, once per process (a forked child makes its own).
+
+BLAS: a call that uses more than one thread runs inside :func:`engine_threads`, which holds NumPy's
+BLAS to one thread and splits the hoisted products' rows over the same workers instead
+(:func:`split_matmul`). Left at its own threads, OpenBLAS's workers spin-wait for ~0.1 s after every
+product on the core the time loop's second thread needs (measured, S1 LSTM forward: 2 loop threads beside
+2 OpenBLAS threads ran no faster than 1; with OpenBLAS at 1 thread they ran 1.3x faster). Other Python
+threads calling NumPy's BLAS during such a call get one thread too.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numba
+import numpy as np
+import threadpoolctl
+
+from .packed_gemm import new_scratch
+
+# below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
+MIN_ROWS_PER_THREAD = 8
+
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _workers(count: int) -> ThreadPoolExecutor:
+    """The process's worker pool with at least ``count`` threads (rebuilt in a forked child)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid() or _pool[1]._max_workers < count:
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=count, thread_name_prefix="arrayrnn-rows"))
+        return _pool[1]
+
+
+def thread_count(rows: int) -> int:
+    """Threads a time loop over ``rows`` batch rows runs on."""
+    return max(1, min(numba.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
+
+
+def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) -> list[tuple[int, int]]:
+    """``threads`` contiguous ranges of ``[0, rows)`` with about equal work (row ``b`` works on each step
+    ``t`` with ``batch_sizes[t] > b``); boundaries on multiples of ``tile`` where that moves them by less
+    than half a tile's work. Empty ranges are dropped."""
+    work = np.array([np.count_nonzero(batch_sizes > b) for b in range(rows)], dtype=np.int64)
+    cumulative = np.cumsum(work)
+    total = int(cumulative[-1]) if rows else 0
+    bounds = [0]
+    for k in range(1, threads):
+        cut = int(np.searchsorted(cumulative, total * k / threads)) + 1
+        rounded = int(round(cut / tile)) * tile
+        if tile > 1 and abs(rounded - cut) <= tile // 2:
+            cut = rounded
+        bounds.append(min(max(cut, bounds[-1]), rows))
+    bounds.append(rows)
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+def run_split(loop: Callable[..., Any], batch_sizes: np.ndarray, rows: int, dtype: Any, *args: Any,
+              tile: int = 1) -> None:
+    """``loop(r0, r1, *args, scratch)`` over the row ranges of :func:`row_ranges`, one per thread; the
+    calling thread runs the first. Waits for every range before returning or raising."""
+    ranges = row_ranges(batch_sizes, rows, thread_count(rows), tile) or [(0, 0)]
+    in_parallel(lambda r0, r1: loop(r0, r1, *args, new_scratch(dtype)), ranges)
+
+
+def split_rows(rows: int, parts: int, align: int = 16) -> list[tuple[int, int]]:
+    """``parts`` contiguous, about equal ranges of ``[0, rows)``, inner bounds on multiples of ``align``."""
+    step = -(-rows // parts)
+    step = -(-step // align) * align
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] if rows else []
+
+
+def in_parallel(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> None:
+    """``fn(r0, r1)`` for every range, the first on the calling thread, the others on the workers."""
+    pending: list[Future] = []
+    if len(ranges) > 1:
+        pool = _workers(len(ranges) - 1)
+        pending = [pool.submit(fn, r0, r1) for r0, r1 in ranges[1:]]
+    try:
+        if ranges:
+            fn(*ranges[0])
+    finally:
+        for future in pending:
+            future.exception()  # wait: every range writes into the same output
+    for future in pending:
+        future.result()
+
+
+_state = threading.local()  # gemm_threads: the threads split_matmul uses in this thread's current call
+
+
+def gemm_threads() -> int:
+    return getattr(_state, "gemm_threads", 1)
+
+
+def split_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` (2-D) with the rows of ``a`` split over :func:`gemm_threads` threads, each one BLAS call
+    (NumPy releases the GIL in it); one call when a share would be small."""
+    threads = gemm_threads()
+    M = a.shape[0]
+    if threads == 1 or M < 64 * threads:
+        return a @ b
+    out = np.empty((M, b.shape[1]), np.result_type(a, b))
+    in_parallel(lambda r0, r1: np.matmul(a[r0:r1], b, out=out[r0:r1]), split_rows(M, threads))
+    return out
+
+
+@functools.cache
+def _blas_controller(pid: int) -> threadpoolctl.ThreadpoolController:
+    return threadpoolctl.ThreadpoolController().select(user_api="blas")
+
+
+_blas_lock = threading.Lock()
+_blas_holders = 0
+_blas_saved: list[int] = []
+
+
+@contextmanager
+def _blas_single_threaded() -> Iterator[None]:
+    """NumPy's BLAS at one thread while any caller is inside (restored when the last one leaves)."""
+    global _blas_holders, _blas_saved
+    libs = _blas_controller(os.getpid()).lib_controllers
+    with _blas_lock:
+        if _blas_holders == 0:
+            _blas_saved = [lib.num_threads for lib in libs]
+            for lib in libs:
+                lib.set_num_threads(1)
+        _blas_holders += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_holders -= 1
+            if _blas_holders == 0:
+                for lib, n in zip(libs, _blas_saved, strict=True):
+                    lib.set_num_threads(n)
+
+
+@contextmanager
+def engine_threads(rows: int) -> Iterator[int]:
+    """The scope of one engine call over ``rows`` batch rows: yields its thread count; with more than
+    one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc)."""
+    threads = thread_count(rows)
+    if threads == 1:
+        yield 1
+        return
+    before = gemm_threads()
+    with _blas_single_threaded():
+        _state.gemm_threads = threads
+        try:
+            yield threads
+        finally:
+            _state.gemm_threads = before

@@ -1,0 +1,155 @@
+"""The numba engine's threads (arrayrnn/engines/row_threads.py): the batch rows split by work, the results
+of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell variant, both
+directions and variable lengths; errors in a worker reach the caller; a forked child gets its own
+workers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+import numba
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+from arrayrnn.engines import row_threads
+
+pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                reason="numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
+
+
+@pytest.fixture
+def threads():
+    """Sets numba's thread count for the test (the engine reads it per call); restores it after."""
+    before = numba.get_num_threads()
+    yield numba.set_num_threads
+    numba.set_num_threads(before)
+
+
+# -- row ranges -----------------------------------------------------------------------------------
+def _work(batch_sizes, rows):
+    return np.array([np.count_nonzero(batch_sizes > b) for b in range(rows)])
+
+
+@pytest.mark.parametrize("lengths", [[9] * 16, [9, 9, 8, 7, 5, 5, 3, 1, 1, 0], [9, 1, 1, 1, 1, 1, 1, 1],
+                                     [0] * 6, [4]])
+@pytest.mark.parametrize("parts, tile", [(2, 1), (2, 4), (3, 1)])
+def test_row_ranges_cover_the_rows_with_balanced_work(lengths, parts, tile):
+    lengths = np.array(lengths)
+    batch_sizes = np.array([np.count_nonzero(lengths > t) for t in range(9)])
+    ranges = row_threads.row_ranges(batch_sizes, lengths.size, parts, tile)
+    assert ranges[0][0] == 0 and ranges[-1][1] == lengths.size
+    assert all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:], strict=True))
+    assert all(r1 > r0 for r0, r1 in ranges) and len(ranges) <= parts
+    work = _work(batch_sizes, lengths.size)
+    shares = [int(work[r0:r1].sum()) for r0, r1 in ranges]
+    # each share is within one tile of rows (at most tile * T steps) of the even split
+    assert max(shares) - work.sum() / len(ranges) <= 2 * tile * 9 + 9
+
+
+def test_row_ranges_of_an_empty_batch():
+    assert row_threads.row_ranges(np.zeros(3, np.int64), 0, 2) == []
+
+
+def test_thread_count_follows_numba_and_the_batch(threads):
+    threads(2)
+    assert row_threads.thread_count(64) == 2
+    assert row_threads.thread_count(1) == 1
+    assert row_threads.thread_count(2 * row_threads.MIN_ROWS_PER_THREAD - 1) == 1
+    threads(1)
+    assert row_threads.thread_count(64) == 1
+
+
+# -- whole calls: 2 threads against 1 thread and the reference engine -------------------------------
+CONFIGS = {
+    "lstm-bi": dict(mode="lstm", bidirectional=True),
+    "lstm-proj-clip": dict(mode="lstm", proj_size=3, cell_clip=(-0.3, 0.6), num_layers=2),
+    "lstm-variants": dict(mode="lstm", recurrent_dropout=0.3, weight_dropout=0.2, zoneout=0.3,
+                          zoneout_cell=0.2, peepholes=True),
+    "gru-bi": dict(mode="gru", bidirectional=True),
+    "gru-reset-before-zone": dict(mode="gru", reset_after=False, recurrent_dropout=0.3, zoneout=0.3),
+    "rnn_relu-bi-zone": dict(mode="rnn_relu", bidirectional=True, zoneout=0.2),
+}
+
+
+def _run(engine: str, spec: ar.RNNSpec):
+    rng = np.random.default_rng(5)
+    T, B = 8, 21
+    dt = spec.dtype
+    L = spec.num_layers * spec.num_directions
+    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
+    lengths = rng.integers(0, T + 1, B)
+    lengths[:3] = (0, T, 1)
+    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
+    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
+    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=1), x, lengths, h0, c0, training=True, seed=7,
+                         engine=engine)
+    g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
+    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
+            "dparams": g.dparams.data}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_two_threads_equal_one_thread_and_the_reference(config, threads):
+    spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **CONFIGS[config])
+    threads(1)
+    one = _run("numba", spec)
+    threads(2)
+    two = _run("numba", spec)
+    oracle = _run("reference", spec)
+    for name, expected in oracle.items():
+        if expected is None:
+            assert one[name] is None and two[name] is None
+            continue
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-13, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(two[name], expected, rtol=1e-11, atol=1e-12, err_msg=name)
+
+
+def test_the_split_is_used(threads, monkeypatch):
+    seen = []
+    real = row_threads.row_ranges
+    monkeypatch.setattr(row_threads, "row_ranges", lambda *a: seen.append(real(*a)) or seen[-1])
+    threads(2)
+    _run("numba", ar.RNNSpec(mode="gru", input_size=5, hidden_size=6))
+    assert seen and all(len(r) == 2 for r in seen)
+
+
+# -- failures and fork ------------------------------------------------------------------------------
+def test_an_error_in_a_worker_reaches_the_caller_after_every_range(threads):
+    threads(2)
+    done = []
+
+    def loop(r0, r1, scratch):
+        if r0 > 0:
+            raise RuntimeError(f"rows {r0}..{r1} failed")
+        done.append((r0, r1))
+
+    batch_sizes = np.full(3, 16)
+    with pytest.raises(RuntimeError, match=r"rows 8\.\.16 failed"):
+        row_threads.run_split(loop, batch_sizes, 16, np.float32)
+    assert done == [(0, 8)]
+
+
+def _forward_in_child(queue):
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
+    x = np.ones((4, 16, 3), np.float32)
+    queue.put(float(ar.rnn_forward(ar.PackedParams.init(spec), x, engine="numba").y.sum()))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork is the Linux default start method")
+def test_a_forked_child_starts_its_own_workers(threads):
+    threads(2)
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
+    x = np.ones((4, 16, 3), np.float32)
+    expected = float(ar.rnn_forward(ar.PackedParams.init(spec), x, engine="numba").y.sum())  # pool made
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_forward_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung on the parent's worker threads")
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == pytest.approx(expected, rel=1e-6)
