@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     # the better of a measurement before and after the timings: on a shared machine one can land in a
     # slow moment (and give roofline fractions above 100%)
     roofline = max(roofline, gemm_roofline(threads, n=gemm_n))
-    peak = cpu_peak.measure(threads, iters=200_000 if args.quick else 20_000_000)
+    peak = 1e9 * cpu_peak.measure(threads, iters=200_000 if args.quick else 20_000_000)  # FLOP/s
     compile_info = compile_cost(threads) if "numba" in engines and not args.no_compile else None
     env_lines = environment(threads, roofline, peak, ort_missing)
     section = render(rows, mem_rows, compile_info, env_lines, command, pairs, gap, roofline, peak)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def test_bench_quick_runs_and_reports_every_engine(capsys, monkeypatch):
     assert "| Q2 | lstm | forward | numba |" in out
     assert "| Q2 | lstm | train | reference |" in out
     assert "GEMM roofline" in out
+    peak = re.search(r"FMA peak: (\d+) GFLOP/s", out)
+    assert peak and int(peak.group(1)) > 0  # the peak column divides by it
+    of_peak = _table_row(out, "| Q2 | lstm | forward | numba |")[12].split("/")[1]
+    assert 0 <= float(of_peak.strip(" %")) <= 100
 
 
 def test_bench_quick_has_ort_columns_and_writes_the_chart(capsys, monkeypatch, tmp_path):
