@@ -20,7 +20,7 @@ between peers, which this profile of one engine does not need):
 
 Parts are measured apart, so they need not add up exactly; ``rest`` absorbs the difference. Each part
 runs with the threads the engine gives a call of its batch
-(:func:`arrayrnn.engines.row_threads.engine_threads`: with 2 threads the time loops and per-step
+(:func:`arrayrnn.engines.loop_threads.engine_threads`: with 2 threads the time loops and per-step
 products split the rows, BLAS is held to one thread and the hoisted products split their rows too).
 """
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import numba_engine, packed_gemm, row_threads  # noqa: E402
+from arrayrnn.engines import loop_threads, numba_engine, packed_gemm  # noqa: E402
 from arrayrnn.engines.simd_ir import simd_jit  # noqa: E402
 from arrayrnn.engines.stack import _weight_grads, direction_weights, input_projection  # noqa: E402
 
@@ -109,8 +109,8 @@ class Parts:
 
     def _split_steps(self, a, packed, gates, c, accumulate):
         """:func:`_gemm_steps` over the engine's row ranges, one per thread, as the time loops split."""
-        ranges = row_threads.row_ranges(self.bs, a.shape[1], row_threads.thread_count(a.shape[1]))
-        row_threads.in_parallel(lambda r0, r1: _gemm_steps(a[:, r0:r1], packed, gates, c[:, r0:r1],
+        ranges = loop_threads.row_ranges(self.bs, a.shape[1], loop_threads.thread_count(a.shape[1]))
+        loop_threads.in_parallel(lambda r0, r1: _gemm_steps(a[:, r0:r1], packed, gates, c[:, r0:r1],
                                                            accumulate, packed_gemm.new_scratch(np.float32)),
                                 ranges)
 
@@ -151,7 +151,7 @@ def profile(mode: str, shape: str, repeats: int, gap: float) -> dict[str, dict[s
     p = Parts(mode, *SHAPES[shape])
 
     def t(fn) -> float:
-        with row_threads.engine_threads(p.x.shape[1]):  # each part with the threads the engine gives it
+        with loop_threads.engine_threads(p.x.shape[1]):  # each part with the threads the engine gives it
             return _median_time(fn, repeats, gap) * 1e3
     fwd = {"total": t(p.forward_total), "input GEMM": t(p.input_gemm), "recurrent GEMM": t(p.forward_gemms)}
     loop = t(lambda: p.forward_loop(False))

@@ -35,9 +35,9 @@ from .base import (
     StackGrads,
 )
 from .cells import gate_slice
+from .loop_threads import column_parts, engine_threads, run_columns, run_split, split_matmul
 from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
-from .row_threads import engine_threads, run_split, split_matmul
 from .simd_ir import ROWS_BY_NV
 from .stack import StackCache, StackEngine, input_projection
 
@@ -78,6 +78,12 @@ def _peephole_args(w: DirectionWeights, dtype: Any) -> tuple:
     return (False, _absent(dtype, 2)) if w.P is None else (True, _c(w.P))
 
 
+def _plain_lstm(w: DirectionWeights) -> bool:
+    """No projection and no cell variant: the LSTM forward the column-split loop runs."""
+    return (w.W_hr is None and w.h_mask is None and w.zoneout_h is None and w.zoneout_c is None
+            and w.P is None)
+
+
 def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The r, z rows and the n rows of a GRU's ``W_hh`` (the reset-before GRU multiplies them apart)."""
     return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
@@ -105,7 +111,16 @@ class NumbaKernel:
             lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
             zone_c = _zone_args(w.zoneout_c, dtype, B, H)
             c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
-            run_split(nk.lstm_forward_loop, bs, B, dtype, xw, bs, reverse, pack_b(w.W_hh.T, gates=4), W_hr_p,
+            W_hh_p = pack_b(w.W_hh.T, gates=4)
+            parts = column_parts(B, W_hh_p.shape[0] // 4) if _plain_lstm(w) else 1
+            if parts > 1:
+                h_buf = np.empty((2, B, H), dtype)
+                h_buf[0] = h
+                run_columns(nk.lstm_forward_columns, parts, dtype, xw, bs, reverse, W_hh_p, h_buf, c, y,
+                            np.empty((B, H), dtype), keep_cache, c_all, dtype.type(lo), dtype.type(hi))
+                cache = DirectionCache(gates=xw, c=c_all)
+                return DirectionForward(y, h_buf[T % 2].copy(), c, cache if keep_cache else None)
+            run_split(nk.lstm_forward_loop, bs, B, dtype, xw, bs, reverse, W_hh_p, W_hr_p,
                       project, h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all,
                       dtype.type(lo), dtype.type(hi), *_mask_args(w, dtype, B),
                       *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,

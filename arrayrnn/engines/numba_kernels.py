@@ -51,6 +51,7 @@ from . import gate_math as gm
 from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
 from .packed_gemm import gate_group, gemm
 from .simd_ir import ROWS_BY_NV, simd_jit
+from .spin_barrier import barrier
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 # the time loops reach the SIMD kernels: their cache is keyed on the variant (simd_ir.simd_jit)
@@ -329,6 +330,49 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
                 tanh_c_all[t, max(n, r0):r1] = 0.0
             if zone_c:
                 c_cand_all[t, max(n, r0):r1] = 0.0
+
+
+@register_jitable(inline="always")
+def unit_range(part, parts, groups, W, H):
+    """Units ``[j0, j1)`` of part ``part`` of ``parts`` when ``groups`` unit groups of ``W`` split evenly."""
+    u0, u1 = groups * part // parts, groups * (part + 1) // parts
+    return u0, u1, u0 * W, min(H, u1 * W)
+
+
+@simd_jit(**_JIT)
+def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y, m, keep, c_all, clip_lo,
+                         clip_hi, scratch):
+    """:func:`lstm_forward_loop` (no projection, no cell variants) over the units of one of ``parts``
+    threads: each thread computes every row's gates of its unit groups, so it streams only its share of
+    ``W_hh`` (the column split; the rows split needs every thread to stream all of it). The threads meet
+    once per step (:func:`.spin_barrier.barrier` on ``sync``); ``h_buf (2,B,H)`` double-buffers the state
+    (step ``s`` reads ``h_buf[s % 2]``, holding ``h0`` first, and writes its units of the other), so the
+    final state is ``h_buf[T % 2]``. ``m (B,H)``: scratch for ``tanh(c)``."""
+    T, B = xw.shape[0], xw.shape[1]
+    H = c.shape[1]
+    u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
+    mr_max = ROWS_BY_NV[4]
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = min(bs[t], B)
+        src, dst, gates = h_buf[s % 2], h_buf[(s + 1) % 2], xw[t]
+        for i0 in range(0, n, mr_max):
+            i1 = min(n, i0 + mr_max)
+            for u in range(u0, u1):
+                gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
+            _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, False, keep, c_all, clip_lo, clip_hi)
+        for b in range(n):
+            dst[b, j0:j1] = y[t, b, j0:j1]
+            if keep:
+                c_all[t, b, j0:j1] = c[b, j0:j1]
+        for b in range(n, B):
+            dst[b, j0:j1] = src[b, j0:j1]
+            y[t, b, j0:j1] = 0.0
+            if keep:
+                c_all[t, b, j0:j1] = 0.0
+                for g in range(4):
+                    gates[b, g * H + j0:g * H + j1] = 0.0
+        barrier(sync, parts)
 
 
 @simd_jit(**_JIT)

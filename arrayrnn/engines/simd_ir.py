@@ -102,12 +102,13 @@ ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
 def _kernel_sources_digest() -> str:
-    """A digest of this module's and :mod:`.packed_gemm`'s source: numba's cache of a caller does not
+    """A digest of the source of this module and of the other modules the time loops call into
+    (:mod:`.packed_gemm`, :mod:`.gate_math`, :mod:`.spin_barrier`): numba's cache of a caller does not
     notice a change in a callee's module, so the key of every function compiled with :func:`simd_jit`
     carries it."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("simd_ir.py", "packed_gemm.py"):
+    for name in ("simd_ir.py", "packed_gemm.py", "gate_math.py", "spin_barrier.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:16]
 

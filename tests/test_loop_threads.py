@@ -1,6 +1,7 @@
-"""The numba engine's threads (arrayrnn/engines/row_threads.py): the batch rows split by work, the results
-of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell variant, both
-directions and variable lengths; errors in a worker reach the caller; a forked child gets its own
+"""The numba engine's threads (arrayrnn/engines/loop_threads.py, spin_barrier.py): the batch rows split by
+work, the results of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell
+variant, both directions and variable lengths; the LSTM forward's column split (small batches, a barrier
+per step) likewise; the barrier itself; errors in a worker reach the caller; a forked child gets its own
 workers."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 import arrayrnn as ar
-from arrayrnn.engines import row_threads
+from arrayrnn.engines import loop_threads, numba_engine
+from arrayrnn.engines.spin_barrier import barrier, new_sync
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
@@ -38,7 +40,7 @@ def _work(batch_sizes, rows):
 def test_row_ranges_cover_the_rows_with_balanced_work(lengths, parts, tile):
     lengths = np.array(lengths)
     batch_sizes = np.array([np.count_nonzero(lengths > t) for t in range(9)])
-    ranges = row_threads.row_ranges(batch_sizes, lengths.size, parts, tile)
+    ranges = loop_threads.row_ranges(batch_sizes, lengths.size, parts, tile)
     assert ranges[0][0] == 0 and ranges[-1][1] == lengths.size
     assert all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:], strict=True))
     assert all(r1 > r0 for r0, r1 in ranges) and len(ranges) <= parts
@@ -49,16 +51,16 @@ def test_row_ranges_cover_the_rows_with_balanced_work(lengths, parts, tile):
 
 
 def test_row_ranges_of_an_empty_batch():
-    assert row_threads.row_ranges(np.zeros(3, np.int64), 0, 2) == []
+    assert loop_threads.row_ranges(np.zeros(3, np.int64), 0, 2) == []
 
 
 def test_thread_count_follows_numba_and_the_batch(threads):
     threads(2)
-    assert row_threads.thread_count(64) == 2
-    assert row_threads.thread_count(1) == 1
-    assert row_threads.thread_count(2 * row_threads.MIN_ROWS_PER_THREAD - 1) == 1
+    assert loop_threads.thread_count(64) == 2
+    assert loop_threads.thread_count(1) == 1
+    assert loop_threads.thread_count(2 * loop_threads.MIN_ROWS_PER_THREAD - 1) == 1
     threads(1)
-    assert row_threads.thread_count(64) == 1
+    assert loop_threads.thread_count(64) == 1
 
 
 # -- whole calls: 2 threads against 1 thread and the reference engine -------------------------------
@@ -73,9 +75,9 @@ CONFIGS = {
 }
 
 
-def _run(engine: str, spec: ar.RNNSpec):
+def _run(engine: str, spec: ar.RNNSpec, B: int = 21, training: bool = True):
     rng = np.random.default_rng(5)
-    T, B = 8, 21
+    T = 8
     dt = spec.dtype
     L = spec.num_layers * spec.num_directions
     x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
@@ -83,8 +85,10 @@ def _run(engine: str, spec: ar.RNNSpec):
     lengths[:3] = (0, T, 1)
     c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
     h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=1), x, lengths, h0, c0, training=True, seed=7,
+    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=1), x, lengths, h0, c0, training=training, seed=7,
                          engine=engine)
+    if not training:
+        return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
     g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
     return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
             "dparams": g.dparams.data}
@@ -106,10 +110,60 @@ def test_two_threads_equal_one_thread_and_the_reference(config, threads):
         np.testing.assert_allclose(two[name], expected, rtol=1e-11, atol=1e-12, err_msg=name)
 
 
+def _same(ours, one, oracle, rtol, atol):
+    for name, expected in oracle.items():
+        if expected is None:
+            assert ours[name] is None
+            continue
+        np.testing.assert_allclose(ours[name], one[name], rtol=rtol, atol=atol, err_msg=name)
+        np.testing.assert_allclose(ours[name], expected, rtol=100 * rtol, atol=100 * atol, err_msg=name)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("dtype, rtol, atol", [("float64", 1e-13, 1e-14), ("float32", 1e-6, 1e-7)])
+@pytest.mark.parametrize("fields", [dict(bidirectional=True), dict(num_layers=2, cell_clip=(-0.4, 0.5))],
+                         ids=["bi", "2-layers-clip"])
+def test_column_split_equals_one_thread_and_the_reference(fields, dtype, rtol, atol, training, threads,
+                                                          monkeypatch):
+    # H = 37: 3 (float32) or 5 (float64) unit groups with a partial last one, split 1 + 2 or 2 + 3;
+    # 9 rows: below the rows split's threshold, so the plain LSTM forward splits its units
+    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=37, dtype=dtype, **fields)
+    calls = []
+    real = numba_engine.run_columns
+    monkeypatch.setattr(numba_engine, "run_columns", lambda *a: calls.append(a[1]) or real(*a))
+    threads(1)
+    one = _run("numba", spec, B=9, training=training)
+    assert calls == []
+    threads(2)
+    two = _run("numba", spec, B=9, training=training)
+    assert calls and set(calls) == {2}
+    _same(two, one, _run("reference", spec, B=9, training=training), rtol, atol)
+
+
+def test_the_barrier_holds_every_thread_at_each_step(threads):
+    threads(2)
+    steps, seen, wrong = 2000, np.zeros(2, np.int64), np.zeros(2, np.int64)
+    sync = new_sync()
+
+    @numba.njit(nogil=True)
+    def meet(part, parts, sync, seen, wrong, steps):
+        for s in range(steps):
+            seen[part] = s
+            barrier(sync, parts)
+            for k in range(parts):  # everyone has written step s, nobody step s + 1 yet
+                if seen[k] != s:
+                    wrong[part] += 1
+            barrier(sync, parts)
+
+    loop_threads.in_parallel(lambda part, _: meet(part, 2, sync, seen, wrong, steps), [(0, 1), (1, 2)])
+    assert wrong.tolist() == [0, 0] and seen.tolist() == [steps - 1] * 2
+    assert sync[0] == 0 and sync[8] == 2 * steps
+
+
 def test_the_split_is_used(threads, monkeypatch):
     seen = []
-    real = row_threads.row_ranges
-    monkeypatch.setattr(row_threads, "row_ranges", lambda *a: seen.append(real(*a)) or seen[-1])
+    real = loop_threads.row_ranges
+    monkeypatch.setattr(loop_threads, "row_ranges", lambda *a: seen.append(real(*a)) or seen[-1])
     threads(2)
     _run("numba", ar.RNNSpec(mode="gru", input_size=5, hidden_size=6))
     assert seen and all(len(r) == 2 for r in seen)
@@ -127,7 +181,7 @@ def test_an_error_in_a_worker_reaches_the_caller_after_every_range(threads):
 
     batch_sizes = np.full(3, 16)
     with pytest.raises(RuntimeError, match=r"rows 8\.\.16 failed"):
-        row_threads.run_split(loop, batch_sizes, 16, np.float32)
+        loop_threads.run_split(loop, batch_sizes, 16, np.float32)
     assert done == [(0, 8)]
 
 

@@ -43,9 +43,12 @@ import numpy as np
 import threadpoolctl
 
 from .packed_gemm import new_scratch
+from .spin_barrier import new_sync
 
 # below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
 MIN_ROWS_PER_THREAD = 8
+# below this many rows the LSTM forward splits its units instead (column split, a barrier per step)
+COLUMN_SPLIT_BELOW_ROWS = 2 * MIN_ROWS_PER_THREAD
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -65,6 +68,14 @@ def thread_count(rows: int) -> int:
     return max(1, min(numba.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
 
 
+def column_parts(rows: int, groups: int) -> int:
+    """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups: used
+    where the rows split gets one thread (fewer than ``2 * MIN_ROWS_PER_THREAD`` rows), 1 otherwise."""
+    if rows >= COLUMN_SPLIT_BELOW_ROWS:
+        return 1
+    return max(1, min(numba.get_num_threads(), groups))
+
+
 def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) -> list[tuple[int, int]]:
     """``threads`` contiguous ranges of ``[0, rows)`` with about equal work (row ``b`` works on each step
     ``t`` with ``batch_sizes[t] > b``); boundaries on multiples of ``tile`` where that moves them by less
@@ -81,6 +92,14 @@ def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) 
         bounds.append(min(max(cut, bounds[-1]), rows))
     bounds.append(rows)
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+def run_columns(loop: Callable[..., Any], parts: int, dtype: Any, *args: Any) -> None:
+    """``loop(part, parts, sync, *args, scratch)`` for ``part < parts``, all at once (the column split:
+    the parts meet at a barrier every step, so each needs its own thread; the calling thread runs part 0)."""
+    sync = new_sync()
+    in_parallel(lambda part, _: loop(part, parts, sync, *args, new_scratch(dtype)),
+                [(part, part + 1) for part in range(parts)])
 
 
 def run_split(loop: Callable[..., Any], batch_sizes: np.ndarray, rows: int, dtype: Any, *args: Any,

@@ -1,0 +1,127 @@
+"""A spinning barrier for compiled code: threads running one time loop meet once per step.
+
+numba has no atomics on the CPU target, so the three it needs are intrinsics emitting LLVM's atomic
+instructions on an ``int64`` array: :func:`atomic_add` (returns the old value), :func:`atomic_load`
+(acquire) and :func:`atomic_store` (release). :func:`barrier` is a generation barrier over
+``sync = new_sync()``: the last thread to arrive resets the count and bumps the generation; the others spin
+on the generation, with the CPU's pause hint, and after :data:`SPINS_BEFORE_YIELD` spins give their core
+away (``sched_yield``) on every further spin, so a loaded machine, where the last thread waits for a core,
+degrades gently instead of burning its time slices. Semantics roughly::
+
+    with lock: sync[0] += 1; last = sync[0] == parties
+    if last: sync[0] = 0; sync[1] += 1            # release everyone
+    else: wait until sync[1] changes
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+SPINS_BEFORE_YIELD = 1 << 14
+_X86 = llvm.get_process_triple().startswith(("x86_64", "i386", "i686"))
+_POSIX = sys.platform != "win32"
+
+
+def new_sync() -> np.ndarray:
+    """The barrier's state: arrivals and generation, a cache line apart."""
+    return np.zeros(16, np.int64)
+
+
+def _pointer(context, builder, signature, args):
+    arrty, idxty = signature.args[0], signature.args[1]
+    ary = context.make_array(arrty)(context, builder, args[0])
+    index = context.cast(builder, args[1], idxty, types.intp)
+    return cgutils.get_item_pointer(context, builder, arrty, ary, [index])
+
+
+def _int64_array(arr) -> bool:
+    return isinstance(arr, types.Array) and arr.dtype == types.int64
+
+
+@intrinsic
+def atomic_add(typingctx, arr, index, value):
+    """``old = arr[index]; arr[index] += value`` atomically (sequentially consistent); returns ``old``."""
+    if not (_int64_array(arr) and isinstance(index, types.Integer) and isinstance(value, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = _pointer(context, builder, signature, args)
+        add = context.cast(builder, args[2], signature.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, add, "seq_cst")
+    return types.int64(arr, index, value), codegen
+
+
+@intrinsic
+def atomic_load(typingctx, arr, index):
+    """``arr[index]`` with acquire ordering."""
+    if not (_int64_array(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.load_atomic(_pointer(context, builder, signature, args), "acquire", 8)
+    return types.int64(arr, index), codegen
+
+
+@intrinsic
+def atomic_store(typingctx, arr, index, value):
+    """``arr[index] = value`` with release ordering."""
+    if not (_int64_array(arr) and isinstance(index, types.Integer) and isinstance(value, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = _pointer(context, builder, signature, args)
+        value = context.cast(builder, args[2], signature.args[2], types.int64)
+        builder.store_atomic(value, ptr, "release", 8)
+        return context.get_dummy_value()
+    return types.none(arr, index, value), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+    """The spin-wait hint (x86 ``pause``); nothing elsewhere."""
+    def codegen(context, builder, signature, args):
+        if _X86:  # numba's JIT has no inline-asm parser: the pause instruction's LLVM intrinsic
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+@intrinsic
+def _yield_core(typingctx):
+    """``sched_yield()`` (POSIX; resolved by name, so functions calling it stay cacheable)."""
+    def codegen(context, builder, signature, args):
+        if _POSIX:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []),
+                                                "sched_yield")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def barrier(sync, parties):
+    """Wait until ``parties`` threads have called ``barrier(sync, parties)`` (reusable, once per step)."""
+    if parties <= 1:
+        return
+    generation = atomic_load(sync, 8)
+    if atomic_add(sync, 0, 1) == parties - 1:
+        atomic_store(sync, 0, 0)
+        atomic_add(sync, 8, 1)
+        return
+    spins = 0
+    while atomic_load(sync, 8) == generation:
+        spins += 1
+        if spins < SPINS_BEFORE_YIELD:
+            _pause()
+        else:
+            _yield_core()
