@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .args import integer
 from .enums import (
     RNN_PADDED_IO_ENABLED,
     DataType,
@@ -66,12 +67,8 @@ def _as_enum(name: str, value: Any, cls: type[IntEnum], allowed=None) -> IntEnum
 
 
 def _as_int(name: str, value: Any, lo: int, hi: int = INT32_MAX) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")
-    v = operator.index(value)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} = {v}; expected an integer in {lo}..{hi}")
-    return v
+    """:func:`.args.integer` with a C int's upper bound unless told otherwise."""
+    return integer(name, value, lo, hi)
 
 
 def _as_float(name: str, value: Any, allow_nan: bool = False) -> float:

@@ -4,6 +4,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from support.forged_npz import count_inflated, npy_bytes, write_zip
 
 import arrayrnn as ar
 from arrayrnn import optim
@@ -200,24 +201,13 @@ def _forge_data_member(path, data_npy, method=zipfile.ZIP_STORED):
     """Rewrite ``path`` keeping its header member and replacing ``data.npy`` by raw .npy bytes."""
     with zipfile.ZipFile(path) as z:
         header = z.read("header.npy")
-    with zipfile.ZipFile(path, "w", compression=method) as z:
-        z.writestr("header.npy", header)
-        z.writestr("data.npy", data_npy)
-
-
-def _npy(array, shape=None):
-    import io
-
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": array.dtype.str, "fortran_order": False,
-                                               "shape": array.shape if shape is None else shape})
-    return buf.getvalue() + array.tobytes()
+    write_zip(path, [("header.npy", header), ("data.npy", data_npy)], method)
 
 
 def test_a_data_member_declaring_4_tib_is_a_value_error(saved):
     """The old reader allocated the declared shape before any check: MemoryError."""
     path = saved[0]
-    _forge_data_member(path, _npy(np.zeros(8, np.float32), (2**40,)))
+    _forge_data_member(path, npy_bytes(np.zeros(8, np.float32), (2**40,)))
     with pytest.raises(ValueError, match=r"member 'data' declares shape \(1099511627776,\)"):
         ar.load(path)
 
@@ -225,16 +215,8 @@ def test_a_data_member_declaring_4_tib_is_a_value_error(saved):
 def test_a_deflated_data_member_is_not_inflated_past_the_spec_size(saved, monkeypatch):
     """64 MiB of zeros (~64 KiB deflated) where the spec says a few hundred floats: refused unread."""
     path, _, params = saved
-    _forge_data_member(path, _npy(np.zeros(1 << 24, np.float32)), zipfile.ZIP_DEFLATED)
-    inflated = [0]
-    real = zipfile.ZipExtFile.read
-
-    def counting(self, n=-1):
-        data = real(self, n)
-        inflated[0] += len(data)
-        return data
-
-    monkeypatch.setattr(zipfile.ZipExtFile, "read", counting)
+    _forge_data_member(path, npy_bytes(np.zeros(1 << 24, np.float32)), zipfile.ZIP_DEFLATED)
+    inflated = count_inflated(monkeypatch)
     with pytest.raises(ValueError, match=rf"member 'data' declares shape \(16777216,\) and dtype float32; "
                                          rf"expected shape \({params.data.size},\) and dtype float32"):
         ar.load(path)
@@ -243,7 +225,7 @@ def test_a_deflated_data_member_is_not_inflated_past_the_spec_size(saved, monkey
 
 def test_a_data_member_of_another_dtype_is_refused_before_reading(saved):
     path, _, params = saved
-    _forge_data_member(path, _npy(params.data.astype(np.float64)))
+    _forge_data_member(path, npy_bytes(params.data.astype(np.float64)))
     with pytest.raises(ValueError, match=r"member 'data' declares shape \(\d+,\) and dtype float64"):
         ar.load(path)
 

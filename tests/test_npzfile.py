@@ -8,6 +8,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from support.forged_npz import count_inflated, npy_bytes, write_zip
 
 from arrayrnn.core import npzfile
 
@@ -131,55 +132,35 @@ def test_another_kind_or_version_is_a_value_error_naming_the_file(tmp_path, kind
 
 
 # ---------------------------------------------------------------- declared sizes, before any data is read
-def _npy_bytes(array, shape=None):
-    """An .npy file of ``array`` whose header declares ``shape`` (default: the array's own)."""
-    import io
-
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(array.dtype),
-                                               "fortran_order": False,
-                                               "shape": array.shape if shape is None else shape})
-    return buf.getvalue() + array.tobytes()
-
-
 def _header_npy(kind="t"):
-    return _npy_bytes(np.frombuffer(json.dumps({"format": kind, "version": 1}).encode(), np.uint8))
-
-
-def _zip(path, members, method=zipfile.ZIP_STORED):
-    with zipfile.ZipFile(path, "w", compression=method) as z:
-        for name, data in members:
-            z.writestr(name, data)
+    return npy_bytes(np.frombuffer(json.dumps({"format": kind, "version": 1}).encode(), np.uint8))
 
 
 @pytest.fixture
 def inflated(monkeypatch):
-    """Counts the bytes zipfile inflates (or copies) out of members."""
-    total = [0]
-    real = zipfile.ZipExtFile.read
+    return count_inflated(monkeypatch)
 
-    def counting(self, n=-1):
-        data = real(self, n)
-        total[0] += len(data)
-        return data
 
-    monkeypatch.setattr(zipfile.ZipExtFile, "read", counting)
-    return total
+def _assert_refused_before_inflating(path, members, method, message, inflated):
+    """An archive of ``members`` at ``path``: reading it raises ``message`` with next to nothing inflated."""
+    write_zip(path, members, method)
+    with pytest.raises(ValueError, match=message):
+        npzfile.read(path, "t", range(1, 2))
+    assert inflated[0] < 4096
 
 
 def test_a_member_declaring_4_tib_is_refused_before_allocation(tmp_path, inflated):
     """The old reader allocated the declared shape first: MemoryError for 4 TiB."""
     path = tmp_path / "f.npz"
-    _zip(path, [("header.npy", _header_npy()), ("a.npy", _npy_bytes(np.zeros(4, np.float32), (2**40,)))])
-    with pytest.raises(ValueError, match=rf"^{path}: member 'a' declares shape \(1099511627776,\) of float32 "
-                                         r"\(4398046511104 bytes\) but the archive records 16 bytes"):
-        npzfile.read(path, "t", range(1, 2))
-    assert inflated[0] < 4096
+    members = [("header.npy", _header_npy()), ("a.npy", npy_bytes(np.zeros(4, np.float32), (2**40,)))]
+    _assert_refused_before_inflating(path, members, zipfile.ZIP_STORED,
+                                     rf"^{path}: member 'a' declares shape \(1099511627776,\) of float32 "
+                                     r"\(4398046511104 bytes\) but the archive records 16 bytes", inflated)
 
 
 def test_a_zip_directory_declaring_more_than_the_file_holds(tmp_path):
     path = tmp_path / "f.npz"
-    _zip(path, [("header.npy", _header_npy()), ("a.npy", _npy_bytes(np.zeros(4, np.float32)))])
+    write_zip(path, [("header.npy", _header_npy()), ("a.npy", npy_bytes(np.zeros(4, np.float32)))])
     raw = bytearray(path.read_bytes())
     central = raw.index(b"PK\x01\x02", raw.rindex(b"a.npy") - 46)
     raw[central + 24:central + 28] = (2**32 - 1).to_bytes(4, "little")  # uncompressed size: 4 GiB
@@ -191,8 +172,8 @@ def test_a_zip_directory_declaring_more_than_the_file_holds(tmp_path):
 def test_a_deflate_bomb_is_refused_by_the_expected_size_before_inflating(tmp_path, inflated):
     """64 MiB of zeros deflate to ~64 KiB; the caller expects 3 floats: nothing past the headers inflates."""
     path = tmp_path / "f.npz"
-    _zip(path, [("header.npy", _header_npy()), ("a.npy", _npy_bytes(np.zeros(1 << 24, np.float32)))],
-         zipfile.ZIP_DEFLATED)
+    write_zip(path, [("header.npy", _header_npy()), ("a.npy", npy_bytes(np.zeros(1 << 24, np.float32)))],
+              zipfile.ZIP_DEFLATED)
     assert path.stat().st_size < 1 << 20
     with pytest.raises(ValueError, match=r"member 'a' declares shape \(16777216,\) and dtype float32; "
                                          r"expected shape \(3,\) and dtype float64"):
@@ -203,8 +184,8 @@ def test_a_deflate_bomb_is_refused_by_the_expected_size_before_inflating(tmp_pat
 def test_no_inflate_goes_past_the_declared_size(tmp_path, inflated):
     """A member whose directory and .npy header say 40 bytes, but whose deflate stream holds 64 MiB."""
     path = tmp_path / "f.npz"
-    big = _npy_bytes(np.zeros(1 << 24, np.float32), (10,))  # header says (10,): 40 bytes of data
-    _zip(path, [("header.npy", _header_npy()), ("a.npy", big)], zipfile.ZIP_DEFLATED)
+    big = npy_bytes(np.zeros(1 << 24, np.float32), (10,))  # header says (10,): 40 bytes of data
+    write_zip(path, [("header.npy", _header_npy()), ("a.npy", big)], zipfile.ZIP_DEFLATED)
     raw = bytearray(path.read_bytes())
     declared = (len(big) - (1 << 26) + 40).to_bytes(4, "little")
     local = raw.index(b"PK\x03\x04", raw.index(b"a.npy") - 30)
@@ -229,28 +210,26 @@ def test_expected_members_missing_or_unexpected(tmp_path):
 @pytest.mark.parametrize(("members", "message"), [
     ([("a.npy", b"x")], r"has members \['a'\] but no 'header'"),
     ([("header.npy", _header_npy()), ("a.txt", b"x")], r"member 'a.txt' is not an .npy array"),
-    ([("header.npy", _header_npy()), ("a.npy", _npy_bytes(np.zeros(1))), ("a.npy", _npy_bytes(np.ones(1)))],
+    ([("header.npy", _header_npy()), ("a.npy", npy_bytes(np.zeros(1))), ("a.npy", npy_bytes(np.ones(1)))],
      r"member 'a.npy' appears twice"),
-    ([("header.npy", _header_npy()), ("a.npy", _npy_bytes(np.zeros(2, "V4")))], r"member 'a' has dtype \|V4"),
-    ([("header.npy", _npy_bytes(np.zeros(2, np.float32)))], r"header has dtype float32 and shape \(2,\)"),
+    ([("header.npy", _header_npy()), ("a.npy", npy_bytes(np.zeros(2, "V4")))], r"member 'a' has dtype \|V4"),
+    ([("header.npy", npy_bytes(np.zeros(2, np.float32)))], r"header has dtype float32 and shape \(2,\)"),
     ([("header.npy", b"\x93NUMPY\x09\x00" + b"\x00" * 20)], r"member 'header' is not a readable \.npy array"),
 ])
 def test_malformed_archives(tmp_path, members, message):
     path = tmp_path / "f.npz"
     duplicates = len({n for n, _ in members}) < len(members)
     with pytest.warns(UserWarning, match="Duplicate name") if duplicates else contextlib.nullcontext():
-        _zip(path, members)
+        write_zip(path, members)
     with pytest.raises(ValueError, match=message):
         npzfile.read(path, "t", range(1, 2))
 
 
 def test_a_header_beyond_16_mib_is_refused_before_inflating(tmp_path, inflated):
-    path = tmp_path / "f.npz"
-    _zip(path, [("header.npy", _npy_bytes(np.zeros((1 << 24) + 1, np.uint8)))], zipfile.ZIP_DEFLATED)
-    with pytest.raises(ValueError, match=r"header has dtype uint8 and shape \(16777217,\) \(16777217 "
-                                         r"bytes\); expected at most 16777216 bytes"):
-        npzfile.read(path, "t", range(1, 2))
-    assert inflated[0] < 4096
+    members = [("header.npy", npy_bytes(np.zeros((1 << 24) + 1, np.uint8)))]
+    _assert_refused_before_inflating(tmp_path / "f.npz", members, zipfile.ZIP_DEFLATED,
+                                     r"header has dtype uint8 and shape \(16777217,\) \(16777217 "
+                                     r"bytes\); expected at most 16777216 bytes", inflated)
 
 
 def test_object_arrays_are_refused_without_unpickling(tmp_path):

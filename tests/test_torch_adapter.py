@@ -490,20 +490,25 @@ def test_in_place_change_before_backward_is_torchs_error():
         y.sum().backward()
 
 
-@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
-@pytest.mark.parametrize("dynamo", [True, False])
-def test_onnx_export_of_array_rnn_runs_in_onnxruntime_like_the_module(dynamo, tmp_path):
+def _run_exported_in_onnxruntime(module, x, dynamo, tmp_path):
+    """``module`` exported on ``x`` (dynamo or TorchScript exporter), then run in onnxruntime on ``x``."""
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
-    module = ArrayRNN("lstm", 3, 4, num_layers=2, bidirectional=True, seed=0).eval()
-    x = torch.randn(5, 2, 3)
     path = str(tmp_path / "m.onnx")
     if dynamo:
         torch.onnx.export(module, (x,), dynamo=True, verbose=False).save(path)
     else:
         torch.onnx.export(module, (x,), path, dynamo=False, input_names=["x"])
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_onnx_export_of_array_rnn_runs_in_onnxruntime_like_the_module(dynamo, tmp_path):
+    module = ArrayRNN("lstm", 3, 4, num_layers=2, bidirectional=True, seed=0).eval()
+    x = torch.randn(5, 2, 3)
+    got = _run_exported_in_onnxruntime(module, x, dynamo, tmp_path)
     y, (h, c) = module(x)
     for a, b in zip(got, (y, h, c), strict=True):
         np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
@@ -547,18 +552,10 @@ def test_torch_op_path_refuses_zoneout_clearly():
 @pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 @pytest.mark.parametrize("dynamo", [True, False])
 def test_onnx_export_of_a_peephole_lstm_runs_in_onnxruntime_like_the_module(dynamo, tmp_path):
-    pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
     spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, bidirectional=True, peepholes=True)
     module = ArrayRNN(spec, seed=0).eval()
     x = torch.randn(5, 2, 3)
-    path = str(tmp_path / "m.onnx")
-    if dynamo:
-        torch.onnx.export(module, (x,), dynamo=True, verbose=False).save(path)
-    else:
-        torch.onnx.export(module, (x,), path, dynamo=False, input_names=["x"])
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    got = _run_exported_in_onnxruntime(module, x, dynamo, tmp_path)
     for a, b in zip(got, (module(x)[0], *module(x)[1]), strict=True):
         np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
 

@@ -59,6 +59,51 @@ def _element(rows, width):
     return b, k - b * width
 
 
+# -- LSTM pieces shared by the plain and the peephole kernels -------------------------------------
+@cuda.jit(device=True, inline=True)
+def _lstm_columns(H, j):
+    """Unit ``j``'s columns of the i, f, g, o gates in a ``(., ., 4H)`` gate stack."""
+    return LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+
+
+@cuda.jit(device=True, inline=True)
+def _store_lstm_forward(xw, c, h, y, m, project, keep, c_all, tanh_c_all, t, b, j, i, f, g, o, cn):
+    """The step's gates into ``xw[t]`` (the cache), the new cell ``cn`` into ``c`` (and ``c_all``,
+    ``tanh_c_all`` when ``keep``), the output ``o * tanh(cn)`` into ``m`` or ``y[t]`` and ``h``."""
+    I, F, G, O = _lstm_columns(c.shape[1], j)
+    tc = math.tanh(cn)
+    xw[t, b, I] = i
+    xw[t, b, F] = f
+    xw[t, b, G] = g
+    xw[t, b, O] = o
+    c[b, j] = cn
+    if keep:
+        c_all[t, b, j] = cn
+        tanh_c_all[t, b, j] = tc
+    if project:
+        m[b, j] = o * tc
+    else:
+        y[t, b, j] = o * tc
+        h[b, j] = o * tc
+
+
+@cuda.jit(device=True, inline=True)
+def _lstm_output_cotangent(dy, dh, dm, project, t, b, j):
+    """The cotangent of the cell output ``o * tanh(c)``: ``dm`` with projection, else ``dy[t] + dh``."""
+    return dm[b, j] if project else dy[t, b, j] + dh[b, j]
+
+
+@cuda.jit(device=True, inline=True)
+def _store_lstm_backward(dpre_in, dc, t, b, j, di, df, dg, do, dcp):
+    """The gate gradients into ``dpre_in[t]`` and the cell carry ``dcp`` into ``dc``."""
+    I, F, G, O = _lstm_columns(dc.shape[1], j)
+    dpre_in[t, b, I] = di
+    dpre_in[t, b, F] = df
+    dpre_in[t, b, G] = dg
+    dpre_in[t, b, O] = do
+    dc[b, j] = dcp
+
+
 # -- plain RNN ------------------------------------------------------------------------------------
 @cuda.jit(cache=True)
 def rnn_forward_step(t, n, one, relu, xw, hh, h, y):
@@ -90,7 +135,7 @@ def lstm_forward_step(t, n, one, xw, hh, c, h, y, m, project, keep, c_all, tanh_
     b, j = _element(xw.shape[1], H)
     if b < 0:
         return
-    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+    I, F, G, O = _lstm_columns(H, j)
     if b >= n:
         _zero_gates(xw, t, b, j, H, 4, one)
         return
@@ -99,20 +144,7 @@ def lstm_forward_step(t, n, one, xw, hh, c, h, y, m, project, keep, c_all, tanh_
     g = math.tanh(xw[t, b, G] + hh[b, G])
     o = sigmoid(one, xw[t, b, O] + hh[b, O])
     cn = gm.lstm_cell(i, f, g, c[b, j], lo, hi)
-    tc = math.tanh(cn)
-    xw[t, b, I] = i
-    xw[t, b, F] = f
-    xw[t, b, G] = g
-    xw[t, b, O] = o
-    c[b, j] = cn
-    if keep:
-        c_all[t, b, j] = cn
-        tanh_c_all[t, b, j] = tc
-    if project:
-        m[b, j] = o * tc
-    else:
-        y[t, b, j] = o * tc
-        h[b, j] = o * tc
+    _store_lstm_forward(xw, c, h, y, m, project, keep, c_all, tanh_c_all, t, b, j, i, f, g, o, cn)
 
 
 @cuda.jit(cache=True)
@@ -132,16 +164,12 @@ def lstm_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, dy, dh, dm, 
     b, j = _element(n, H)
     if b < 0:
         return
-    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
-    dmj = dm[b, j] if project else dy[t, b, j] + dh[b, j]
+    I, F, G, O = _lstm_columns(H, j)
+    dmj = _lstm_output_cotangent(dy, dh, dm, project, t, b, j)
     di, df, dg, do, dcp = gm.lstm_cell_grads(one, gates[t, b, I], gates[t, b, F], gates[t, b, G],
                                              gates[t, b, O], c_all[t, b, j], tanh_c_all[t, b, j],
                                              c_prev[t, b, j], dmj, dc[b, j], use_clip, lo, hi)
-    dpre_in[t, b, I] = di
-    dpre_in[t, b, F] = df
-    dpre_in[t, b, G] = dg
-    dpre_in[t, b, O] = do
-    dc[b, j] = dcp
+    _store_lstm_backward(dpre_in, dc, t, b, j, di, df, dg, do, dcp)
 
 
 # -- GRU ------------------------------------------------------------------------------------------
@@ -254,7 +282,7 @@ def lstm_peephole_forward_step(t, n, one, xw, hh, P, c, h, y, m, project, keep, 
     b, j = _element(xw.shape[1], H)
     if b < 0:
         return
-    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
+    I, F, G, O = _lstm_columns(H, j)
     if b >= n:
         _zero_gates(xw, t, b, j, H, 4, one)
         return
@@ -264,20 +292,7 @@ def lstm_peephole_forward_step(t, n, one, xw, hh, P, c, h, y, m, project, keep, 
     g = math.tanh(xw[t, b, G] + hh[b, G])
     cn = gm.lstm_cell(i, f, g, c_prev, lo, hi)
     o = sigmoid(one, gm.peephole_input(xw[t, b, O] + hh[b, O], P[2, j], cn))
-    tc = math.tanh(cn)
-    xw[t, b, I] = i
-    xw[t, b, F] = f
-    xw[t, b, G] = g
-    xw[t, b, O] = o
-    c[b, j] = cn
-    if keep:
-        c_all[t, b, j] = cn
-        tanh_c_all[t, b, j] = tc
-    if project:
-        m[b, j] = o * tc
-    else:
-        y[t, b, j] = o * tc
-        h[b, j] = o * tc
+    _store_lstm_forward(xw, c, h, y, m, project, keep, c_all, tanh_c_all, t, b, j, i, f, g, o, cn)
 
 
 @cuda.jit(cache=True)
@@ -288,16 +303,12 @@ def lstm_peephole_backward_step(t, n, one, gates, c_all, tanh_c_all, c_prev, P, 
     b, j = _element(n, H)
     if b < 0:
         return
-    I, F, G, O = LSTM_I * H + j, LSTM_F * H + j, LSTM_G * H + j, LSTM_O * H + j
-    dmj = dm[b, j] if project else dy[t, b, j] + dh[b, j]
+    I, F, G, O = _lstm_columns(H, j)
+    dmj = _lstm_output_cotangent(dy, dh, dm, project, t, b, j)
     di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
         one, gates[t, b, I], gates[t, b, F], gates[t, b, G], gates[t, b, O], c_all[t, b, j],
         tanh_c_all[t, b, j], c_prev[t, b, j], dmj, dc[b, j], use_clip, lo, hi, P[0, j], P[1, j], P[2, j])
-    dpre_in[t, b, I] = di
-    dpre_in[t, b, F] = df
-    dpre_in[t, b, G] = dg
-    dpre_in[t, b, O] = do
-    dc[b, j] = dcp
+    _store_lstm_backward(dpre_in, dc, t, b, j, di, df, dg, do, dcp)
 
 
 @cuda.jit(cache=True)
