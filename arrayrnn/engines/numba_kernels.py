@@ -220,6 +220,19 @@ def _dy_plus_dh(dy, t, dh, out, r0, n):
 
 # -- LSTM -----------------------------------------------------------------------------------------
 @register_jitable(inline="always")
+def _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc):
+    """Unit ``j`` of an LSTM step: the activated gates over the pre-activations (the cache), the new cell,
+    ``tanh(c)`` and the output ``o * tanh(c)``."""
+    gi_[j] = gi
+    gf_[j] = gf
+    gg_[j] = gg
+    go_[j] = go
+    cb[j] = cn
+    tc_out[j] = tc
+    out[j] = go * tc
+
+
+@register_jitable(inline="always")
 def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
     """The LSTM gate math of rows ``i0 .. i1``, units ``j0 .. j1`` of step ``t`` (pre-activations in
     ``xw[t]``, just written by the tile's GEMM). The loop runs over views that start at ``j0``: indexed
@@ -238,13 +251,7 @@ def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, cli
             go = sigmoid(go_[j])
             cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
             tc = tanh(cn)
-            gi_[j] = gi
-            gf_[j] = gf
-            gg_[j] = gg
-            go_[j] = go
-            cb[j] = cn
-            tc_out[j] = tc
-            out[j] = go * tc
+            _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc)
 
 
 @register_jitable(inline="always")
@@ -266,13 +273,7 @@ def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, cl
             cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
             go = sigmoid(gm.peephole_input(go_[j], p_o[j], cn))
             tc = tanh(cn)
-            gi_[j] = gi
-            gf_[j] = gf
-            gg_[j] = gg
-            go_[j] = go
-            cb[j] = cn
-            tc_out[j] = tc
-            out[j] = go * tc
+            _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc)
 
 
 @simd_jit(**_JIT)
