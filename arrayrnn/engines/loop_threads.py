@@ -1,12 +1,12 @@
-"""Threads for the numba engine's time loops: the batch rows split between persistent worker threads.
+"""Threads for the numba engine's time loops: the rows or the units of a step split between persistent
+worker threads.
 
-Rows of a direction's batch never interact inside its time loop (each row's state feeds only its own
-next step), so every compiled loop of :mod:`.numba_kernels` takes a row range ``[r0, r1)`` and runs
-the whole sequence for it. :func:`run_split` runs one loop per thread on contiguous row ranges, with
-no barrier at all: the threads meet once, when the call returns. The loops release the GIL
-(``nogil=True``) and write disjoint rows of the shared buffers; each thread gets its own scratch tile.
-
-Semantics roughly equal to this Python loop, run concurrently::
+Rows split (:func:`run_split`, batches of ``2 * MIN_ROWS_PER_THREAD`` rows and more, every loop). Rows
+of a direction's batch never interact inside its time loop (each row's state feeds only its own next
+step), so every compiled loop of :mod:`.numba_kernels` takes a row range ``[r0, r1)`` and runs the whole
+sequence for it, with no barrier at all: the threads meet once, when the call returns. The loops
+release the GIL (``nogil=True``) and write disjoint rows of the shared buffers; each thread gets its own
+scratch tile. Semantics roughly equal to this Python loop, run concurrently::
 
     for r0, r1 in row_ranges(batch_sizes, threads):
         loop(r0, r1, *args, new_scratch(dtype))
@@ -15,19 +15,25 @@ Rows are split by work, not by count: the batch is sorted by length (longest fir
 is its length, and the first range holds fewer, longer rows. A range boundary is rounded to the
 loop's row tile when that keeps the balance (a partial tile runs below the kernel's peak).
 
+Columns split (:func:`run_columns`, the plain LSTM forward of ``MIN_ROWS_PER_THREAD`` to
+``2 * MIN_ROWS_PER_THREAD - 1`` rows): each thread computes every row's gates of its share of the hidden
+units, so it streams only its share of ``W_hh``; the threads meet at a spinning barrier
+(:mod:`.spin_barrier`) once per step, since the next step reads every unit of the state.
+
 How many threads: :func:`numba.get_num_threads` (``NUMBA_NUM_THREADS``, or
 :func:`numba.set_num_threads` in the calling thread), at most one per :data:`MIN_ROWS_PER_THREAD` rows
-(a smaller share loses more to the second core's start-up than the split saves). The workers are
-created on first use, once per process (a forked child makes its own).
+for the rows split; below :data:`COLUMN_SPLIT_MIN_ROWS` rows everything runs on the calling thread
+(measured: a smaller share loses more to the second core's start-up than the split saves). The
+workers are created on first use, once per process (a forked child makes its own).
 
-BLAS: a call that uses more than one thread runs inside :func:`engine_threads`, which holds NumPy's
-BLAS to one thread and splits the hoisted products' rows over the same workers instead
+BLAS: a call of ``COLUMN_SPLIT_MIN_ROWS`` rows or more runs inside :func:`engine_threads`, which holds
+NumPy's BLAS to one thread and splits the hoisted products' rows over the same workers instead
 (:func:`split_matmul`). Left at its own threads, OpenBLAS's workers spin-wait for ~0.1 s after every
 product on the core the time loop's second thread needs (measured, S1 LSTM forward: 2 loop threads beside
-2 OpenBLAS threads ran no faster than 1; with OpenBLAS at 1 thread they ran 1.3x faster). Other Python
-threads calling NumPy's BLAS during such a call get one thread too.
+2 OpenBLAS threads ran no faster than 1; with OpenBLAS at 1 thread they ran 1.3x faster), and a barrier
+would wait on that core every step. Other Python threads calling NumPy's BLAS during such a call get
+one thread too.
 """
-
 from __future__ import annotations
 
 import functools
@@ -47,8 +53,10 @@ from .spin_barrier import new_sync
 
 # below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
 MIN_ROWS_PER_THREAD = 8
-# below this many rows the LSTM forward splits its units instead (column split, a barrier per step)
-COLUMN_SPLIT_BELOW_ROWS = 2 * MIN_ROWS_PER_THREAD
+# from this many rows up to the rows split's 2 * MIN_ROWS_PER_THREAD, the plain LSTM forward splits its
+# units instead (column split, a barrier per step; measured 0.64-0.8x of one thread at B = 8 and 12, but
+# 1.4x at B = 4, where the barrier and the second core's wake-up cost more than half a step)
+COLUMN_SPLIT_MIN_ROWS = MIN_ROWS_PER_THREAD
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -69,9 +77,9 @@ def thread_count(rows: int) -> int:
 
 
 def column_parts(rows: int, groups: int) -> int:
-    """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups: used
-    where the rows split gets one thread (fewer than ``2 * MIN_ROWS_PER_THREAD`` rows), 1 otherwise."""
-    if rows >= COLUMN_SPLIT_BELOW_ROWS:
+    """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups: more
+    than one only from :data:`COLUMN_SPLIT_MIN_ROWS` rows up to where the rows split takes over."""
+    if not COLUMN_SPLIT_MIN_ROWS <= rows < 2 * MIN_ROWS_PER_THREAD:
         return 1
     return max(1, min(numba.get_num_threads(), groups))
 
@@ -185,9 +193,10 @@ def _blas_single_threaded() -> Iterator[None]:
 
 @contextmanager
 def engine_threads(rows: int) -> Iterator[int]:
-    """The scope of one engine call over ``rows`` batch rows: yields its thread count; with more than
-    one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc)."""
-    threads = thread_count(rows)
+    """The scope of one engine call over ``rows`` batch rows: yields the threads its loops may use; with
+    more than one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc).
+    Below :data:`COLUMN_SPLIT_MIN_ROWS` rows every loop runs on one thread, and BLAS keeps its own."""
+    threads = numba.get_num_threads() if rows >= COLUMN_SPLIT_MIN_ROWS else 1
     if threads == 1:
         yield 1
         return

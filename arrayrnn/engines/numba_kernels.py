@@ -302,15 +302,13 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
             src = hm if masked else h
             if zone_c:
                 c_prev[r0:n] = c[r0:n]
-            for i0 in range(r0, n, mr_max):
-                i1 = min(n, i0 + mr_max)
-                for u in range(W_hh_p.shape[0] // 4):
-                    gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
-                if peep:
-                    _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo,
-                                        clip_hi, P)
-                else:
-                    _lstm_tile(xw, t, i0, i1, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+            for u in range(W_hh_p.shape[0] // 4):  # each unit group's weights read once per step
+                for i0 in range(r0, n, mr_max):
+                    gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 4, u, gates, True, scratch)
+            if peep:
+                _lstm_peephole_tile(xw, t, r0, n, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P)
+            else:
+                _lstm_tile(xw, t, r0, n, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
             if zone_c:
                 if keep:
                     c_cand_all[t, r0:n] = c[r0:n]
@@ -357,11 +355,10 @@ def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y
         t = _step_time(s, T, reverse)
         n = min(bs[t], B)
         src, dst, gates = h_buf[s % 2], h_buf[(s + 1) % 2], xw[t]
-        for i0 in range(0, n, mr_max):
-            i1 = min(n, i0 + mr_max)
-            for u in range(u0, u1):
-                gate_group(src, i0, i1 - i0, W_hh_p, 4, u, gates, True, scratch)
-            _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, False, keep, c_all, clip_lo, clip_hi)
+        for u in range(u0, u1):  # each unit group's weights read once per step, for every row tile
+            for i0 in range(0, n, mr_max):
+                gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 4, u, gates, True, scratch)
+        _lstm_tile(xw, t, 0, n, j0, j1, H, c, y, m, False, keep, c_all, clip_lo, clip_hi)
         for b in range(n):
             dst[b, j0:j1] = y[t, b, j0:j1]
             if keep:
@@ -506,11 +503,10 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
             src = hm if masked else h
             if reset_after:
                 mr_max = ROWS_BY_NV[3]
-                for i0 in range(r0, n, mr_max):
-                    i1 = min(n, i0 + mr_max)
-                    for u in range(W_hh_p.shape[0] // 3):
-                        gate_group(src, i0, i1 - i0, W_hh_p, 3, u, hh, False, scratch)
-                    _gru_after_tile(xw, t, i0, i1, 0, H, H, h, hh, b_hn, y, hn_all, keep)
+                for u in range(W_hh_p.shape[0] // 3):  # each unit group's weights read once per step
+                    for i0 in range(r0, n, mr_max):
+                        gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 3, u, hh, False, scratch)
+                _gru_after_tile(xw, t, r0, n, 0, H, H, h, hh, b_hn, y, hn_all, keep)
             else:
                 gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
                 for b in range(r0, n):
@@ -627,14 +623,13 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
-            for i0 in range(r0, n, mr_max):
-                i1 = min(n, i0 + mr_max)
-                for u in range(W_hh_p.shape[0]):
-                    gate_group(src, i0, i1 - i0, W_hh_p, 1, u, pre, True, scratch)
-                for b in range(i0, i1):
-                    p, yb = pre[b], y[t, b]
-                    for j in range(H):
-                        yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+            for u in range(W_hh_p.shape[0]):  # each vector of weights read once per step
+                for i0 in range(r0, n, mr_max):
+                    gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 1, u, pre, True, scratch)
+            for b in range(r0, n):
+                p, yb = pre[b], y[t, b]
+                for j in range(H):
+                    yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
             if zone_h:
                 xw[t, r0:n] = y[t, r0:n]
                 _zone_rows(m_h, t, h, y[t], r0, n)

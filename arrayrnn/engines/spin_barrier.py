@@ -25,7 +25,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-SPINS_BEFORE_YIELD = 1 << 14
+SPINS_BEFORE_YIELD = 1 << 10
 _X86 = llvm.get_process_triple().startswith(("x86_64", "i386", "i686"))
 _POSIX = sys.platform != "win32"
 
