@@ -7,11 +7,15 @@ replaces the per-direction time loop: the loop itself, the per-step recurrent pr
 gate math run in compiled code (:mod:`.numba_kernels`) on the engine's own packed SIMD GEMM
 (:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and ``W_hr`` with
 projection) is packed once per call, in compiled code: gate-grouped for the forward (one GEMM tile
-computes every gate of a group of hidden units, and the gate math runs on each row tile's gates while
-they are in L1), plain for the backward's ``dgates @ W_hh``. Buffers are allocated once per call.
+computes every gate of a group of hidden units; each group's weights are read once per step for all the
+rows, then the gate math runs over the step's rows while they are in L2), plain for the backward's
+``dgates @ W_hh``. Buffers are allocated once per call.
 
-Threads: the time loops run on the calling thread (one core); the hoisted GEMMs use NumPy's BLAS
-with its thread count (set it with threadpoolctl).
+Threads (:mod:`.loop_threads`, count from :func:`numba.get_num_threads`): from 16 rows the time loops
+split the batch rows between worker threads (no barrier); the plain LSTM forward of 8-15 rows splits its
+hidden units instead (one barrier per step); below 8 rows everything runs on the calling thread. While
+a call's loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split their rows over
+the same workers (:meth:`NumbaEngine.matmul`).
 
 Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too); the first call in a
 fresh environment compiles the kernels for the dtype in use.

@@ -3,12 +3,14 @@
 Each ``*_forward_loop`` / ``*_backward_loop`` function runs the WHOLE time loop of one direction for the
 rows ``[r0, r1)`` of the length-sorted batch; step ``t`` works on the active rows ``[r0, min(bs[t], r1))``
 (variable lengths shrink the per-step product to the active prefix). The per-step products run on the
-packed SIMD kernels (:mod:`.packed_gemm`) with the weights packed by the caller. Forward: for each row
-tile, every gate-grouped GEMM tile of ``h @ W_hh.T`` is added into ``xw[t]`` and then the gate math runs
-over the row tile's full rows while they are in L1, writing the new state, the output and the
-residuals in place (per unit group, the gate loop over 16 units did not vectorise). The engine passes
-``r0, r1 = 0, B``. The row range stays a run-time argument on purpose: with the bounds known at
-compile time (0 and ``xw.shape[1]``) LLVM's code for the gate loop ran 3.5x slower here.
+packed SIMD kernels (:mod:`.packed_gemm`) with the weights packed by the caller. Forward: for each unit
+group, its gate-grouped GEMM tiles of ``h @ W_hh.T`` are added into ``xw[t]`` for every row tile (the
+group's weights are read once per step: with the row tiles outside, a 16-row S2 step read its 4 MB of
+weights three times and ran 1.4-1.7x slower), then the gate math runs over the step's full rows, writing the
+new state, the output and the residuals in place (per unit group, the gate loop over 16 units did not
+vectorise). The engine's threads (:mod:`.loop_threads`) give each loop a row range; the row range stays
+a run-time argument on purpose: with the bounds known at compile time (0 and ``xw.shape[1]``) LLVM's
+code for the gate loop ran 3.5x slower here. :func:`lstm_forward_columns` splits the units instead.
 
 Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of step ``t`` of an LSTM, roughly::
 
@@ -50,7 +52,7 @@ from numba.extending import intrinsic, overload, register_jitable
 from . import gate_math as gm
 from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
 from .packed_gemm import gate_group, gemm
-from .simd_ir import ROWS_BY_NV, simd_jit
+from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
 from .spin_barrier import barrier
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
@@ -289,6 +291,7 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
     zoneout of ``h``/``c`` with the masks ``m_h (T,B,H_out)``/``m_c (T,B,H)`` after the step (``h~`` reads
     the cell before zoneout, kept in ``c_cand_all (T,B,H)`` when ``keep``; ``c_prev (B,H)`` scratch).
     ``peep``: peepholes ``P (3,H)`` (:func:`_lstm_peephole_tile`)."""
+    prefer_full_vectors()
     T = xw.shape[0]
     H = c.shape[1]
     mr_max = ROWS_BY_NV[4]
@@ -347,6 +350,7 @@ def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y
     once per step (:func:`.spin_barrier.barrier` on ``sync``); ``h_buf (2,B,H)`` double-buffers the state
     (step ``s`` reads ``h_buf[s % 2]``, holding ``h0`` first, and writes its units of the other), so the
     final state is ``h_buf[T % 2]``. ``m (B,H)``: scratch for ``tanh(c)``."""
+    prefer_full_vectors()
     T, B = xw.shape[0], xw.shape[1]
     H = c.shape[1]
     u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
@@ -387,6 +391,7 @@ def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_
     state's cotangent splits into the step's share and the carried share (``carry_h``/``carry_c`` scratch),
     added to the carry after the step; ``c_all`` is then the cell before zoneout. ``peep``: peepholes
     ``P (3,H)`` (:func:`.gate_math.lstm_peephole_cell_grads`)."""
+    prefer_full_vectors()
     T = gates.shape[0]
     H = dc.shape[1]
     one = one_of(gates)
@@ -491,6 +496,7 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
     the n product needs every unit's ``r * h`` first, so it runs after the r, z product. ``masked``:
     recurrent dropout, the products read ``hm = h * h_mask (B,H)`` (``z * h`` keeps the carried ``h``).
     ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)`` after the step."""
+    prefer_full_vectors()
     T = xw.shape[0]
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -543,6 +549,7 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
     and the n rows of ``W_hh`` packed (reset-before). ``masked``: recurrent dropout, the products' share of
     ``dh`` times ``h_mask (B,H)`` (the product then lands in ``drh`` first). ``zone_h``: zoneout, ``dy + dh``
     splits into the step's share and the carried share (``carry_h (B,H)`` scratch, added after the step)."""
+    prefer_full_vectors()
     T = gates.shape[0]
     H = dh.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
@@ -611,6 +618,7 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask
     The activation runs on each GEMM tile (one vector of units) as it is written. ``masked``: recurrent
     dropout, the GEMM reads ``hm = h * h_mask (B,H)``. ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)``
     after the step; ``xw[t]`` then keeps the step's own output ``h~`` (the backward's residual)."""
+    prefer_full_vectors()
     T = xw.shape[0]
     H = h.shape[1]
     mr_max = ROWS_BY_NV[1]
@@ -642,6 +650,7 @@ def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, maske
                       carry_h, scratch):
     """``W_hh_p = pack_b(W_hh)``; ``masked``: recurrent dropout, the GEMM's ``dh`` times ``h_mask``;
     ``zone_h``: zoneout (``y`` is then each step's own output ``h~``; ``carry_h (B,H)`` scratch)."""
+    prefer_full_vectors()
     T = y.shape[0]
     H = dh.shape[1]
     one = one_of(y)

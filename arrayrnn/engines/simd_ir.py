@@ -302,6 +302,23 @@ def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Func
     return fn
 
 
+@intrinsic
+def prefer_full_vectors(typingctx):
+    """Lets LLVM's loop vectoriser use the variant's full vector width in the calling compiled function.
+
+    LLVM tunes AVX-512 CPUs (Skylake-X and later) to prefer 256-bit vectors in the loops it vectorises;
+    the kernels' gate math, vectorised by LLVM, ran 1.45x faster at 512 bits (S1's LSTM gate pass alone,
+    one thread: 18.5 ms -> 12.7 ms). The two function attributes are LLVM's own; llvmlite's attribute set
+    knows only enum attributes, so the key-value pairs are added to the set directly."""
+    def codegen(context, builder, signature, args):
+        if VARIANT == "avx512":
+            width = _VECTOR_BITS[VARIANT]
+            for key in ("prefer-vector-width", "min-legal-vector-width"):
+                set.add(builder.function.attributes, f'"{key}"="{width}"')
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
 @numba.njit(nogil=True)
 def tile(mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, like):
     """``C[i, v*cvs : v*cvs + W] (+)= sum_kk A[i, kk] * B[v, kk, :]`` for ``i < mr``, ``v < nv``.
