@@ -195,8 +195,9 @@ def _blas_single_threaded() -> Iterator[None]:
 def engine_threads(rows: int) -> Iterator[int]:
     """The scope of one engine call over ``rows`` batch rows: yields the threads its loops may use; with
     more than one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc).
-    Below :data:`COLUMN_SPLIT_MIN_ROWS` rows every loop runs on one thread, and BLAS keeps its own."""
-    threads = numba.get_num_threads() if rows >= COLUMN_SPLIT_MIN_ROWS else 1
+    Where no loop splits (below :data:`COLUMN_SPLIT_MIN_ROWS` rows), BLAS keeps its own threads."""
+    split = thread_count(rows) > 1 or column_parts(rows, numba.get_num_threads()) > 1
+    threads = numba.get_num_threads() if split else 1
     if threads == 1:
         yield 1
         return

@@ -1,0 +1,83 @@
+"""The numba engine's thread choices, measured: one thread, the rows split and the columns split.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_threads.py --rounds 9
+
+For LSTM shapes from batch 1 to 64, a forward and a training step (forward + backward) under three
+settings, alternated per round in one process (medians of ``--rounds``; a 50 ms pause and two untimed
+calls before each timed one, so every setting starts from the same idle second core):
+
+- ``1 thread``: ``numba.set_num_threads(1)``: the loops on the calling thread, BLAS with its own threads;
+- ``rows``: 2 threads, the column split switched off (``COLUMN_SPLIT_MIN_ROWS`` above every batch): from
+  16 rows the loops split the batch rows; below, they run on one thread;
+- ``columns``: 2 threads, the column split switched on for every batch below 16 rows: the plain LSTM
+  forward splits its hidden units, one barrier per step (from 16 rows, the rows split as in ``rows``).
+
+The engine's default is ``columns`` for 8-15 rows and ``rows`` otherwise (arrayrnn/engines/loop_threads.py),
+from this benchmark's numbers (bench/RESULTS.md). Ratios < 1: faster than one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+
+import arrayrnn as ar
+from arrayrnn.engines import loop_threads
+
+CASES = ((200, 1, 64, 128), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256), (50, 8, 128, 512),
+         (50, 16, 128, 512), (100, 64, 256, 256))
+SETTINGS = {"1 thread": (1, 8), "rows": (2, 1 << 30), "columns": (2, 0)}  # threads, COLUMN_SPLIT_MIN_ROWS
+
+
+def _call(params: ar.PackedParams, x: np.ndarray, phase: str) -> None:
+    if phase == "forward":
+        ar.rnn_forward(params, x, engine="numba")
+        return
+    res = ar.rnn_forward(params, x, engine="numba", training=True)
+    ar.rnn_backward(res, np.ones_like(res.y))
+
+
+def measure(T: int, B: int, I: int, H: int, phase: str, rounds: int) -> dict[str, float]:
+    params = ar.PackedParams.init(ar.RNNSpec("lstm", I, H), seed=0)
+    x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
+    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    saved = (numba.get_num_threads(), loop_threads.COLUMN_SPLIT_MIN_ROWS)
+    try:
+        for _ in range(rounds):
+            for name, (threads, column_min) in SETTINGS.items():
+                numba.set_num_threads(threads)
+                loop_threads.COLUMN_SPLIT_MIN_ROWS = column_min
+                time.sleep(0.05)
+                _call(params, x, phase)
+                _call(params, x, phase)
+                start = time.perf_counter()
+                _call(params, x, phase)
+                times[name].append(time.perf_counter() - start)
+    finally:
+        numba.set_num_threads(saved[0])
+        loop_threads.COLUMN_SPLIT_MIN_ROWS = saved[1]
+    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args(argv)
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        raise SystemExit("bench_threads needs 2 numba threads (NUMBA_NUM_THREADS >= 2)")
+    print("| T, B, I, H | phase | 1 thread ms | rows ms | columns ms | rows / 1 thread "
+          "| columns / 1 thread |")
+    print("|---|---|---|---|---|---|---|")
+    for T, B, I, H in CASES:
+        for phase in ("forward", "train"):
+            ms = measure(T, B, I, H, phase, args.rounds)
+            one = ms["1 thread"]
+            print(f"| {T}, {B}, {I}, {H} | {phase} | {one:.2f} | {ms['rows']:.2f} | {ms['columns']:.2f} | "
+                  f"{ms['rows'] / one:.2f} | {ms['columns'] / one:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
