@@ -50,6 +50,18 @@ def test_row_ranges_cover_the_rows_with_balanced_work(lengths, parts, tile):
     assert max(shares) - work.sum() / len(ranges) <= 2 * tile * 9 + 9
 
 
+def test_column_split_only_for_mid_batches_with_large_steps(threads):
+    threads(2)
+    large = loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
+    assert loop_threads.column_parts(12, 16, large) == 2
+    assert loop_threads.column_parts(12, 16, large - 1) == 1      # the barrier would cost more
+    assert loop_threads.column_parts(12, 1, large) == 1           # one unit group: nothing to split
+    assert loop_threads.column_parts(loop_threads.COLUMN_SPLIT_MIN_ROWS - 1, 16, large) == 1
+    assert loop_threads.column_parts(2 * loop_threads.MIN_ROWS_PER_THREAD, 16, large) == 1  # rows split
+    threads(1)
+    assert loop_threads.column_parts(12, 16, large) == 1
+
+
 def test_row_ranges_of_an_empty_batch():
     assert loop_threads.row_ranges(np.zeros(3, np.int64), 0, 2) == []
 
@@ -128,6 +140,7 @@ def test_column_split_equals_one_thread_and_the_reference(fields, dtype, rtol, a
     # H = 37: 3 (float32) or 5 (float64) unit groups with a partial last one, split 1 + 2 or 2 + 3;
     # 9 rows: below the rows split's threshold, so the plain LSTM forward splits its units
     spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=37, dtype=dtype, **fields)
+    monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)  # small sizes, same code path
     calls = []
     real = numba_engine.run_columns
     monkeypatch.setattr(numba_engine, "run_columns", lambda *a: calls.append(a[1]) or real(*a))

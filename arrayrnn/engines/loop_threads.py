@@ -16,9 +16,10 @@ is its length, and the first range holds fewer, longer rows. A range boundary is
 loop's row tile when that keeps the balance (a partial tile runs below the kernel's peak).
 
 Columns split (:func:`run_columns`, the plain LSTM forward of ``MIN_ROWS_PER_THREAD`` to
-``2 * MIN_ROWS_PER_THREAD - 1`` rows): each thread computes every row's gates of its share of the hidden
-units, so it streams only its share of ``W_hh``; the threads meet at a spinning barrier
-(:mod:`.spin_barrier`) once per step, since the next step reads every unit of the state.
+``2 * MIN_ROWS_PER_THREAD - 1`` rows, with steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more): each
+thread computes every row's gates of its share of the hidden units, so it streams only its share of
+``W_hh``; the threads meet at a spinning barrier (:mod:`.spin_barrier`) once per step, since the next
+step reads every unit of the state.
 
 How many threads: :func:`numba.get_num_threads` (``NUMBA_NUM_THREADS``, or
 :func:`numba.set_num_threads` in the calling thread), at most one per :data:`MIN_ROWS_PER_THREAD` rows
@@ -54,9 +55,12 @@ from .spin_barrier import new_sync
 # below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
 MIN_ROWS_PER_THREAD = 8
 # from this many rows up to the rows split's 2 * MIN_ROWS_PER_THREAD, the plain LSTM forward splits its
-# units instead (column split, a barrier per step; measured 0.64-0.8x of one thread at B = 8 and 12, but
-# 1.4x at B = 4, where the barrier and the second core's wake-up cost more than half a step)
+# units instead (column split, a barrier per step), when a step has COLUMN_SPLIT_MIN_STEP_FMAS or more
+# multiply-adds (bench/bench_threads.py: 0.74-0.86x of one thread at B = 12, H = 256 (3.1M) and B = 8,
+# H = 512 (8.4M); 1.33x at B = 8, H = 256 (2.1M), 1.6x at B = 4, 3.4x at B = 1, where the barrier and
+# the second core's wake-up cost more than the halved step saves)
 COLUMN_SPLIT_MIN_ROWS = MIN_ROWS_PER_THREAD
+COLUMN_SPLIT_MIN_STEP_FMAS = 3_000_000
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -76,10 +80,14 @@ def thread_count(rows: int) -> int:
     return max(1, min(numba.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
 
 
-def column_parts(rows: int, groups: int) -> int:
-    """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups: more
-    than one only from :data:`COLUMN_SPLIT_MIN_ROWS` rows up to where the rows split takes over."""
+def column_parts(rows: int, groups: int, step_fmas: int | None = None) -> int:
+    """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups, whose
+    per-step product is ``step_fmas`` multiply-adds: more than one only from :data:`COLUMN_SPLIT_MIN_ROWS`
+    rows up to where the rows split takes over, and for steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or
+    more (``None``: could be)."""
     if not COLUMN_SPLIT_MIN_ROWS <= rows < 2 * MIN_ROWS_PER_THREAD:
+        return 1
+    if step_fmas is not None and step_fmas < COLUMN_SPLIT_MIN_STEP_FMAS:
         return 1
     return max(1, min(numba.get_num_threads(), groups))
 

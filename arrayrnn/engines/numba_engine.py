@@ -13,7 +13,8 @@ rows, then the gate math runs over the step's rows while they are in L2), plain 
 
 Threads (:mod:`.loop_threads`, count from :func:`numba.get_num_threads`): from 16 rows the time loops
 split the batch rows between worker threads (no barrier); the plain LSTM forward of 8-15 rows splits its
-hidden units instead (one barrier per step); below 8 rows everything runs on the calling thread. While
+hidden units instead where a step is large enough (one barrier per step); below 8 rows everything runs
+on the calling thread. While
 a call's loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split their rows over
 the same workers (:meth:`NumbaEngine.matmul`).
 
@@ -116,7 +117,7 @@ class NumbaKernel:
             zone_c = _zone_args(w.zoneout_c, dtype, B, H)
             c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
             W_hh_p = pack_b(w.W_hh.T, gates=4)
-            parts = column_parts(B, W_hh_p.shape[0] // 4) if _plain_lstm(w) else 1
+            parts = column_parts(B, W_hh_p.shape[0] // 4, B * w.W_hh.size) if _plain_lstm(w) else 1
             if parts > 1:
                 h_buf = np.empty((2, B, H), dtype)
                 h_buf[0] = h
