@@ -71,7 +71,7 @@ def _workers(count: int) -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None or _pool[0] != os.getpid() or _pool[1]._max_workers < count:
-            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=count, thread_name_prefix="arrayrnn-rows"))
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=count, thread_name_prefix="arrayrnn-loops"))
         return _pool[1]
 
 
@@ -96,7 +96,7 @@ def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) 
     """``threads`` contiguous ranges of ``[0, rows)`` with about equal work (row ``b`` works on each step
     ``t`` with ``batch_sizes[t] > b``); boundaries on multiples of ``tile`` where that moves them by less
     than half a tile's work. Empty ranges are dropped."""
-    work = np.array([np.count_nonzero(batch_sizes > b) for b in range(rows)], dtype=np.int64)
+    work = (np.asarray(batch_sizes)[None, :] > np.arange(rows)[:, None]).sum(axis=1)
     cumulative = np.cumsum(work)
     total = int(cumulative[-1]) if rows else 0
     bounds = [0]
@@ -114,7 +114,8 @@ def run_columns(loop: Callable[..., Any], parts: int, dtype: Any, *args: Any) ->
     """``loop(part, parts, sync, *args, scratch)`` for ``part < parts``, all at once (the column split:
     the parts meet at a barrier every step, so each needs its own thread; the calling thread runs part 0)."""
     sync = new_sync()
-    in_parallel(lambda part, _: loop(part, parts, sync, *args, new_scratch(dtype)),
+    scratch = [new_scratch(dtype) for _ in range(parts)]  # nothing that can fail once a part has started
+    in_parallel(lambda part, _: loop(part, parts, sync, *args, scratch[part]),
                 [(part, part + 1) for part in range(parts)])
 
 
