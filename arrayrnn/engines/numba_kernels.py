@@ -256,7 +256,7 @@ def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, cli
             _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc)
 
 
-@numba.njit(**_JIT)
+@simd_jit(**_JIT)  # keyed on the variant: prefer_full_vectors depends on it
 def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P):
     """:func:`_lstm_tile` (all units) with peepholes ``P (3,H)``: ``i``, ``f`` also read the cell entering
     the step, ``o`` the new (clipped) cell. Compiled apart, not inlined: the forward loop that calls it
