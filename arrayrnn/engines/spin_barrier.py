@@ -42,27 +42,33 @@ def _pointer(context, builder, signature, args):
     return cgutils.get_item_pointer(context, builder, arrty, ary, [index])
 
 
-def _int64_array(arr) -> bool:
-    return isinstance(arr, types.Array) and arr.dtype == types.int64
+def _int64_slot(arr, index, *values) -> bool:
+    """Typing check: ``arr[index]`` of an int64 array, integer ``values``."""
+    return (isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(index, types.Integer)
+            and all(isinstance(v, types.Integer) for v in values))
+
+
+def _pointer_and_value(context, builder, signature, args):
+    """The slot's pointer and the third argument as an int64 (for the intrinsics that write)."""
+    value = context.cast(builder, args[2], signature.args[2], types.int64)
+    return _pointer(context, builder, signature, args), value
 
 
 @intrinsic
 def atomic_add(typingctx, arr, index, value):
     """``old = arr[index]; arr[index] += value`` atomically (sequentially consistent); returns ``old``."""
-    if not (_int64_array(arr) and isinstance(index, types.Integer) and isinstance(value, types.Integer)):
+    if not _int64_slot(arr, index, value):
         return None
 
     def codegen(context, builder, signature, args):
-        ptr = _pointer(context, builder, signature, args)
-        add = context.cast(builder, args[2], signature.args[2], types.int64)
-        return builder.atomic_rmw("add", ptr, add, "seq_cst")
+        return builder.atomic_rmw("add", *_pointer_and_value(context, builder, signature, args), "seq_cst")
     return types.int64(arr, index, value), codegen
 
 
 @intrinsic
 def atomic_load(typingctx, arr, index):
     """``arr[index]`` with acquire ordering."""
-    if not (_int64_array(arr) and isinstance(index, types.Integer)):
+    if not _int64_slot(arr, index):
         return None
 
     def codegen(context, builder, signature, args):
@@ -73,12 +79,11 @@ def atomic_load(typingctx, arr, index):
 @intrinsic
 def atomic_store(typingctx, arr, index, value):
     """``arr[index] = value`` with release ordering."""
-    if not (_int64_array(arr) and isinstance(index, types.Integer) and isinstance(value, types.Integer)):
+    if not _int64_slot(arr, index, value):
         return None
 
     def codegen(context, builder, signature, args):
-        ptr = _pointer(context, builder, signature, args)
-        value = context.cast(builder, args[2], signature.args[2], types.int64)
+        ptr, value = _pointer_and_value(context, builder, signature, args)
         builder.store_atomic(value, ptr, "release", 8)
         return context.get_dummy_value()
     return types.none(arr, index, value), codegen
