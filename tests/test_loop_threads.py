@@ -220,3 +220,21 @@ def test_a_forked_child_starts_its_own_workers(threads):
         pytest.fail("the forked child hung on the parent's worker threads")
     assert child.exitcode == 0
     assert queue.get(timeout=5) == pytest.approx(expected, rel=1e-6)
+
+
+def test_split_matmul_equals_matmul_and_blas_is_held_to_one_thread_only_inside(threads):
+    import threadpoolctl
+
+    threads(2)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((517, 33)), rng.standard_normal((21, 33)).T  # a strided right operand
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    before = [lib.num_threads for lib in blas.lib_controllers]
+    with loop_threads.engine_threads(loop_threads.COLUMN_SPLIT_MIN_ROWS) as n:
+        assert n == 2 and loop_threads.gemm_threads() == 2
+        assert [lib.num_threads for lib in blas.lib_controllers] == [1] * len(before)
+        np.testing.assert_allclose(loop_threads.split_matmul(a, b), a @ b, rtol=1e-13, atol=1e-13)
+    assert [lib.num_threads for lib in blas.lib_controllers] == before
+    assert loop_threads.gemm_threads() == 1
+    with loop_threads.engine_threads(loop_threads.COLUMN_SPLIT_MIN_ROWS - 1) as n:  # loops stay on one
+        assert n == 1 and [lib.num_threads for lib in blas.lib_controllers] == before

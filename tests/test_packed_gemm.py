@@ -150,3 +150,28 @@ def test_k_loops_keep_accumulators_in_registers():
     assert len(loops) == sum(2 if mr * nv <= 4 else 1 for mr, nv in shapes)
     spilling = [loop.splitlines()[0] for loop in loops if re.search(r"\(%rsp\)", loop)]
     assert not spilling, f"K loops spill to the stack: {spilling}"
+
+
+def test_cache_key_covers_every_engine_module_the_time_loops_call_into():
+    # numba's cache of a caller misses a change in a callee's module: each such module must be digested
+    import ast
+    from pathlib import Path
+
+    engines = Path(simd_ir.__file__).parent
+    tree = ast.parse((engines / "numba_kernels.py").read_text())
+    callees = {f"{node.module}.py" for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+    callees |= {f"{alias.name}.py" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.level == 1 and node.module is None for alias in node.names}
+    assert callees and callees <= set(simd_ir.KERNEL_SOURCES)
+
+
+@pytest.mark.skipif(simd_ir.VARIANT != "avx512", reason=f"the SIMD variant here is {simd_ir.VARIANT}")
+def test_time_loops_let_llvm_vectorise_at_512_bits():
+    import arrayrnn as ar
+    from arrayrnn.engines import numba_kernels
+
+    ar.rnn_forward(ar.PackedParams.init(ar.RNNSpec("lstm", 3, 4)), np.ones((2, 1, 3), np.float32),
+                   engine="numba")
+    ir_text = next(iter(numba_kernels.lstm_forward_loop.inspect_llvm().values()))
+    assert '"prefer-vector-width"="512"' in ir_text

@@ -101,6 +101,10 @@ ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
+KERNEL_SOURCES = ("simd_ir.py", "packed_gemm.py", "gate_math.py", "spin_barrier.py")
+"""The engine modules whose compiled code the time loops call into (their digest keys the cache)."""
+
+
 def _kernel_sources_digest() -> str:
     """A digest of the source of this module and of the other modules the time loops call into
     (:mod:`.packed_gemm`, :mod:`.gate_math`, :mod:`.spin_barrier`): numba's cache of a caller does not
@@ -108,7 +112,7 @@ def _kernel_sources_digest() -> str:
     carries it."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("simd_ir.py", "packed_gemm.py", "gate_math.py", "spin_barrier.py"):
+    for name in KERNEL_SOURCES:
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:16]
 
