@@ -62,6 +62,8 @@ MIN_ROWS_PER_THREAD = 8
 COLUMN_SPLIT_MIN_ROWS = MIN_ROWS_PER_THREAD
 COLUMN_SPLIT_MIN_STEP_FMAS = 3_000_000
 
+# gemm_threads: the threads split_matmul uses in this thread's current call; one_thread: see one_thread()
+_state = threading.local()
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -75,9 +77,26 @@ def _workers(count: int) -> ThreadPoolExecutor:
         return _pool[1]
 
 
+def available_threads() -> int:
+    """:func:`numba.get_num_threads`, or 1 inside :func:`one_thread`."""
+    return 1 if getattr(_state, "one_thread", False) else numba.get_num_threads()
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Everything of the engine this thread runs inside stays on this thread (a wavefront task: the
+    other threads run other layers or directions)."""
+    before = getattr(_state, "one_thread", False), gemm_threads()
+    _state.one_thread, _state.gemm_threads = True, 1
+    try:
+        yield
+    finally:
+        _state.one_thread, _state.gemm_threads = before
+
+
 def thread_count(rows: int) -> int:
     """Threads a time loop over ``rows`` batch rows runs on."""
-    return max(1, min(numba.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
+    return max(1, min(available_threads(), rows // MIN_ROWS_PER_THREAD))
 
 
 def column_parts(rows: int, groups: int, step_fmas: int | None = None) -> int:
@@ -89,7 +108,7 @@ def column_parts(rows: int, groups: int, step_fmas: int | None = None) -> int:
         return 1
     if step_fmas is not None and step_fmas < COLUMN_SPLIT_MIN_STEP_FMAS:
         return 1
-    return max(1, min(numba.get_num_threads(), groups))
+    return max(1, min(available_threads(), groups))
 
 
 def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) -> list[tuple[int, int]]:
@@ -150,21 +169,20 @@ def in_parallel(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) ->
         future.result()
 
 
-_state = threading.local()  # gemm_threads: the threads split_matmul uses in this thread's current call
-
 
 def gemm_threads() -> int:
     return getattr(_state, "gemm_threads", 1)
 
 
-def split_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` (2-D) with the rows of ``a`` split over :func:`gemm_threads` threads, each one BLAS call
-    (NumPy releases the GIL in it); one call when a share would be small."""
+def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` (2-D, into ``out`` if given) with the rows of ``a`` split over :func:`gemm_threads`
+    threads, each one BLAS call (NumPy releases the GIL in it); one call when a share would be small."""
     threads = gemm_threads()
     M = a.shape[0]
     if threads == 1 or M < 64 * threads:
-        return a @ b
-    out = np.empty((M, b.shape[1]), np.result_type(a, b))
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((M, b.shape[1]), np.result_type(a, b))
     in_parallel(lambda r0, r1: np.matmul(a[r0:r1], b, out=out[r0:r1]), split_rows(M, threads))
     return out
 
@@ -201,12 +219,13 @@ def _blas_single_threaded() -> Iterator[None]:
 
 
 @contextmanager
-def engine_threads(rows: int) -> Iterator[int]:
+def engine_threads(rows: int, wavefront: bool = False) -> Iterator[int]:
     """The scope of one engine call over ``rows`` batch rows: yields the threads its loops may use; with
     more than one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc).
-    Where no loop splits (below :data:`COLUMN_SPLIT_MIN_ROWS` rows), BLAS keeps its own threads."""
-    split = thread_count(rows) > 1 or column_parts(rows, numba.get_num_threads()) > 1
-    threads = numba.get_num_threads() if split else 1
+    Where no loop splits (below :data:`COLUMN_SPLIT_MIN_ROWS` rows) and no ``wavefront`` runs layers or
+    directions side by side, BLAS keeps its own threads."""
+    split = wavefront or thread_count(rows) > 1 or column_parts(rows, available_threads()) > 1
+    threads = available_threads() if split else 1
     if threads == 1:
         yield 1
         return

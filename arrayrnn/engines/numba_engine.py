@@ -23,12 +23,15 @@ fresh environment compiles the kernels for the dtype in use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.spec import RNNSpec
 from . import numba_kernels as nk
+from . import wavefront
 from .base import (
     Call,
     DirectionCache,
@@ -39,11 +42,18 @@ from .base import (
     StackGrads,
 )
 from .cells import gate_slice
-from .loop_threads import column_parts, engine_threads, run_columns, run_split, split_matmul
+from .loop_threads import (
+    available_threads,
+    column_parts,
+    engine_threads,
+    run_columns,
+    run_split,
+    split_matmul,
+)
 from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
-from .stack import StackCache, StackEngine, input_projection
+from .stack import StackCache, StackEngine, StackRun, input_projection
 
 Array = Any
 
@@ -93,13 +103,72 @@ def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return W_hh[gate_slice(spec, "r", "z")], W_hh[gate_slice(spec, "n")]
 
 
+@dataclass(frozen=True, eq=False)
+class PerStep:
+    """A loop argument indexed by time first: a chunk of steps gets its slice."""
+
+    array: np.ndarray
+
+
+def _per_step_if(on: bool) -> Callable[[np.ndarray], Any]:
+    return PerStep if on else (lambda a: a)
+
+
+def _chunk(args: tuple, t0: int, t1: int) -> tuple:
+    return tuple(a.array[t0:t1] if isinstance(a, PerStep) else a for a in args)
+
+
+class ForwardLoop:
+    """One direction's compiled forward loop and its buffers. ``run(t0, t1)`` runs steps ``t0 .. t1-1``
+    (the states carry over between chunks; a reverse loop's chunks run from the last one back),
+    ``result()`` once every step has run. The rows split between threads per chunk
+    (:func:`.loop_threads.run_split`)."""
+
+    def __init__(self, loop: Callable[..., Any], tile: int, dtype: Any, batch_sizes: np.ndarray, rows: int,
+                 args: tuple, result: DirectionForward):
+        self._loop, self._tile, self._dtype, self._rows = loop, tile, dtype, rows
+        self._bs, self._args, self._result = batch_sizes, args, result
+
+    def run(self, t0: int, t1: int) -> None:
+        run_split(self._loop, self._bs[t0:t1], self._rows, self._dtype, *_chunk(self._args, t0, t1),
+                  tile=self._tile)
+
+    def result(self) -> DirectionForward:
+        return self._result
+
+
+class ColumnsLoop(ForwardLoop):
+    """:class:`ForwardLoop` of :func:`.numba_kernels.lstm_forward_columns` (the column split): the state
+    lives in ``h_buf[0]`` between chunks."""
+
+    def __init__(self, parts: int, dtype: Any, h_buf: np.ndarray, args: tuple, result: DirectionForward):
+        super().__init__(nk.lstm_forward_columns, 1, dtype, args[1].array, h_buf.shape[1], args, result)
+        self._parts, self._h_buf = parts, h_buf
+
+    def run(self, t0: int, t1: int) -> None:
+        # never more parts than this thread may use now: queued behind a busy worker, a part would leave
+        # the others waiting at the barrier for good
+        parts = min(self._parts, available_threads())
+        run_columns(self._loop, parts, self._dtype, *_chunk(self._args, t0, t1))
+        if (t1 - t0) % 2:  # the chunk's last step wrote h_buf[1]
+            self._h_buf[0] = self._h_buf[1]
+
+
 class NumbaKernel:
     """:class:`~arrayrnn.engines.base.DirectionKernel` running the time loop in compiled code."""
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, spec: RNNSpec, w: DirectionWeights, xw: Array, batch_sizes: np.ndarray, h0: Array,
                 c0: Array | None, reverse: bool, keep_cache: bool) -> DirectionForward:
-        xw = _c(xw)  # the driver's fresh projection; overwritten in place by the activations (the cache)
+        loop = self.start_forward(spec, w, _c(xw), batch_sizes, h0, c0, reverse, keep_cache)
+        loop.run(0, xw.shape[0])
+        return loop.result()
+
+    def start_forward(self, spec: RNNSpec, w: DirectionWeights, xw: np.ndarray, batch_sizes: np.ndarray,
+                      h0: Array, c0: Array | None, reverse: bool, keep_cache: bool) -> ForwardLoop:
+        """The forward's buffers and compiled loop, to run a chunk of steps at a time
+        (:meth:`ForwardLoop.run`). ``xw``: contiguous ``(T, B, G*H)``, overwritten in place by the
+        activations (the cache); a chunk's rows of it need only be written before that chunk runs."""
         T, B, _ = xw.shape
         dtype = xw.dtype
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
@@ -116,22 +185,25 @@ class NumbaKernel:
             zone_c = _zone_args(w.zoneout_c, dtype, B, H)
             c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
             W_hh_p = pack_b(w.W_hh.T, gates=4)
+            kept = _per_step_if(keep_cache)
             parts = column_parts(B, W_hh_p.shape[0] // 4, B * w.W_hh.size) if _plain_lstm(w) else 1
             if parts > 1:
                 h_buf = np.empty((2, B, H), dtype)
                 h_buf[0] = h
-                run_columns(nk.lstm_forward_columns, parts, dtype, xw, bs, reverse, W_hh_p, h_buf, c, y,
-                            np.empty((B, H), dtype), keep_cache, c_all, dtype.type(lo), dtype.type(hi))
                 cache = DirectionCache(gates=xw, c=c_all)
-                return DirectionForward(y, h_buf[T % 2].copy(), c, cache if keep_cache else None)
-            run_split(nk.lstm_forward_loop, bs, B, dtype, xw, bs, reverse, W_hh_p, W_hr_p,
-                      project, h, c, y, np.empty((B, H), dtype), keep_cache, c_all, tanh_c_all,
-                      dtype.type(lo), dtype.type(hi), *_mask_args(w, dtype, B),
-                      *_zone_args(w.zoneout_h, dtype, B, spec.output_size)[:2], *zone_c, c_cand,
-                      *_peephole_args(w, dtype), tile=ROWS_BY_NV[4])
+                return ColumnsLoop(parts, dtype, h_buf, (
+                    PerStep(xw), PerStep(bs), reverse, W_hh_p, h_buf, c, PerStep(y), np.empty((B, H), dtype),
+                    keep_cache, kept(c_all), dtype.type(lo), dtype.type(hi)),
+                    DirectionForward(y, h_buf[0], c, cache if keep_cache else None))
+            zone_h = _zone_args(w.zoneout_h, dtype, B, spec.output_size)
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None,
                                    c_cand=c_cand if zone_c[0] else None)
-            return DirectionForward(y, h, c, cache if keep_cache else None)
+            return ForwardLoop(nk.lstm_forward_loop, ROWS_BY_NV[4], dtype, bs, B, (
+                PerStep(xw), PerStep(bs), reverse, W_hh_p, W_hr_p, project, h, c, PerStep(y),
+                np.empty((B, H), dtype), keep_cache, kept(c_all), kept(tanh_c_all), dtype.type(lo),
+                dtype.type(hi), *_mask_args(w, dtype, B), zone_h[0], _per_step_if(zone_h[0])(zone_h[1]),
+                zone_c[0], _per_step_if(zone_c[0])(zone_c[1]), zone_c[2], kept(c_cand),
+                *_peephole_args(w, dtype)), DirectionForward(y, h, c, cache if keep_cache else None))
         if spec.mode == "gru":
             keep_hn = keep_cache and spec.reset_after
             hn_all = np.empty((T if keep_hn else 1, B, H), dtype)
@@ -141,16 +213,19 @@ class NumbaKernel:
             else:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
-            run_split(nk.gru_forward_loop, bs, B, dtype, xw, bs, reverse, *packed, spec.reset_after, b_hn, h,
-                      y, np.empty((B, 3 * H), dtype), keep_hn, hn_all, *_mask_args(w, dtype, B),
-                      *_zone_args(w.zoneout_h, dtype, B, H)[:2], tile=ROWS_BY_NV[3])
+            zone_h = _zone_args(w.zoneout_h, dtype, B, H)
             cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
-            return DirectionForward(y, h, None, cache if keep_cache else None)
-        zone_h = _zone_args(w.zoneout_h, dtype, B, H)[:2]
-        run_split(nk.rnn_forward_loop, bs, B, dtype, xw, bs, reverse, pack_b(w.W_hh.T),
-                  spec.mode == "rnn_relu", h, y, *_mask_args(w, dtype, B), *zone_h, tile=ROWS_BY_NV[1])
+            return ForwardLoop(nk.gru_forward_loop, ROWS_BY_NV[3], dtype, bs, B, (
+                PerStep(xw), PerStep(bs), reverse, *packed, spec.reset_after, b_hn, h, PerStep(y),
+                np.empty((B, 3 * H), dtype), keep_hn, _per_step_if(keep_hn)(hn_all), *_mask_args(w, dtype, B),
+                zone_h[0], _per_step_if(zone_h[0])(zone_h[1])),
+                DirectionForward(y, h, None, cache if keep_cache else None))
+        zone_h = _zone_args(w.zoneout_h, dtype, B, H)
         cache = DirectionCache(gates=xw if zone_h[0] else None)  # with zoneout: each step's own output
-        return DirectionForward(y, h, None, cache if keep_cache else None)
+        return ForwardLoop(nk.rnn_forward_loop, ROWS_BY_NV[1], dtype, bs, B, (
+            PerStep(xw), PerStep(bs), reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, PerStep(y),
+            *_mask_args(w, dtype, B), zone_h[0], _per_step_if(zone_h[0])(zone_h[1])),
+            DirectionForward(y, h, None, cache if keep_cache else None))
 
     # -- backward -------------------------------------------------------------------------------
     def backward(self, spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
@@ -215,8 +290,17 @@ class NumbaEngine(StackEngine):
         super().__init__("numba", NumbaKernel())
 
     def forward_sorted(self, params: Any, x: Array, *args: Any, **kwargs: Any) -> StackForward:
-        with engine_threads(x.shape[1]):
+        side_by_side = wavefront.plan(params.spec, x.shape[1], available_threads()) is not None
+        with engine_threads(x.shape[1], wavefront=side_by_side):
             return super().forward_sorted(params, x, *args, **kwargs)
+
+    def run_layers(self, run: StackRun) -> list[tuple[DirectionForward, ...]]:
+        schedule = wavefront.plan(run.params.spec, run.x.shape[1], available_threads())
+        if schedule == "directions":
+            return wavefront.run_directions(self, run)
+        if schedule == "layers":
+            return wavefront.run_pipeline(self, run)
+        return super().run_layers(run)
 
     def backward_sorted(self, cache: StackCache, *args: Any, **kwargs: Any) -> StackGrads:
         with engine_threads(cache.x.shape[1]):
@@ -225,18 +309,29 @@ class NumbaEngine(StackEngine):
     def matmul(self, a: Array, b: Array) -> Array:
         return split_matmul(a, b)
 
-    def project_input(self, x: Array, w: DirectionWeights) -> Array:
+    def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None) -> Array:
+        return self.input_projector(x, w)(x, out)
+
+    def input_projector(self, x: Array, w: DirectionWeights) -> Callable[[Array, Array | None], Array]:
+        """``project_input`` for ``x`` or chunks of its steps, the weights prepared once: small products
+        (:data:`PACKED_PROJECTION_MAX`) on the packed kernel, one thread; others on BLAS (split_matmul)."""
         T, B, I = x.shape
         N = w.W_ih.shape[0]
         if T * B * I * N > PACKED_PROJECTION_MAX or x.dtype not in (np.float32, np.float64):
-            return input_projection(x, w, split_matmul)
-        rows = np.ascontiguousarray(x.reshape(T * B, I))
-        xw = np.empty((T * B, N), x.dtype)
-        bias = w.input_bias is not None
-        if bias:
-            xw[...] = w.input_bias
-        gemm(rows, pack_b(w.W_ih.T), 1, xw, bias, new_scratch(x.dtype))
-        return xw.reshape(T, B, N)
+            return lambda chunk, out: input_projection(chunk, w, split_matmul, out)
+        packed, scratch = pack_b(w.W_ih.T), new_scratch(x.dtype)
+
+        def packed_projection(chunk: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+            steps = chunk.shape[0]
+            rows = np.ascontiguousarray(chunk.reshape(steps * B, I))
+            xw = np.empty((steps * B, N), x.dtype) if out is None else out.reshape(steps * B, N)
+            bias = w.input_bias is not None
+            if bias:
+                xw[...] = w.input_bias
+            gemm(rows, packed, 1, xw, bias, scratch)
+            return xw.reshape(steps, B, N)
+
+        return packed_projection
 
     def check(self, call: Call) -> str | None:
         if call.xp is not np:

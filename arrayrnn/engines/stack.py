@@ -28,7 +28,6 @@ cast back).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace as _replace
@@ -55,7 +54,7 @@ from .batch_order import BatchOrder
 from .cells import gate, gate_slice, split_biases
 
 Array = Any
-MatMul = Callable[[Array, Array], Array]
+MatMul = Callable[..., Array]  # (a, b) -> a @ b; input_projection's also takes out=
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +78,34 @@ class StackCache:
     order: BatchOrder                 # the caller's rows <-> sorted rows
     batch_first: bool                 # the caller's layout
     cell_masks: CellMasks | None = None   # sorted rows, compute dtype
+
+
+@dataclass(frozen=True, eq=False)
+class StackRun:
+    """What every layer-direction of one stack forward shares (sorted rows, compute dtype)."""
+
+    params: PackedParams
+    x: Array                          # (T, B, I) layer-0 input
+    batch_sizes: np.ndarray
+    h0: Array
+    c0: Array | None
+    masks: tuple[Array, ...] | None   # inter-layer dropout, masks[l-1] multiplies the input of layer l
+    cell_masks: CellMasks | None
+    keep: bool                        # keep each direction's cache
+
+    def index(self, layer: int, direction: int) -> int:
+        """The layer-direction's index in ``h0`` / ``c0``."""
+        return layer * self.params.spec.num_directions + direction
+
+    def weights(self, layer: int, direction: int) -> DirectionWeights:
+        return direction_weights(self.params, layer, direction, self.cell_masks)
+
+    def layer_input(self, layer: int, below: Array, steps: slice = slice(None)) -> Array:
+        """Steps ``steps`` of layer ``layer``'s input from ``below`` (those steps of the layer below's
+        output, or ``x``): times the dropout mask above layer 0."""
+        if layer == 0 or self.masks is None:
+            return below
+        return below * self.masks[layer - 1][steps]
 
 
 def direction_weights(params: PackedParams, layer: int, direction: int,
@@ -114,10 +141,17 @@ def sorted_cell_masks(order: BatchOrder, masks: CellMasks | None) -> CellMasks |
                      zoneout_c=order.sort(masks.zoneout_c, axis=2))
 
 
-def input_projection(x: Array, w: DirectionWeights, matmul: MatMul = operator.matmul) -> Array:
-    """``x @ W_ih.T + input_bias`` for every step at once: (T, B, I) -> (T, B, G*H)."""
+def xp_matmul(a: Array, b: Array, out: Array | None = None) -> Array:
+    """``a @ b`` of the arrays' own module, into ``out`` if given."""
+    return get_xp(a).matmul(a, b, out=out)
+
+
+def input_projection(x: Array, w: DirectionWeights, matmul: MatMul = xp_matmul,
+                     out: Array | None = None) -> Array:
+    """``x @ W_ih.T + input_bias`` for every step at once: (T, B, I) -> (T, B, G*H); into ``out``
+    (contiguous, that shape) if given. ``matmul(a, b, out=None)``."""
     T, B, I = x.shape
-    xw = matmul(x.reshape(T * B, I), w.W_ih.T)
+    xw = matmul(x.reshape(T * B, I), w.W_ih.T, out=None if out is None else out.reshape(T * B, -1))
     if w.input_bias is not None:
         xw += w.input_bias
     return xw.reshape(T, B, -1)
@@ -159,10 +193,10 @@ class StackEngine(Engine):
     def check(self, call: Call) -> str | None:
         return None
 
-    def project_input(self, x: Array, w: DirectionWeights) -> Array:
-        """The hoisted input projection of one layer-direction (:func:`input_projection`; an engine may
-        run it on its own GEMM)."""
-        return input_projection(x, w)
+    def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None) -> Array:
+        """The hoisted input projection of one layer-direction (:func:`input_projection`, into ``out`` if
+        given; an engine may run it on its own GEMM)."""
+        return input_projection(x, w, out=out)
 
     def matmul(self, a: Array, b: Array) -> Array:
         """``a @ b`` for the backward's hoisted products (``dx``, the weight gradients); an engine may run
@@ -200,25 +234,14 @@ class StackEngine(Engine):
         params, x, h0, c0, masks = _to_compute_dtype(params, x, h0, c0, masks)
         cell_masks = _masks_to(params.data.dtype, cell_masks)
         spec, xp = params.spec, get_xp(x)
-        L, D = spec.num_layers, spec.num_directions
         h_n, c_n = xp.empty_like(h0), (xp.empty_like(c0) if c0 is not None else None)
-        layer_input, layers = x, []
         keep_c = keep_cache or (all_states and spec.has_cell)  # c_all comes from the cache's c
-        for layer in range(L):
-            if layer > 0 and masks is not None:
-                layer_input = layer_input * masks[layer - 1]
-            outs = []
-            for direction in range(D):
-                k = layer * D + direction
-                w = direction_weights(params, layer, direction, cell_masks)
-                out = self.kernel.forward(spec, w, self.project_input(layer_input, w), batch_sizes, h0[k],
-                                          c0[k] if c0 is not None else None, direction == 1, keep_c)
-                h_n[k] = out.h_n
-                if c_n is not None:
-                    c_n[k] = out.c_n
-                outs.append(out)
-            layers.append(tuple(outs))
-            layer_input = _layer_output(xp, outs)
+        layers = self.run_layers(StackRun(params, x, batch_sizes, h0, c0, masks, cell_masks, keep_c))
+        for k, out in enumerate(out for outs in layers for out in outs):
+            h_n[k] = out.h_n
+            if c_n is not None:
+                c_n[k] = out.c_n
+        layer_input = _layer_output(xp, layers[-1])
         cache = None
         if keep_cache:
             cache = StackCache(params, x, batch_sizes, h0, c0, masks, tuple(layers), io_dtype,
@@ -231,6 +254,27 @@ class StackEngine(Engine):
                 c_all = _cast(xp.stack([out.cache.c for out in directions]), io_dtype)
         return StackForward(_cast(layer_input, io_dtype), _cast(h_n, io_dtype), _cast(c_n, io_dtype), cache,
                             h_all, c_all)
+
+    def run_layers(self, run: StackRun) -> list[tuple[DirectionForward, ...]]:
+        """Every layer's directions' forwards, ``[layer][direction]``; one after the other, each layer on the
+        output of the one below (an engine may overlap them: :mod:`.wavefront`)."""
+        xp, layers, layer_input = get_xp(run.x), [], run.x
+        for layer in range(run.params.spec.num_layers):
+            layer_input = run.layer_input(layer, layer_input)
+            outs = tuple(self.run_direction(run, layer, d, layer_input)
+                         for d in range(run.params.spec.num_directions))
+            layers.append(outs)
+            layer_input = _layer_output(xp, outs)
+        return layers
+
+    def run_direction(self, run: StackRun, layer: int, direction: int,
+                      layer_input: Array) -> DirectionForward:
+        """One layer-direction's forward: the hoisted input projection, then the kernel's time loop."""
+        k = run.index(layer, direction)
+        w = run.weights(layer, direction)
+        return self.kernel.forward(run.params.spec, w, self.project_input(layer_input, w), run.batch_sizes,
+                                   run.h0[k], run.c0[k] if run.c0 is not None else None, direction == 1,
+                                   run.keep)
 
     # -- backward -------------------------------------------------------------------------------
     def backward(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,

@@ -1,0 +1,166 @@
+"""The wavefront: a stack's layers or directions side by side on the loop threads (numba engine forward).
+
+A stack has independent work beyond one loop's rows:
+
+- **directions** (on by default from :data:`MIN_ROWS_DIRECTIONS` rows): the two directions of a
+  bidirectional layer read the same input and nothing of each other; each runs its input projection and
+  its time loop on its own thread (:func:`run_directions`), reading its weights once per step for every
+  row of the batch (the rows split has each thread read all of them for half the rows);
+- **layers** (opt-in, :data:`PIPELINE_LAYERS`: measured slower on 2 cores): in a unidirectional stack,
+  layer ``l + 1`` at step ``t`` needs only layer ``l``'s outputs up to ``t``. Time is cut into chunks, and
+  chunk ``j`` of layer ``l`` runs beside chunk ``j - 1`` of layer ``l + 1`` (:func:`run_pipeline`).
+  Semantics roughly equal to this Python loop, where each layer's chunks run in order on thread
+  ``layer % threads`` and a chunk first waits for the same chunk of the layer below::
+
+      for layer in range(L):
+          for t0, t1 in chunks:
+              xw[layer][t0:t1] = input(layer)[t0:t1] @ W_ih[layer].T + bias[layer]
+              loop[layer].run(t0, t1)             # the states carry over to the next chunk
+
+Each task runs on one thread (:func:`.loop_threads.one_thread`) and NumPy's BLAS is held to one thread
+meanwhile. Which calls take which schedule: :func:`plan`. The backward runs layer by layer as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..core.spec import RNNSpec
+from .base import DirectionForward, DirectionWeights
+from .loop_threads import MIN_ROWS_PER_THREAD, available_threads, in_parallel, one_thread
+from .stack import StackRun
+
+Array = Any
+
+# a bidirectional layer's directions run side by side from this many rows (bench/bench_wavefront.py:
+# 0.80-0.85x of layer by layer at 4-16 rows, 0.96-0.97x at 64; at 1-2 rows 1.0-1.4x: the partner core's
+# wake-up and the slower clock of two busy cores cost more than half a ~10 ms layer)
+MIN_ROWS_DIRECTIONS = 4
+# the layer pipeline is off unless set (bench/bench_wavefront.py on a 2-core machine: 0.9-1.7x of one
+# thread, never faster than layer by layer: fill and drain, re-reading W_ih per chunk and the two cores'
+# slower clock take what the overlap saves)
+PIPELINE_LAYERS = False
+# a unidirectional stack's time is cut into this many chunks at most (fill and drain of a 2-layer pipeline
+# cost 1 / CHUNKS of the sequential time), each of at least MIN_CHUNK_STEPS steps (a chunk's waits,
+# projection call and loop launch cost ~tens of microseconds, a small step a few)
+CHUNKS = 6
+MIN_CHUNK_STEPS = 4
+
+
+class ChunkedEngine(Protocol):
+    """What the wavefront needs of an engine: the direction forward, the input projection of chunks of
+    steps into a buffer and a kernel whose forward runs a chunk of steps at a time."""
+
+    kernel: Any
+
+    def run_direction(self, run: StackRun, layer: int, direction: int,
+                      layer_input: Array) -> DirectionForward: ...
+
+    def input_projector(self, x: Array, w: DirectionWeights) -> Callable[[Array, Array], Array]: ...
+
+
+def plan(spec: RNNSpec, rows: int, threads: int) -> str | None:
+    """``"directions"``, ``"layers"`` or ``None`` (layer by layer, each loop with the threads its rows
+    allow; :data:`MIN_ROWS_DIRECTIONS`, :data:`PIPELINE_LAYERS`)."""
+    if threads < 2:
+        return None
+    if spec.num_directions == 2:
+        return "directions" if rows >= MIN_ROWS_DIRECTIONS else None
+    if PIPELINE_LAYERS and spec.num_layers > 1 and rows < 2 * MIN_ROWS_PER_THREAD:
+        return "layers"
+    return None
+
+
+def run_directions(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionForward, ...]]:
+    """Each bidirectional layer's two directions at once, one thread each."""
+    layers: list[tuple[DirectionForward, ...]] = []
+    layer_input = run.x
+    for layer in range(run.params.spec.num_layers):
+        outs = _both_directions(engine, run, layer, run.layer_input(layer, layer_input))
+        layers.append(outs)
+        layer_input = np.concatenate([o.y for o in outs], axis=2)
+    return layers
+
+
+def _both_directions(engine: ChunkedEngine, run: StackRun, layer: int,
+                     layer_input: Array) -> tuple[DirectionForward, ...]:
+    outs: list[Any] = [None, None]
+
+    def direction(d: int, _: int) -> None:
+        with one_thread():
+            outs[d] = engine.run_direction(run, layer, d, layer_input)
+
+    in_parallel(direction, [(0, 1), (1, 2)])
+    return tuple(outs)
+
+
+def chunk_bounds(steps: int) -> list[tuple[int, int]]:
+    """``[t0, t1)`` chunks covering ``[0, steps)``: :data:`CHUNKS` at most, :data:`MIN_CHUNK_STEPS` long
+    at least (but one)."""
+    chunks = max(1, min(CHUNKS, steps // MIN_CHUNK_STEPS))
+    edges = [steps * j // chunks for j in range(chunks + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def run_pipeline(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionForward, ...]]:
+    """A unidirectional stack's layers pipelined over chunks of time (module doc)."""
+    spec = run.params.spec
+    T, B = run.x.shape[:2]
+    weights = [run.weights(layer, 0) for layer in range(spec.num_layers)]
+    loops, inputs, xws = [], [run.x], []
+    for layer, w in enumerate(weights):
+        xws.append(xw := np.empty((T, B, w.W_hh.shape[0]), run.x.dtype))
+        with one_thread():  # each loop runs on one thread: chosen for that
+            loops.append(engine.kernel.start_forward(spec, w, xw, run.batch_sizes, run.h0[layer],
+                                                     run.c0[layer] if run.c0 is not None else None, False,
+                                                     run.keep))
+        y = loops[-1].result().y
+        inputs.append(y if run.masks is None else np.empty_like(y))
+    bounds = chunk_bounds(T)
+    projectors = [engine.input_projector(inputs[layer], w) for layer, w in enumerate(weights)]
+
+    def chunk(layer: int, j: int) -> None:
+        t0, t1 = bounds[j]
+        projectors[layer](inputs[layer][t0:t1], xws[layer][t0:t1])
+        loops[layer].run(t0, t1)
+        if run.masks is not None and layer + 1 < spec.num_layers:
+            y = loops[layer].result().y
+            inputs[layer + 1][t0:t1] = run.layer_input(layer + 1, y[t0:t1], slice(t0, t1))
+
+    in_dependency_order(chunk, spec.num_layers, len(bounds), available_threads())
+    return [(loop.result(),) for loop in loops]
+
+
+def in_dependency_order(task: Callable[[int, int], None], layers: int, chunks: int, threads: int) -> None:
+    """``task(layer, j)`` for every layer and chunk: layer ``l``'s chunks in order on thread ``l % threads``,
+    each after ``task(l - 1, j)`` has finished. Every thread walks the diagonals ``l + j`` in order, so no
+    thread waits on one that waits on it. A task's error stops every thread and is raised here."""
+    done = [[threading.Event() for _ in range(chunks)] for _ in range(layers)]
+    failed = threading.Event()
+
+    def worker(first: int, _: int) -> None:
+        try:
+            with one_thread():
+                for diagonal in range(layers + chunks - 1):
+                    for layer in range(first, layers, threads):
+                        j = diagonal - layer
+                        if not 0 <= j < chunks:
+                            continue
+                        if layer > 0:
+                            done[layer - 1][j].wait()
+                        if failed.is_set():
+                            return
+                        task(layer, j)
+                        done[layer][j].set()
+        except BaseException:
+            failed.set()
+            for events in done:
+                for event in events:
+                    event.set()  # release every waiter; they see `failed` and stop
+            raise
+
+    in_parallel(worker, [(k, k + 1) for k in range(min(threads, layers))])

@@ -1,0 +1,107 @@
+"""The numba engine's wavefront, measured: stacks layer by layer against layers or directions side by side.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_wavefront.py --rounds 9
+
+For 2-layer LSTM and GRU stacks (unidirectional: the layers pipelined over chunks of time; bidirectional:
+the two directions of each layer side by side) from batch 1 to 64, a forward and a training step, under
+three settings alternated per round in one process (medians of ``--rounds``; a 50 ms pause and two untimed
+calls before each timed one):
+
+- ``1 thread``: ``numba.set_num_threads(1)``;
+- ``layers``: 2 threads, no wavefront: layer by layer, each loop with the threads its rows allow (the
+  rows split from 16 rows, the LSTM column split at 8-15 rows with large steps);
+- ``wavefront``: 2 threads, the stack's wavefront forced on at every batch (the engine's default: the
+  directions side by side from 4 rows, the layer pipeline off; :func:`arrayrnn.engines.wavefront.plan`).
+
+Ratios < 1: faster than one thread. The backward runs layer by layer in every setting; the training rows
+show what the forward's schedule is worth inside a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+
+import arrayrnn as ar
+from arrayrnn.engines import wavefront
+
+CASES = ((100, 1, 256, 256), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256),
+         (50, 8, 128, 512), (50, 16, 128, 512), (100, 64, 256, 256))
+SETTINGS = ("1 thread", "layers", "wavefront")
+
+
+def _forced(setting: str) -> Callable[[ar.RNNSpec, int, int], str | None]:
+    """``wavefront.plan`` for ``setting``: the stack's wavefront at every batch, or never."""
+    def plan(spec: ar.RNNSpec, rows: int, threads: int) -> str | None:
+        if setting != "wavefront" or threads < 2:
+            return None
+        return "directions" if spec.bidirectional else "layers"
+    return plan
+
+
+@contextmanager
+def _setting(name: str) -> Iterator[None]:
+    saved = numba.get_num_threads(), wavefront.plan
+    numba.set_num_threads(1 if name == "1 thread" else 2)
+    wavefront.plan = _forced(name)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved[0])
+        wavefront.plan = saved[1]
+
+
+def _call(params: ar.PackedParams, x: np.ndarray, phase: str) -> None:
+    if phase == "forward":
+        ar.rnn_forward(params, x, engine="numba")
+        return
+    res = ar.rnn_forward(params, x, engine="numba", training=True)
+    ar.rnn_backward(res, np.ones_like(res.y))
+
+
+def measure(spec: ar.RNNSpec, T: int, B: int, phase: str, rounds: int) -> dict[str, float]:
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((T, B, spec.input_size)).astype(np.float32)
+    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    for _ in range(rounds):
+        for name in SETTINGS:
+            with _setting(name):
+                time.sleep(0.05)
+                _call(params, x, phase)
+                _call(params, x, phase)
+                start = time.perf_counter()
+                _call(params, x, phase)
+                times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--modes", default="lstm,gru")
+    args = parser.parse_args(argv)
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        raise SystemExit("bench_wavefront needs 2 numba threads (NUMBA_NUM_THREADS >= 2)")
+    print("| stack | T, B, I, H | phase | 1 thread ms | layers ms | wavefront ms | layers / 1 thread "
+          "| wavefront / 1 thread | wavefront / layers |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in args.modes.split(","):
+        for bidirectional in (False, True):
+            for T, B, I, H in CASES:
+                spec = ar.RNNSpec(mode, I, H, num_layers=2, bidirectional=bidirectional)
+                stack = f"{mode} 2 layers{' bi' if bidirectional else ''}"
+                for phase in ("forward", "train"):
+                    ms = measure(spec, T, B, phase, args.rounds)
+                    one, layers, wave = ms["1 thread"], ms["layers"], ms["wavefront"]
+                    print(f"| {stack} | {T}, {B}, {I}, {H} | {phase} | {one:.2f} | {layers:.2f} | "
+                          f"{wave:.2f} | {layers / one:.2f} | {wave / one:.2f} | {wave / layers:.2f} |",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The numba engine's wavefront (arrayrnn/engines/wavefront.py): a small batch's bidirectional layers run
+their two directions side by side, a unidirectional stack pipelines its layers over chunks of time. The
+results equal one thread's and the reference engine's on every mode and cell variant, with inter-layer
+dropout, variable lengths and both dtypes; the chunks run in dependency order; errors reach the caller."""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+from arrayrnn.engines import wavefront
+
+pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                reason="numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
+
+
+@pytest.fixture
+def threads():
+    before = numba.get_num_threads()
+    yield numba.set_num_threads
+    numba.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def pipeline_on(monkeypatch):
+    """The layer pipeline is opt-in (wavefront.PIPELINE_LAYERS); these tests check it."""
+    monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", True)
+
+
+@pytest.fixture
+def schedules(monkeypatch):
+    """The schedules the engine took, in call order."""
+    taken = []
+    for name in ("run_directions", "run_pipeline"):
+        real = getattr(wavefront, name)
+        monkeypatch.setattr(wavefront, name,
+                            lambda *a, _real=real, _name=name: taken.append(_name) or _real(*a))
+    return taken
+
+
+CONFIGS = {
+    "lstm-bi-2-layers-dropout": dict(mode="lstm", bidirectional=True, num_layers=2, dropout=0.4),
+    "lstm-3-layers-proj-clip": dict(mode="lstm", num_layers=3, proj_size=3, cell_clip=(-0.3, 0.6)),
+    "lstm-2-layers-variants": dict(mode="lstm", num_layers=2, dropout=0.3, recurrent_dropout=0.3,
+                                   weight_dropout=0.2, zoneout=0.3, zoneout_cell=0.2, peepholes=True),
+    "gru-2-layers-dropout": dict(mode="gru", num_layers=2, dropout=0.5),
+    "gru-bi-reset-before-zone": dict(mode="gru", bidirectional=True, reset_after=False, zoneout=0.3),
+    "rnn_tanh-4-layers": dict(mode="rnn_tanh", num_layers=4),
+    "rnn_relu-bi-zone": dict(mode="rnn_relu", bidirectional=True, zoneout=0.2),
+}
+
+
+def _run(engine: str, spec: ar.RNNSpec, B: int, T: int, training: bool) -> dict:
+    rng = np.random.default_rng(11)
+    dt = spec.dtype
+    L = spec.num_layers * spec.num_directions
+    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
+    lengths = rng.integers(0, T + 1, B)
+    lengths[:3] = (T, 0, 1)[:B]
+    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
+    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
+    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=3), x, lengths, h0, c0, training=training, seed=9,
+                         engine=engine)
+    out = {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
+    if training:
+        g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
+        out.update(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=g.dparams.data)
+    return out
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_side_by_side_equals_one_thread_and_the_reference(config, training, threads, schedules):
+    spec = ar.RNNSpec(input_size=5, hidden_size=7, dtype="float64", **CONFIGS[config])
+    B, T = 5, 23  # 5 chunks of 4-5 steps
+    threads(1)
+    one = _run("numba", spec, B, T, training)
+    assert schedules == []
+    threads(2)
+    two = _run("numba", spec, B, T, training)
+    expected = "run_directions" if spec.bidirectional else "run_pipeline"
+    assert schedules == [expected]
+    oracle = _run("reference", spec, B, T, training)
+    for name, want in oracle.items():
+        if want is None:
+            assert two[name] is None
+            continue
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-13, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(two[name], want, rtol=1e-11, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("T", [1, 3, 4, 37])
+def test_float32_pipeline_with_odd_chunks_equals_the_reference(T, threads, schedules):
+    spec = ar.RNNSpec(mode="lstm", input_size=6, hidden_size=37, num_layers=2, dtype="float32")
+    threads(2)
+    two = _run("numba", spec, 3, T, training=True)
+    assert schedules == ["run_pipeline"]
+    oracle = _run("reference", spec, 3, T, training=True)
+    for name, want in oracle.items():
+        np.testing.assert_allclose(two[name], want, rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def test_plan_directions_from_a_few_rows_layers_only_when_asked_for(monkeypatch):
+    bi = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=4, bidirectional=True)
+    deep = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=4, num_layers=2)
+    one_layer = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=4)
+    few = wavefront.MIN_ROWS_DIRECTIONS
+    assert wavefront.plan(bi, few, 2) == wavefront.plan(bi, 64, 2) == "directions"
+    assert wavefront.plan(bi, few - 1, 2) is None    # a small layer: the partner core's wake-up costs more
+    assert wavefront.plan(deep, 1, 2) == "layers"
+    assert wavefront.plan(deep, 16, 2) is None       # the rows split takes both threads
+    assert wavefront.plan(one_layer, 1, 2) is None   # nothing to run beside the one loop
+    assert wavefront.plan(deep, 1, 1) is None and wavefront.plan(bi, 64, 1) is None  # one thread
+    monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", False)
+    assert wavefront.plan(deep, 1, 2) is None        # the default
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3, 4, 9, 64, 1000])
+def test_chunks_cover_the_steps_in_order(steps):
+    bounds = wavefront.chunk_bounds(steps)
+    assert bounds[0][0] == 0 and bounds[-1][1] == steps
+    assert all(a[1] == b[0] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    assert len(bounds) <= wavefront.CHUNKS
+    if steps >= wavefront.MIN_CHUNK_STEPS:
+        assert all(t1 - t0 >= wavefront.MIN_CHUNK_STEPS for t0, t1 in bounds)
+
+
+@pytest.mark.parametrize("layers, chunks, workers", [(2, 5, 2), (3, 4, 2), (4, 1, 2), (1, 3, 2), (3, 3, 3)])
+def test_tasks_run_after_their_dependencies_on_their_layer_thread(layers, chunks, workers):
+    lock, finished, owner = threading.Lock(), set(), {}
+
+    def task(layer, j):
+        with lock:
+            assert (layer - 1, j) in finished or layer == 0
+            assert (layer, j - 1) in finished or j == 0
+            owner.setdefault(layer, threading.get_ident())
+            assert owner[layer] == threading.get_ident()
+        with lock:
+            finished.add((layer, j))
+
+    wavefront.in_dependency_order(task, layers, chunks, workers)
+    assert finished == {(layer, j) for layer in range(layers) for j in range(chunks)}
+    assert len(set(owner.values())) == min(layers, workers)
+
+
+def test_an_error_in_one_layer_stops_every_thread_and_reaches_the_caller(threads):
+    threads(2)
+    ran = []
+
+    def task(layer, j):
+        if (layer, j) == (0, 2):
+            raise RuntimeError("chunk 2 of layer 0 failed")
+        ran.append((layer, j))
+
+    with pytest.raises(RuntimeError, match="chunk 2 of layer 0 failed"):
+        wavefront.in_dependency_order(task, 2, 6, 2)
+    assert (1, 2) not in ran and (0, 3) not in ran   # nothing after the failure's diagonal waits forever
