@@ -141,7 +141,7 @@ def test_column_split_equals_one_thread_and_the_reference(fields, dtype, rtol, a
     # 9 rows: below the rows split's threshold, so the plain LSTM forward splits its units
     spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=37, dtype=dtype, **fields)
     monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)  # small sizes, same code path
-    monkeypatch.setattr(wavefront, "plan", lambda *a: None)  # layer by layer (test_wavefront.py: the rest)
+    monkeypatch.setattr(wavefront, "plan", lambda *a, **k: None)  # layer by layer (test_wavefront.py)
     calls = []
     real = numba_engine.run_columns
     monkeypatch.setattr(numba_engine, "run_columns", lambda *a: calls.append(a[1]) or real(*a))

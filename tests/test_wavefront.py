@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import arrayrnn as ar
-from arrayrnn.engines import wavefront
+from arrayrnn.engines import loop_threads, wavefront
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
@@ -25,17 +25,11 @@ def threads():
     numba.set_num_threads(before)
 
 
-@pytest.fixture(autouse=True)
-def pipeline_on(monkeypatch):
-    """The layer pipeline is opt-in (wavefront.PIPELINE_LAYERS); these tests check it."""
-    monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", True)
-
-
 @pytest.fixture
 def schedules(monkeypatch):
     """The schedules the engine took, in call order."""
     taken = []
-    for name in ("run_directions", "run_pipeline"):
+    for name in ("run_directions", "run_pipeline", "backward_directions"):
         real = getattr(wavefront, name)
         monkeypatch.setattr(wavefront, name,
                             lambda *a, _real=real, _name=name: taken.append(_name) or _real(*a))
@@ -76,14 +70,16 @@ def _run(engine: str, spec: ar.RNNSpec, B: int, T: int, training: bool) -> dict:
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_side_by_side_equals_one_thread_and_the_reference(config, training, threads, schedules):
     spec = ar.RNNSpec(input_size=5, hidden_size=7, dtype="float64", **CONFIGS[config])
-    B, T = 5, 23  # 5 chunks of 4-5 steps
+    B, T = 9, 23  # 9 rows: the wavefront's smallest batch; 5 chunks of 4-5 steps
     threads(1)
     one = _run("numba", spec, B, T, training)
     assert schedules == []
     threads(2)
     two = _run("numba", spec, B, T, training)
-    expected = "run_directions" if spec.bidirectional else "run_pipeline"
-    assert schedules == [expected]
+    expected = ["run_directions"] if spec.bidirectional else ["run_pipeline"]
+    if training and spec.bidirectional:
+        expected += ["backward_directions"] * spec.num_layers
+    assert schedules == expected
     oracle = _run("reference", spec, B, T, training)
     for name, want in oracle.items():
         if want is None:
@@ -97,26 +93,52 @@ def test_side_by_side_equals_one_thread_and_the_reference(config, training, thre
 def test_float32_pipeline_with_odd_chunks_equals_the_reference(T, threads, schedules):
     spec = ar.RNNSpec(mode="lstm", input_size=6, hidden_size=37, num_layers=2, dtype="float32")
     threads(2)
-    two = _run("numba", spec, 3, T, training=True)
+    two = _run("numba", spec, 9, T, training=True)
     assert schedules == ["run_pipeline"]
-    oracle = _run("reference", spec, 3, T, training=True)
+    oracle = _run("reference", spec, 9, T, training=True)
     for name, want in oracle.items():
         np.testing.assert_allclose(two[name], want, rtol=2e-5, atol=2e-6, err_msg=name)
 
 
-def test_plan_directions_from_a_few_rows_layers_only_when_asked_for(monkeypatch):
-    bi = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=4, bidirectional=True)
-    deep = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=4, num_layers=2)
-    one_layer = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=4)
-    few = wavefront.MIN_ROWS_DIRECTIONS
+def test_plan_side_by_side_from_8_rows_the_pipeline_where_the_column_split_does_not_run(monkeypatch):
+    def spec(**fields):
+        return ar.RNNSpec(**{"mode": "lstm", "input_size": 4, "hidden_size": 4, **fields})
+
+    bi, deep = spec(bidirectional=True), spec(num_layers=2)
+    few = wavefront.MIN_ROWS
     assert wavefront.plan(bi, few, 2) == wavefront.plan(bi, 64, 2) == "directions"
+    assert wavefront.plan(bi, few, 2, backward=True) == "directions"
+    assert wavefront.plan(bi, 16, 2, backward=True) is None   # the rows split, and less memory
     assert wavefront.plan(bi, few - 1, 2) is None    # a small layer: the partner core's wake-up costs more
-    assert wavefront.plan(deep, 1, 2) == "layers"
+    assert wavefront.plan(deep, few, 2) == wavefront.plan(deep, 15, 2) == "layers"
+    assert wavefront.plan(deep, few, 2, backward=True) is None
     assert wavefront.plan(deep, 16, 2) is None       # the rows split takes both threads
-    assert wavefront.plan(one_layer, 1, 2) is None   # nothing to run beside the one loop
-    assert wavefront.plan(deep, 1, 1) is None and wavefront.plan(bi, 64, 1) is None  # one thread
+    assert wavefront.plan(deep, few - 1, 2) is None
+    assert wavefront.plan(spec(), few, 2) is None    # nothing to run beside the one loop
+    assert wavefront.plan(deep, few, 1) is None and wavefront.plan(bi, 64, 1) is None  # one thread
+    large = spec(num_layers=2, hidden_size=512)      # 8 x 2048 x 512 multiply-adds a step: column split
+    assert wavefront.plan(large, 8, 2) is None
+    assert wavefront.plan(spec(mode="gru", num_layers=2, hidden_size=512), 8, 2) == "layers"
     monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", False)
-    assert wavefront.plan(deep, 1, 2) is None        # the default
+    assert wavefront.plan(deep, few, 2) is None
+
+
+def test_a_column_split_loop_inside_the_pipeline_runs_on_its_one_thread(threads, monkeypatch):
+    # a loop built for the column split, run as a pipeline task while the other worker is busy with the
+    # other layer, would wait at its barrier for a part that never starts (the call hung before the fix)
+    monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    monkeypatch.setattr(wavefront, "plan", lambda *a, **k: "layers" if not k.get("backward") else None)
+    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=37, num_layers=2, dtype="float64")
+    threads(2)
+    result = {}
+    call = threading.Thread(target=lambda: result.update(_run("numba", spec, 9, 11, training=False)),
+                            daemon=True)
+    call.start()
+    call.join(timeout=300)
+    assert not call.is_alive(), "the pipelined call did not finish"
+    oracle = _run("reference", spec, 9, 11, training=False)
+    for name, want in oracle.items():
+        np.testing.assert_allclose(result[name], want, rtol=1e-11, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3, 4, 9, 64, 1000])

@@ -53,7 +53,7 @@ from .loop_threads import (
 from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
-from .stack import StackCache, StackEngine, StackRun, input_projection
+from .stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
 
 Array = Any
 
@@ -303,8 +303,16 @@ class NumbaEngine(StackEngine):
         return super().run_layers(run)
 
     def backward_sorted(self, cache: StackCache, *args: Any, **kwargs: Any) -> StackGrads:
-        with engine_threads(cache.x.shape[1]):
+        rows = cache.x.shape[1]
+        side_by_side = wavefront.plan(cache.params.spec, rows, available_threads(), backward=True) is not None
+        with engine_threads(rows, wavefront=side_by_side):
             return super().backward_sorted(cache, *args, **kwargs)
+
+    def backward_layer(self, back: StackBackRun, layer: int, d_layer: Array, layer_input: Array) -> Array:
+        rows = back.cache.x.shape[1]
+        if wavefront.plan(back.cache.params.spec, rows, available_threads(), backward=True) == "directions":
+            return wavefront.backward_directions(self, back, layer, d_layer, layer_input)
+        return super().backward_layer(back, layer, d_layer, layer_input)
 
     def matmul(self, a: Array, b: Array) -> Array:
         return split_matmul(a, b)

@@ -108,6 +108,21 @@ class StackRun:
         return below * self.masks[layer - 1][steps]
 
 
+@dataclass(frozen=True, eq=False)
+class StackBackRun:
+    """What every layer-direction of one stack backward shares: the forward's cache, the cotangents of the
+    final (and every step's) states, and the outputs each direction writes its part of."""
+
+    cache: StackCache
+    dh_n: Array
+    dc_n: Array | None
+    dh_all: Array | None
+    dc_all: Array | None
+    grads: PackedParams               # out: each layer-direction's blocks
+    dh0: Array                        # out: (L*D, B, H_out)
+    dc0: Array | None                 # out: (L*D, B, H)
+
+
 def direction_weights(params: PackedParams, layer: int, direction: int,
                       cell_masks: CellMasks | None = None) -> DirectionWeights:
     """Views of one layer-direction's blocks; with ``cell_masks`` (rows sorted like the kernel's) also its
@@ -291,42 +306,19 @@ class StackEngine(Engine):
         """BPTT on sorted, time-major rows (``dy`` like ``forward_sorted``'s ``y``; ``dh_all`` / ``dc_all``
         like its ``h_all`` / ``c_all``)."""
         params = cache.params  # what the math ran with (the float32 copy for float16 params)
-        spec, xp, bs = params.spec, get_xp(cache.x), cache.batch_sizes
+        spec, xp = params.spec, get_xp(cache.x)
         dtype = params.data.dtype
         dy, dh_n = dy.astype(dtype, copy=False), dh_n.astype(dtype, copy=False)
         dc_n = dc_n.astype(dtype, copy=False) if dc_n is not None else None
         dh_all = dh_all.astype(dtype, copy=False) if dh_all is not None else None
         dc_all = dc_all.astype(dtype, copy=False) if dc_all is not None else None
-        D, H_out = spec.num_directions, spec.output_size
         grads = PackedParams.zeros(spec, xp)
         dh0 = xp.empty_like(cache.h0)
         dc0 = xp.empty_like(cache.c0) if cache.c0 is not None else None
+        back = StackBackRun(cache, dh_n, dc_n, dh_all, dc_all, grads, dh0, dc0)
         d_layer = dy
         for layer in reversed(range(spec.num_layers)):
-            layer_input = self._layer_input(xp, cache, layer)
-            d_input = None
-            for direction in range(D):
-                k = layer * D + direction
-                w = direction_weights(params, layer, direction, cache.cell_masks)
-                fwd = cache.layers[layer][direction]
-                reverse = direction == 1
-                h_prev = previous_states(xp, fwd.y, cache.h0[k], bs, reverse)
-                c_prev = (previous_states(xp, fwd.cache.c, cache.c0[k], bs, reverse)
-                          if cache.c0 is not None else None)
-                dy_d = xp.ascontiguousarray(d_layer[..., direction * H_out:(direction + 1) * H_out])
-                if dh_all is not None:
-                    dy_d = dy_d + dh_all[k]  # dy_d may be the caller's dy itself
-                per_step_dc = {"dc_seq": dc_all[k]} if dc_all is not None else {}  # only kernels that take it
-                g = self.kernel.backward(spec, w, fwd, h_prev, c_prev, dy_d, dh_n[k],
-                                         dc_n[k] if dc_n is not None else None, bs, reverse, **per_step_dc)
-                dh0[k] = g.dh0
-                if dc0 is not None:
-                    dc0[k] = g.dc0
-                _weight_grads(self.matmul, spec, grads, layer, direction, w, g, fwd, layer_input, h_prev,
-                              c_prev, cache.cell_masks)
-                del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
-                d_input = _add_dx(self.matmul, d_input, g.dpre_in, w.W_ih, layer_input.shape)
-                del g
+            d_input = self.backward_layer(back, layer, d_layer, self._layer_input(xp, cache, layer))
             if layer > 0 and cache.masks is not None:
                 d_input *= cache.masks[layer - 1]
             d_layer = d_input
@@ -334,6 +326,46 @@ class StackEngine(Engine):
         if io != str(dtype):
             grads = grads.astype(io)
         return StackGrads(_cast(d_layer, io), _cast(dh0, io), _cast(dc0, io), grads)
+
+    def backward_layer(self, back: StackBackRun, layer: int, d_layer: Array, layer_input: Array) -> Array:
+        """One layer's backward from the cotangent of its output: its gradients into ``back``, and the
+        cotangent of its input (the directions' ``dx`` summed); one direction after the other (an engine
+        may overlap them)."""
+        d_input = None
+        for direction in range(back.cache.params.spec.num_directions):
+            dx = self.backward_direction(back, layer, direction, d_layer, layer_input)
+            if d_input is None:
+                d_input = dx
+            else:
+                d_input += dx
+            del dx
+        return d_input
+
+    def backward_direction(self, back: StackBackRun, layer: int, direction: int, d_layer: Array,
+                           layer_input: Array) -> Array:
+        """One layer-direction's BPTT: its parameter gradients, ``dh0`` and ``dc0`` into ``back``; returns
+        its ``dx`` (the cotangent of ``layer_input`` through this direction)."""
+        cache, spec = back.cache, back.cache.params.spec
+        xp, bs, H_out = get_xp(cache.x), cache.batch_sizes, spec.output_size
+        k = layer * spec.num_directions + direction
+        w = direction_weights(cache.params, layer, direction, cache.cell_masks)
+        fwd = cache.layers[layer][direction]
+        reverse = direction == 1
+        h_prev = previous_states(xp, fwd.y, cache.h0[k], bs, reverse)
+        c_prev = previous_states(xp, fwd.cache.c, cache.c0[k], bs, reverse) if cache.c0 is not None else None
+        dy_d = xp.ascontiguousarray(d_layer[..., direction * H_out:(direction + 1) * H_out])
+        if back.dh_all is not None:
+            dy_d = dy_d + back.dh_all[k]  # dy_d may be the caller's dy itself
+        per_step_dc = {"dc_seq": back.dc_all[k]} if back.dc_all is not None else {}  # only kernels taking it
+        g = self.kernel.backward(spec, w, fwd, h_prev, c_prev, dy_d, back.dh_n[k],
+                                 back.dc_n[k] if back.dc_n is not None else None, bs, reverse, **per_step_dc)
+        back.dh0[k] = g.dh0
+        if back.dc0 is not None:
+            back.dc0[k] = g.dc0
+        _weight_grads(self.matmul, spec, back.grads, layer, direction, w, g, fwd, layer_input, h_prev, c_prev,
+                      cache.cell_masks)
+        del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
+        return _rows_product(self.matmul, g.dpre_in, w.W_ih, layer_input.shape)
 
     @staticmethod
     def _layer_input(xp: ModuleType, cache: StackCache, layer: int) -> Array:
@@ -343,14 +375,9 @@ class StackEngine(Engine):
         return below * cache.masks[layer - 1] if cache.masks is not None else below
 
 
-def _add_dx(matmul: MatMul, d_input: Array | None, dpre_in: Array, W_ih: Array,
-            shape: tuple[int, ...]) -> Array:
-    """``d_input + dpre_in @ W_ih`` over all rows; the first direction's product is the buffer itself."""
-    dx = matmul(_rows(dpre_in), W_ih).reshape(shape)
-    if d_input is None:
-        return dx
-    d_input += dx
-    return d_input
+def _rows_product(matmul: MatMul, dpre_in: Array, W_ih: Array, shape: tuple[int, ...]) -> Array:
+    """``dpre_in @ W_ih`` over all rows, as ``shape`` (a direction's ``dx``)."""
+    return matmul(_rows(dpre_in), W_ih).reshape(shape)
 
 
 def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[DirectionForward, ...]) -> Array:

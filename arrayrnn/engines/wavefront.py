@@ -2,11 +2,11 @@
 
 A stack has independent work beyond one loop's rows:
 
-- **directions** (on by default from :data:`MIN_ROWS_DIRECTIONS` rows): the two directions of a
+- **directions** (from :data:`MIN_ROWS` rows): the two directions of a
   bidirectional layer read the same input and nothing of each other; each runs its input projection and
   its time loop on its own thread (:func:`run_directions`), reading its weights once per step for every
   row of the batch (the rows split has each thread read all of them for half the rows);
-- **layers** (opt-in, :data:`PIPELINE_LAYERS`: measured slower on 2 cores): in a unidirectional stack,
+- **layers** (8-15 rows, where the column split does not run): in a unidirectional stack,
   layer ``l + 1`` at step ``t`` needs only layer ``l``'s outputs up to ``t``. Time is cut into chunks, and
   chunk ``j`` of layer ``l`` runs beside chunk ``j - 1`` of layer ``l + 1`` (:func:`run_pipeline`).
   Semantics roughly equal to this Python loop, where each layer's chunks run in order on thread
@@ -18,7 +18,8 @@ A stack has independent work beyond one loop's rows:
               loop[layer].run(t0, t1)             # the states carry over to the next chunk
 
 Each task runs on one thread (:func:`.loop_threads.one_thread`) and NumPy's BLAS is held to one thread
-meanwhile. Which calls take which schedule: :func:`plan`. The backward runs layer by layer as before.
+meanwhile. Which calls take which schedule: :func:`plan`. The backward of a bidirectional layer runs its
+directions side by side too (:func:`backward_directions`); layers go one after the other there.
 """
 
 from __future__ import annotations
@@ -30,20 +31,21 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..core.spec import RNNSpec
+from . import loop_threads
 from .base import DirectionForward, DirectionWeights
 from .loop_threads import MIN_ROWS_PER_THREAD, available_threads, in_parallel, one_thread
-from .stack import StackRun
+from .stack import StackBackRun, StackRun
 
 Array = Any
 
-# a bidirectional layer's directions run side by side from this many rows (bench/bench_wavefront.py:
-# 0.80-0.85x of layer by layer at 4-16 rows, 0.96-0.97x at 64; at 1-2 rows 1.0-1.4x: the partner core's
-# wake-up and the slower clock of two busy cores cost more than half a ~10 ms layer)
-MIN_ROWS_DIRECTIONS = 4
-# the layer pipeline is off unless set (bench/bench_wavefront.py on a 2-core machine: 0.9-1.7x of one
-# thread, never faster than layer by layer: fill and drain, re-reading W_ih per chunk and the two cores'
-# slower clock take what the overlap saves)
-PIPELINE_LAYERS = False
+# the wavefront runs from this many rows (bench/bench_wavefront.py, forward, ratios to layer by layer:
+# directions 0.73-0.97 at 8-64 rows; at 1-4 rows 0.83-1.4, training steps 1.1-1.2 at 4: the partner core's
+# wake-up and the slower clock of two busy cores cost more than the overlap saves on small layers)
+MIN_ROWS = 8
+# the layer pipeline runs where the column split does not (fill and drain, re-reading W_ih per chunk and
+# the two cores' slower clock make it lose to the column split: 1.5x at 8 rows, H = 512, and to one thread
+# below 8 rows: 1.5x); at 8-15 rows without it: 0.76-0.89x of layer by layer
+PIPELINE_LAYERS = True
 # a unidirectional stack's time is cut into this many chunks at most (fill and drain of a 2-layer pipeline
 # cost 1 / CHUNKS of the sequential time), each of at least MIN_CHUNK_STEPS steps (a chunk's waits,
 # projection call and loop launch cost ~tens of microseconds, a small step a few)
@@ -60,19 +62,29 @@ class ChunkedEngine(Protocol):
     def run_direction(self, run: StackRun, layer: int, direction: int,
                       layer_input: Array) -> DirectionForward: ...
 
+    def backward_direction(self, back: StackBackRun, layer: int, direction: int, d_layer: Array,
+                           layer_input: Array) -> Array: ...
+
     def input_projector(self, x: Array, w: DirectionWeights) -> Callable[[Array, Array], Array]: ...
 
 
-def plan(spec: RNNSpec, rows: int, threads: int) -> str | None:
+def plan(spec: RNNSpec, rows: int, threads: int, backward: bool = False) -> str | None:
     """``"directions"``, ``"layers"`` or ``None`` (layer by layer, each loop with the threads its rows
-    allow; :data:`MIN_ROWS_DIRECTIONS`, :data:`PIPELINE_LAYERS`)."""
-    if threads < 2:
+    allow). From :data:`MIN_ROWS` rows: a bidirectional stack's directions side by side; a unidirectional
+    one's layers pipelined below the rows split, unless its LSTM steps are large enough for the column
+    split. The ``backward`` runs directions side by side only below the rows split: there both directions'
+    residuals and ``dx`` would be live at once, a training step's peak memory (S4: +50 MiB) for a few
+    percent; it never pipelines layers."""
+    if threads < 2 or rows < MIN_ROWS:
         return None
+    below_rows_split = rows < 2 * MIN_ROWS_PER_THREAD
     if spec.num_directions == 2:
-        return "directions" if rows >= MIN_ROWS_DIRECTIONS else None
-    if PIPELINE_LAYERS and spec.num_layers > 1 and rows < 2 * MIN_ROWS_PER_THREAD:
-        return "layers"
-    return None
+        return "directions" if below_rows_split or not backward else None
+    if not (PIPELINE_LAYERS and spec.num_layers > 1 and below_rows_split) or backward:
+        return None
+    step_fmas = rows * spec.gate_size * spec.output_size
+    columns = spec.mode == "lstm" and step_fmas >= loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
+    return None if columns else "layers"
 
 
 def run_directions(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionForward, ...]]:
@@ -84,6 +96,21 @@ def run_directions(engine: ChunkedEngine, run: StackRun) -> list[tuple[Direction
         layers.append(outs)
         layer_input = np.concatenate([o.y for o in outs], axis=2)
     return layers
+
+
+def backward_directions(engine: ChunkedEngine, back: StackBackRun, layer: int, d_layer: Array,
+                        layer_input: Array) -> Array:
+    """A bidirectional layer's backward with its two directions at once, one thread each; their ``dx``
+    summed (each direction writes only its own blocks of the gradients and states)."""
+    dx: list[Any] = [None, None]
+
+    def direction(d: int, _: int) -> None:
+        with one_thread():
+            dx[d] = engine.backward_direction(back, layer, d, d_layer, layer_input)
+
+    in_parallel(direction, [(0, 1), (1, 2)])
+    dx[0] += dx[1]
+    return dx[0]
 
 
 def _both_directions(engine: ChunkedEngine, run: StackRun, layer: int,
