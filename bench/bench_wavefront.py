@@ -13,8 +13,9 @@ calls before each timed one):
 - ``wavefront``: 2 threads, the stack's wavefront forced on at every batch (the engine's default: the
   directions side by side from 4 rows, the layer pipeline off; :func:`arrayrnn.engines.wavefront.plan`).
 
-Ratios < 1: faster than one thread. The backward runs layer by layer in every setting; the training rows
-show what the forward's schedule is worth inside a step.
+Ratios < 1: faster than one thread. In ``wavefront`` a bidirectional layer's backward runs its directions
+side by side too (the engine's default: below 16 rows only); a unidirectional stack's backward runs layer
+by layer in every setting.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ CASES = ((100, 1, 256, 256), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 2
 SETTINGS = ("1 thread", "layers", "wavefront")
 
 
-def _forced(setting: str) -> Callable[[ar.RNNSpec, int, int], str | None]:
-    """``wavefront.plan`` for ``setting``: the stack's wavefront at every batch, or never."""
-    def plan(spec: ar.RNNSpec, rows: int, threads: int) -> str | None:
+def _forced(setting: str) -> Callable[..., str | None]:
+    """``wavefront.plan`` for ``setting``: the stack's wavefront at every batch (the backward: a
+    bidirectional layer's directions), or never."""
+    def plan(spec: ar.RNNSpec, rows: int, threads: int, backward: bool = False) -> str | None:
         if setting != "wavefront" or threads < 2:
             return None
-        return "directions" if spec.bidirectional else "layers"
+        if spec.bidirectional:
+            return "directions"
+        return None if backward else "layers"
     return plan
 
 

@@ -82,3 +82,29 @@ def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
     direct, flipped = bench.measure(8, 16, 4, bench.np.random.default_rng(0))
     assert direct > 0 and flipped > 0
 
+
+
+def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
+    import numba
+
+    import arrayrnn as ar
+    from arrayrnn.engines import wavefront
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
+    bench = _load_bench(monkeypatch, BENCH.parent / "bench_wavefront.py")
+    bi = ar.RNNSpec("gru", 4, 4, num_layers=2, bidirectional=True)
+    deep = ar.RNNSpec("gru", 4, 4, num_layers=2)
+    with bench._setting("wavefront"):
+        assert wavefront.plan(bi, 1, 2) == wavefront.plan(bi, 64, 2, backward=True) == "directions"
+        assert wavefront.plan(deep, 64, 2) == "layers" and wavefront.plan(deep, 1, 2, backward=True) is None
+    with bench._setting("layers"):
+        assert wavefront.plan(bi, 8, 2) is None and numba.get_num_threads() == 2
+    with bench._setting("1 thread"):
+        assert numba.get_num_threads() == 1
+    assert wavefront.plan(bi, 8, 2) == "directions"  # restored
+    monkeypatch.setattr(bench, "CASES", ((5, 2, 3, 4),))
+    bench.main(["--rounds", "1", "--modes", "gru"])
+    out = capsys.readouterr().out
+    assert "| gru 2 layers | 5, 2, 3, 4 | forward |" in out
+    assert "| gru 2 layers bi | 5, 2, 3, 4 | train |" in out

@@ -14,8 +14,11 @@ rows, then the gate math runs over the step's rows while they are in L2), plain 
 Threads (:mod:`.loop_threads`, count from :func:`numba.get_num_threads`): from 16 rows the time loops
 split the batch rows between worker threads (no barrier); the plain LSTM forward of 8-15 rows splits its
 hidden units instead where a step is large enough (one barrier per step); below 8 rows everything runs
-on the calling thread. While a call's loops may split, NumPy's BLAS is held to one thread and the hoisted
-GEMMs split their rows over the same workers (:meth:`NumbaEngine.matmul`).
+on the calling thread. From 8 rows a stack also runs side by side what does not depend on each other
+(:mod:`.wavefront`): a bidirectional layer's two directions, or a unidirectional stack's layers over chunks
+of time (:meth:`NumbaKernel.start_forward` runs a chunk of steps at a time). While a call's loops may
+split, NumPy's BLAS is held to one thread and the hoisted GEMMs split their rows over the same workers
+(:meth:`NumbaEngine.matmul`).
 
 Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too); the first call in a
 fresh environment compiles the kernels for the dtype in use.
