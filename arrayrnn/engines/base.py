@@ -300,6 +300,9 @@ class DirectionGrads:
     d_h: Array | None     # (T, B, P): d loss / d h_t (projected), projection only (for dW_hr)
     dh0: Array            # (B, H_out)
     dc0: Array | None     # (B, H), LSTM only
+    # reset-after GRU, where a kernel keeps only the part of dpre_rec that differs from dpre_in: (T, B, H),
+    # d loss / d (W_hn h_{t-1} + b_hn); dpre_rec is then dpre_in, whose r, z parts are dpre_rec's
+    dn_rec: Array | None = None
 
 
 class DirectionKernel(Protocol):

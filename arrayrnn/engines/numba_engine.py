@@ -262,7 +262,8 @@ class NumbaKernel:
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
         if spec.mode == "gru":
             dpre_in = np.empty((T, B, spec.gate_size), dtype)
-            dpre_rec = np.empty_like(dpre_in) if spec.reset_after else _absent(dtype, 3)
+            dn_rec = np.empty((T, B, H), dtype) if spec.reset_after else _absent(dtype, 3)
+            rec = np.empty((B, 3 * H), dtype) if spec.reset_after else _absent(dtype, 2)
             hn_all = _c(cache.hn) if spec.reset_after else _absent(dtype, 3)
             if spec.reset_after:
                 packed = (pack_b(w.W_hh), _no_packed(dtype), _no_packed(dtype))
@@ -271,8 +272,8 @@ class NumbaKernel:
                 packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
             drh = np.empty((B, H), dtype)
             run_split(nk.gru_backward_loop, bs, B, dtype, _c(cache.gates), hn_all, _c(h_prev), bs, reverse,
-                      *packed, spec.reset_after, dy, dh, dpre_in, dpre_rec, drh, *masks, *zone_h)
-            return DirectionGrads(dpre_in, dpre_rec if spec.reset_after else dpre_in, None, dh, None)
+                      *packed, spec.reset_after, dy, dh, dpre_in, dn_rec, rec, drh, *masks, *zone_h)
+            return DirectionGrads(dpre_in, dpre_in, None, dh, None, dn_rec if spec.reset_after else None)
         d_pre = np.empty((T, B, H), dtype)
         own_output = cache.gates if zone_h[0] else fwd.y  # with zoneout y is not the step's own output
         run_split(nk.rnn_backward_loop, bs, B, dtype, _c(own_output), bs, reverse, pack_b(w.W_hh),

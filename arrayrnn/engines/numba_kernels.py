@@ -544,13 +544,15 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
 
 @simd_jit(**_JIT)
 def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, dy, dh,
-                      dpre_in, dpre_rec, drh, masked, h_mask, zone_h, m_h, carry_h, scratch):
-    """``dpre_in (T,B,3H)`` out; ``dpre_rec (T,B,3H)`` out for reset-after (the n part is ``dpre_in``'s
-    times r), unused for reset-before (equal to ``dpre_in``); ``drh (B,H)`` scratch (reset-before: the
-    gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)`` (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows
-    and the n rows of ``W_hh`` packed (reset-before). ``masked``: recurrent dropout, the products' share of
-    ``dh`` times ``h_mask (B,H)`` (the product then lands in ``drh`` first). ``zone_h``: zoneout, ``dy + dh``
-    splits into the step's share and the carried share (``carry_h (B,H)`` scratch, added after the step)."""
+                      dpre_in, dn_rec, rec, drh, masked, h_mask, zone_h, m_h, carry_h, scratch):
+    """``dpre_in (T,B,3H)`` out; reset-after: ``dn_rec (T,B,H)`` out, the n part of the gradient of
+    ``W_hh h + b_hh`` (``dpre_in``'s times r; its r, z parts are ``dpre_in``'s), and ``rec (B,3H)``
+    scratch for a step's whole row of it (the per-step product's operand); reset-before: both unused.
+    ``drh (B,H)`` scratch (reset-before: the gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)``
+    (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (reset-before).
+    ``masked``: recurrent dropout, the products' share of ``dh`` times ``h_mask (B,H)`` (the product then
+    lands in ``drh`` first). ``zone_h``: zoneout, ``dy + dh`` splits into the step's share and the carried
+    share (``carry_h (B,H)`` scratch, added after the step)."""
     prefer_full_vectors()
     T = gates.shape[0]
     H = dh.shape[1]
@@ -574,19 +576,21 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
                     dhb[j] = carry
             if reset_after:
                 for b in range(r0, n):
-                    g, hnb, d, e = gates[t, b], hn_all[t, b], dpre_in[t, b], dpre_rec[t, b]
+                    g, hnb, d, e, en = gates[t, b], hn_all[t, b], dpre_in[t, b], rec[b], dn_rec[t, b]
                     for j in range(H):
                         r = g[R + j]
                         dr = gm.sigmoid_grad(one, r, d[N + j] * hnb[j])
                         d[R + j] = dr
                         e[R + j] = dr
                         e[Z + j] = d[Z + j]
-                        e[N + j] = d[N + j] * r
+                        dn = d[N + j] * r
+                        e[N + j] = dn
+                        en[j] = dn
                 if masked:
-                    gemm(dpre_rec[t, r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
+                    gemm(rec[r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
                     _add_masked(drh, h_mask, dh, r0, n)
                 else:
-                    gemm(dpre_rec[t, r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
+                    gemm(rec[r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
             elif masked:
                 gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
                 for b in range(r0, n):
@@ -610,7 +614,7 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
                 _add_rows(carry_h, dh, r0, n)
         dpre_in[t, max(n, r0):r1] = 0.0
         if reset_after:
-            dpre_rec[t, max(n, r0):r1] = 0.0
+            dn_rec[t, max(n, r0):r1] = 0.0
 
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------

@@ -12,7 +12,8 @@ and backward, from the last layer down::
     grads = kernel.backward(...)                        # per step only dgates @ W_hh (and dh @ W_hr)
     dx_l    += dpre_in @ W_ih                              # ONE GEMM each, over all T*B rows;
     dW_ih    = dpre_in.T @ x_l                             # inactive rows have zero dpre_in / dpre_rec
-    dW_hh    = dpre_rec.T @ h_prev                          # reset-before GRU: n rows use r * h_prev
+    dW_hh    = dpre_rec.T @ h_prev                          # reset-before GRU: n rows use r * h_prev;
+                                                           # reset-after: the n rows may come as dn_rec
     dW_hr    = d_h.T @ (o * tanh(c));  db_ih = dpre_in.sum();  db_hh = dpre_rec.sum()
 
 The driver owns the row order: it sorts the caller's rows by length (descending, stable) with
@@ -393,23 +394,14 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
     def put(name: str, value: Array) -> None:
         grads.view(layer, direction, name)[...] = value
 
-    dpre_in, dpre_rec = _rows(g.dpre_in), _rows(g.dpre_rec)
+    dpre_in = _rows(g.dpre_in)
     put("W_ih", matmul(dpre_in.T, _rows(layer_input)))
     if w.b_ih is not None:
         put("b_ih", dpre_in.sum(axis=0))
-    if w.b_hh is not None:
-        put("b_hh", dpre_rec.sum(axis=0))
     if w.h_mask is not None:
         h_prev = h_prev * w.h_mask
-    h_prev = _rows(h_prev)
-    if spec.mode == "gru" and not spec.reset_after:
-        # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
-        dW_hh = grads.view(layer, direction, "W_hh")
-        dW_hh[gate_slice(spec, "r", "z")] = matmul(gate(spec, dpre_rec, "r", "z").T, h_prev)
-        r_h = gate(spec, _rows(fwd.cache.gates), "r") * h_prev
-        dW_hh[gate_slice(spec, "n")] = matmul(gate(spec, dpre_rec, "n").T, r_h)
-    else:
-        put("W_hh", matmul(dpre_rec.T, h_prev))
+    db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None else None
+    _recurrent_grads(matmul, spec, grads.view(layer, direction, "W_hh"), db_hh, g, fwd, _rows(h_prev))
     if cell_masks is not None and cell_masks.weight is not None:
         k = layer * spec.num_directions + direction
         grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
@@ -422,6 +414,30 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
         dP[0] = (gate(spec, g.dpre_in, "i") * c_prev).sum(axis=(0, 1))
         dP[1] = (gate(spec, g.dpre_in, "f") * c_prev).sum(axis=(0, 1))
         dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
+
+
+def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array | None, g: DirectionGrads,
+                     fwd: DirectionForward, h_prev: Array) -> None:
+    """``dW_hh`` and ``db_hh`` (``None``: no ``b_hh``) from the gradient of ``W_hh h_prev + b_hh``, with
+    ``h_prev`` as rows."""
+    dpre_in, dpre_rec = _rows(g.dpre_in), _rows(g.dpre_rec)
+    if g.dn_rec is not None:  # reset-after GRU: the n part apart, the r and z parts are dpre_in's
+        rz, n, dn_rec = gate_slice(spec, "r", "z"), gate_slice(spec, "n"), _rows(g.dn_rec)
+        dW_hh[rz] = matmul(gate(spec, dpre_in, "r", "z").T, h_prev)
+        dW_hh[n] = matmul(dn_rec.T, h_prev)
+        if db_hh is not None:
+            db_hh[rz] = gate(spec, dpre_in, "r", "z").sum(axis=0)
+            db_hh[n] = dn_rec.sum(axis=0)
+        return
+    if db_hh is not None:
+        db_hh[...] = dpre_rec.sum(axis=0)
+    if spec.mode == "gru" and not spec.reset_after:
+        # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
+        dW_hh[gate_slice(spec, "r", "z")] = matmul(gate(spec, dpre_rec, "r", "z").T, h_prev)
+        r_h = gate(spec, _rows(fwd.cache.gates), "r") * h_prev
+        dW_hh[gate_slice(spec, "n")] = matmul(gate(spec, dpre_rec, "n").T, r_h)
+    else:
+        dW_hh[...] = matmul(dpre_rec.T, h_prev)
 
 
 # -- float16: float32 math ----------------------------------------------------------------------
