@@ -21,9 +21,10 @@ from llvmlite import binding as llvm
 from arrayrnn.engines import packed_gemm as pg
 from arrayrnn.engines import simd_ir
 
-# (M, K, N, gates)
+# (M, K, N, gates); K up to 300: longer than a tile's L1 share of the packed panel
 SHAPES = [(1, 1, 1, 1), (1, 7, 33, 1), (13, 5, 70, 1), (2, 3, 24, 2), (23, 3, 36, 3), (11, 9, 512, 4),
-          (7, 64, 100, 4), (5, 0, 17, 1), (250, 17, 40, 1), (9, 33, 96, 1)]
+          (7, 64, 100, 4), (5, 0, 17, 1), (250, 17, 40, 1), (9, 33, 96, 1), (21, 129, 40, 1), (9, 300, 70, 1),
+          (13, 257, 100, 4), (250, 256, 36, 3), (1, 300, 20, 1)]
 
 
 def check_shapes(dtype) -> float:
