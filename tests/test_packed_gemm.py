@@ -169,10 +169,23 @@ def test_cache_key_covers_every_engine_module_the_time_loops_call_into():
 
 @pytest.mark.skipif(simd_ir.VARIANT != "avx512", reason=f"the SIMD variant here is {simd_ir.VARIANT}")
 def test_time_loops_let_llvm_vectorise_at_512_bits():
-    import arrayrnn as ar
+    import inspect
+
+    import numba
+
     from arrayrnn.engines import numba_kernels
 
-    ar.rnn_forward(ar.PackedParams.init(ar.RNNSpec("lstm", 3, 4)), np.ones((2, 1, 3), np.float32),
-                   engine="numba")
-    ir_text = next(iter(numba_kernels.lstm_forward_loop.inspect_llvm().values()))
+    # every time loop asks for it ...
+    loops = [name for name, fn in vars(numba_kernels).items()
+             if name.endswith(("_loop", "_columns")) and hasattr(fn, "py_func")]
+    assert len(loops) == 7
+    for name in loops:
+        assert "prefer_full_vectors()" in inspect.getsource(getattr(numba_kernels, name).py_func), name
+    # ... and asking puts the attribute on the function (compiled here: a function loaded from numba's
+    # disk cache shows no IR)
+    tile = numba.njit(nogil=True)(numba_kernels._lstm_peephole_tile.py_func)
+    xw, y = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 2), np.float32)   # 1 step, 1 row, H = 2
+    c, m, peepholes = np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32), np.zeros((3, 2), np.float32)
+    tile(xw, 0, 0, 1, 2, c, y, m, False, False, y, np.float32(-1), np.float32(1), peepholes)
+    ir_text = next(iter(tile.inspect_llvm().values()))
     assert '"prefer-vector-width"="512"' in ir_text

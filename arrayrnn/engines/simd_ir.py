@@ -99,6 +99,11 @@ def max_rows(nv: int, variant: str = VARIANT) -> int:
 ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 """``ROWS_BY_NV[nv] == max_rows(nv)`` for this variant, as a tuple compiled code can index."""
 
+SMALL_TILE_SETS = 4 if _REGISTERS[VARIANT] == 32 else 2
+"""Accumulator sets of a tile of at most 4 accumulators (a batch-1 step's GEMV): with 32 registers, 4 sets
+(16 accumulators) keep more of the weights' L2 reads in flight than 2 (a GRU step's 128 x 384 GEMV 3.4-3.5
+-> 3.1-3.2 us, bench/RESULTS.md); with 16 registers 2 (8 accumulators), which fit."""
+
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
 KERNEL_SOURCES = ("simd_ir.py", "packed_gemm.py", "gate_math.py", "spin_barrier.py")
@@ -227,17 +232,17 @@ class _Emitter:
 
     def tile(self, mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, done):
         """One ``mr x nv`` tile: the K loop, then the stores; branches to ``done``. A tile of at most 4
-        accumulators would wait on the FMA latency: it runs two sets (even and odd ``k``), then a
-        remainder loop, and adds the sets."""
+        accumulators would wait on the FMA latency: it runs :data:`SMALL_TILE_SETS` sets (``k`` modulo the
+        sets), then a remainder loop, and adds the sets."""
         b, i64 = self.b, self.i64
         zeros = [[self.zero_vec] * nv for _ in range(mr)]
-        split = 2 if mr * nv <= 4 else 1
+        split = SMALL_TILE_SETS if mr * nv <= 4 else 1
         kk, sets = self.k_loop(mr, nv, a, lda, bp, pstride, k, ir.Constant(i64, 0), [zeros] * split)
+        finals = sets[0]
         if split > 1:
-            _, (rest,) = self.k_loop(mr, nv, a, lda, bp, pstride, k, kk, [sets[0]])
-            finals = [[b.fadd(rest[i][v], sets[1][i][v]) for v in range(nv)] for i in range(mr)]
-        else:
-            finals = sets[0]
+            _, (finals,) = self.k_loop(mr, nv, a, lda, bp, pstride, k, kk, [sets[0]])
+            for other in sets[1:]:
+                finals = [[b.fadd(finals[i][v], other[i][v]) for v in range(nv)] for i in range(mr)]
         ptrs = [[self.gep(c, b.add(b.mul(ir.Constant(i64, i), ldc), b.mul(ir.Constant(i64, v), cvs)))
                  for v in range(nv)] for i in range(mr)]
         with b.if_else(accumulate) as (add, overwrite):
