@@ -32,12 +32,23 @@ CASES = ((200, 1, 64, 128), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 25
 SETTINGS = {"1 thread": (1, 8), "rows": (2, 1 << 30), "columns": (2, 0)}  # threads, COLUMN_SPLIT_MIN_ROWS
 
 
-def _call(params: ar.PackedParams, x: np.ndarray, phase: str) -> None:
+def call(params: ar.PackedParams, x: np.ndarray, phase: str) -> None:
+    """One numba-engine forward, or a training step (forward + backward) for ``phase="train"``."""
     if phase == "forward":
         ar.rnn_forward(params, x, engine="numba")
         return
     res = ar.rnn_forward(params, x, engine="numba", training=True)
     ar.rnn_backward(res, np.ones_like(res.y))
+
+
+def time_call(params: ar.PackedParams, x: np.ndarray, phase: str) -> float:
+    """Seconds of one :func:`call` after a 50 ms pause and two untimed calls (the second core awake)."""
+    time.sleep(0.05)
+    call(params, x, phase)
+    call(params, x, phase)
+    start = time.perf_counter()
+    call(params, x, phase)
+    return time.perf_counter() - start
 
 
 def measure(T: int, B: int, I: int, H: int, phase: str, rounds: int) -> dict[str, float]:
@@ -50,12 +61,7 @@ def measure(T: int, B: int, I: int, H: int, phase: str, rounds: int) -> dict[str
             for name, (threads, column_min) in SETTINGS.items():
                 numba.set_num_threads(threads)
                 loop_threads.COLUMN_SPLIT_MIN_ROWS = column_min
-                time.sleep(0.05)
-                _call(params, x, phase)
-                _call(params, x, phase)
-                start = time.perf_counter()
-                _call(params, x, phase)
-                times[name].append(time.perf_counter() - start)
+                times[name].append(time_call(params, x, phase))
     finally:
         numba.set_num_threads(saved[0])
         loop_threads.COLUMN_SPLIT_MIN_ROWS = saved[1]

@@ -21,15 +21,20 @@ by layer in every setting.
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numba
 import numpy as np
 
-import arrayrnn as ar
-from arrayrnn.engines import wavefront
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_threads import time_call  # noqa: E402
+
+import arrayrnn as ar  # noqa: E402
+from arrayrnn.engines import wavefront  # noqa: E402
 
 CASES = ((100, 1, 256, 256), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256),
          (50, 8, 128, 512), (50, 16, 128, 512), (100, 64, 256, 256))
@@ -60,14 +65,6 @@ def _setting(name: str) -> Iterator[None]:
         wavefront.plan = saved[1]
 
 
-def _call(params: ar.PackedParams, x: np.ndarray, phase: str) -> None:
-    if phase == "forward":
-        ar.rnn_forward(params, x, engine="numba")
-        return
-    res = ar.rnn_forward(params, x, engine="numba", training=True)
-    ar.rnn_backward(res, np.ones_like(res.y))
-
-
 def measure(spec: ar.RNNSpec, T: int, B: int, phase: str, rounds: int) -> dict[str, float]:
     params = ar.PackedParams.init(spec, seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, spec.input_size)).astype(np.float32)
@@ -75,12 +72,7 @@ def measure(spec: ar.RNNSpec, T: int, B: int, phase: str, rounds: int) -> dict[s
     for _ in range(rounds):
         for name in SETTINGS:
             with _setting(name):
-                time.sleep(0.05)
-                _call(params, x, phase)
-                _call(params, x, phase)
-                start = time.perf_counter()
-                _call(params, x, phase)
-                times[name].append(time.perf_counter() - start)
+                times[name].append(time_call(params, x, phase))
     return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
 
 

@@ -11,6 +11,7 @@ moves a case's arrays to ``engine.xp`` and keeps the results there.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
@@ -23,3 +24,11 @@ engine = engine_fixture(list(ENGINE_CASES))
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def threads():
+    """Sets numba's thread count for the test (the engines read it per call); restores it after."""
+    before = numba.get_num_threads()
+    yield numba.set_num_threads
+    numba.set_num_threads(before)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.threads import needs_two_threads
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_rnn.py"
 QUICK = ["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm", "--shapes", "Q2"]
@@ -84,14 +85,13 @@ def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
 
 
 
+@needs_two_threads
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
     import numba
 
     import arrayrnn as ar
     from arrayrnn.engines import wavefront
 
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
     bench = _load_bench(monkeypatch, BENCH.parent / "bench_wavefront.py")
     bi = ar.RNNSpec("gru", 4, 4, num_layers=2, bidirectional=True)
     deep = ar.RNNSpec("gru", 4, 4, num_layers=2)

@@ -12,21 +12,13 @@ import sys
 import numba
 import numpy as np
 import pytest
+from support.threads import needs_two_threads
 
 import arrayrnn as ar
 from arrayrnn.engines import loop_threads, numba_engine, wavefront
 from arrayrnn.engines.spin_barrier import barrier, new_sync
 
-pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
-                                reason="numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
-
-
-@pytest.fixture
-def threads():
-    """Sets numba's thread count for the test (the engine reads it per call); restores it after."""
-    before = numba.get_num_threads()
-    yield numba.set_num_threads
-    numba.set_num_threads(before)
+pytestmark = needs_two_threads
 
 
 # -- row ranges -----------------------------------------------------------------------------------

@@ -7,22 +7,14 @@ from __future__ import annotations
 
 import threading
 
-import numba
 import numpy as np
 import pytest
+from support.threads import needs_two_threads
 
 import arrayrnn as ar
 from arrayrnn.engines import loop_threads, wavefront
 
-pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
-                                reason="numba has one thread on this machine (NUMBA_NUM_THREADS=1)")
-
-
-@pytest.fixture
-def threads():
-    before = numba.get_num_threads()
-    yield numba.set_num_threads
-    numba.set_num_threads(before)
+pytestmark = needs_two_threads
 
 
 @pytest.fixture
