@@ -16,7 +16,8 @@ is its length, and the first range holds fewer, longer rows. A range boundary is
 loop's row tile when that keeps the balance (a partial tile runs below the kernel's peak).
 
 Columns split (:func:`run_columns`, the plain LSTM forward of ``MIN_ROWS_PER_THREAD`` to
-``2 * MIN_ROWS_PER_THREAD - 1`` rows, with steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more): each
+``2 * MIN_ROWS_PER_THREAD - 1`` rows with steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more, and up to
+``COLUMN_SPLIT_MAX_ROWS - 1`` rows with steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each
 thread computes every row's gates of its share of the hidden units, so it streams only its share of
 ``W_hh``; the threads meet at a spinning barrier (:mod:`.spin_barrier`) once per step, since the next
 step reads every unit of the state.
@@ -61,6 +62,11 @@ MIN_ROWS_PER_THREAD = 8
 # the second core's wake-up cost more than the halved step saves)
 COLUMN_SPLIT_MIN_ROWS = MIN_ROWS_PER_THREAD
 COLUMN_SPLIT_MIN_STEP_FMAS = 3_000_000
+# from 2 * MIN_ROWS_PER_THREAD rows below this many, the column split also beats the rows split on large
+# steps (same process, medians of 9: 0.89-0.90x at B = 16, H = 384 (9.4M) and H = 512 (16.8M); 1.04x at
+# B = 16, H = 256 (4.2M); 1.00x at B = 24, 1.03x at B = 32, H = 512; 1.11x at B = 32, H = 256)
+COLUMN_SPLIT_MAX_ROWS = 24
+COLUMN_SPLIT_WIDE_STEP_FMAS = 8_000_000
 
 # gemm_threads: the threads split_matmul uses in this thread's current call; one_thread: see one_thread()
 _state = threading.local()
@@ -102,11 +108,13 @@ def thread_count(rows: int) -> int:
 def column_parts(rows: int, groups: int, step_fmas: int | None = None) -> int:
     """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups, whose
     per-step product is ``step_fmas`` multiply-adds: more than one only from :data:`COLUMN_SPLIT_MIN_ROWS`
-    rows up to where the rows split takes over, and for steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or
-    more (``None``: could be)."""
-    if not COLUMN_SPLIT_MIN_ROWS <= rows < 2 * MIN_ROWS_PER_THREAD:
+    rows up to where the rows split takes over for steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more,
+    and on to :data:`COLUMN_SPLIT_MAX_ROWS` for steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more
+    (``None``: could be)."""
+    if not COLUMN_SPLIT_MIN_ROWS <= rows < COLUMN_SPLIT_MAX_ROWS:
         return 1
-    if step_fmas is not None and step_fmas < COLUMN_SPLIT_MIN_STEP_FMAS:
+    floor = COLUMN_SPLIT_WIDE_STEP_FMAS if rows >= 2 * MIN_ROWS_PER_THREAD else COLUMN_SPLIT_MIN_STEP_FMAS
+    if step_fmas is not None and step_fmas < floor:
         return 1
     return max(1, min(available_threads(), groups))
 
