@@ -54,6 +54,8 @@ def test_column_split_only_for_mid_batches_with_large_steps(threads):
     assert loop_threads.column_parts(rows_split, 16, large) == 1        # the rows split, unless ...
     assert loop_threads.column_parts(rows_split, 16, wide) == 2         # ... the steps are large
     assert loop_threads.column_parts(loop_threads.COLUMN_SPLIT_MAX_ROWS, 16, wide) == 1
+    assert loop_threads.column_parts(rows_split, 16, wide, past_rows_split=False) == 1   # GRU
+    assert loop_threads.column_parts(rows_split - 1, 16, large, past_rows_split=False) == 2
     threads(1)
     assert loop_threads.column_parts(12, 16, large) == 1
 
@@ -131,14 +133,14 @@ def _same(ours, one, oracle, rtol, atol):
 # float32: from 16 rows the weight gradients' products split their rows between the threads (a different
 # float32 summation than one BLAS call: 2e-7 apart at 0.02)
 @pytest.mark.parametrize("dtype, rtol, atol", [("float64", 1e-13, 1e-14), ("float32", 1e-5, 1e-6)])
-@pytest.mark.parametrize("fields", [dict(bidirectional=True), dict(num_layers=2, cell_clip=(-0.4, 0.5))],
-                         ids=["bi", "2-layers-clip"])
-@pytest.mark.parametrize("rows", [9, 17])
-def test_column_split_equals_one_thread_and_the_reference(fields, dtype, rtol, atol, training, rows, threads,
-                                                          monkeypatch):
+@pytest.mark.parametrize("fields", [dict(bidirectional=True), dict(num_layers=2)], ids=["bi", "2-layers"])
+@pytest.mark.parametrize("mode, rows", [("lstm", 9), ("lstm", 17), ("gru", 9)])
+def test_column_split_equals_one_thread_and_the_reference(mode, fields, dtype, rtol, atol, training, rows,
+                                                          threads, monkeypatch):
     # H = 37: 3 (float32) or 5 (float64) unit groups with a partial last one, split 1 + 2 or 2 + 3;
-    # 9 rows: below the rows split's threshold; 17: past it, where large steps split their units too
-    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=37, dtype=dtype, **fields)
+    # 9 rows: below the rows split's threshold; 17: past it, where an LSTM's large steps split their units
+    clip = dict(cell_clip=(-0.4, 0.5)) if mode == "lstm" and "num_layers" in fields else {}
+    spec = ar.RNNSpec(mode=mode, input_size=5, hidden_size=37, dtype=dtype, **fields, **clip)
     monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)  # small sizes, same code path
     monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_WIDE_STEP_FMAS", 0)
     monkeypatch.setattr(wavefront, "plan", lambda *a, **k: None)  # layer by layer (test_wavefront.py)

@@ -110,7 +110,10 @@ def test_plan_side_by_side_from_8_rows_the_pipeline_where_the_column_split_does_
     assert wavefront.plan(deep, few, 1) is None and wavefront.plan(bi, 64, 1) is None  # one thread
     large = spec(num_layers=2, hidden_size=512)      # 8 x 2048 x 512 multiply-adds a step: column split
     assert wavefront.plan(large, 8, 2) is None
-    assert wavefront.plan(spec(mode="gru", num_layers=2, hidden_size=512), 8, 2) == "layers"
+    assert wavefront.plan(spec(mode="gru", num_layers=2, hidden_size=512), 8, 2) is None   # columns too
+    before = spec(mode="gru", num_layers=2, hidden_size=512, reset_after=False)   # no column loop
+    assert wavefront.plan(before, 8, 2) == "layers"
+    assert wavefront.plan(spec(mode="rnn_tanh", num_layers=2, hidden_size=512), 8, 2) == "layers"
     monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", False)
     assert wavefront.plan(deep, few, 2) is None
 

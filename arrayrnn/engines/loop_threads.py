@@ -15,10 +15,10 @@ Rows are split by work, not by count: the batch is sorted by length (longest fir
 is its length, and the first range holds fewer, longer rows. A range boundary is rounded to the
 loop's row tile when that keeps the balance (a partial tile runs below the kernel's peak).
 
-Columns split (:func:`run_columns`, the plain LSTM forward of ``MIN_ROWS_PER_THREAD`` to
-``2 * MIN_ROWS_PER_THREAD - 1`` rows with steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more, and up to
-``COLUMN_SPLIT_MAX_ROWS - 1`` rows with steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each
-thread computes every row's gates of its share of the hidden units, so it streams only its share of
+Columns split (:func:`run_columns`, the plain LSTM and reset-after GRU forwards of
+``MIN_ROWS_PER_THREAD`` to ``2 * MIN_ROWS_PER_THREAD - 1`` rows with steps of
+:data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more, and the LSTM's up to ``COLUMN_SPLIT_MAX_ROWS - 1`` rows with
+steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each thread computes every row's gates of its share of the hidden units, so it streams only its share of
 ``W_hh``; the threads meet at a spinning barrier (:mod:`.spin_barrier`) once per step, since the next
 step reads every unit of the state.
 
@@ -64,7 +64,8 @@ COLUMN_SPLIT_MIN_ROWS = MIN_ROWS_PER_THREAD
 COLUMN_SPLIT_MIN_STEP_FMAS = 3_000_000
 # from 2 * MIN_ROWS_PER_THREAD rows below this many, the column split also beats the rows split on large
 # steps (same process, medians of 9: 0.89-0.90x at B = 16, H = 384 (9.4M) and H = 512 (16.8M); 1.04x at
-# B = 16, H = 256 (4.2M); 1.00x at B = 24, 1.03x at B = 32, H = 512; 1.11x at B = 32, H = 256)
+# B = 16, H = 256 (4.2M); 1.00x at B = 24, 1.03x at B = 32, H = 512; 1.11x at B = 32, H = 256); the LSTM
+# only: the GRU's column split at 16 rows ran 1.04x (H = 512) and 1.10x (H = 384) of its rows split
 COLUMN_SPLIT_MAX_ROWS = 24
 COLUMN_SPLIT_WIDE_STEP_FMAS = 8_000_000
 
@@ -105,13 +106,14 @@ def thread_count(rows: int) -> int:
     return max(1, min(available_threads(), rows // MIN_ROWS_PER_THREAD))
 
 
-def column_parts(rows: int, groups: int, step_fmas: int | None = None) -> int:
+def column_parts(rows: int, groups: int, step_fmas: int | None = None, past_rows_split: bool = True) -> int:
     """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups, whose
     per-step product is ``step_fmas`` multiply-adds: more than one only from :data:`COLUMN_SPLIT_MIN_ROWS`
     rows up to where the rows split takes over for steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more,
-    and on to :data:`COLUMN_SPLIT_MAX_ROWS` for steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more
-    (``None``: could be)."""
-    if not COLUMN_SPLIT_MIN_ROWS <= rows < COLUMN_SPLIT_MAX_ROWS:
+    and, ``past_rows_split``, on to :data:`COLUMN_SPLIT_MAX_ROWS` for steps of
+    :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more (``None``: could be)."""
+    top = COLUMN_SPLIT_MAX_ROWS if past_rows_split else 2 * MIN_ROWS_PER_THREAD
+    if not COLUMN_SPLIT_MIN_ROWS <= rows < top:
         return 1
     floor = COLUMN_SPLIT_WIDE_STEP_FMAS if rows >= 2 * MIN_ROWS_PER_THREAD else COLUMN_SPLIT_MIN_STEP_FMAS
     if step_fmas is not None and step_fmas < floor:

@@ -12,8 +12,9 @@ rows, then the gate math runs over the step's rows while they are in L2), plain 
 ``dgates @ W_hh``. Buffers are allocated once per call.
 
 Threads (:mod:`.loop_threads`, count from :func:`numba.get_num_threads`): from 16 rows the time loops
-split the batch rows between worker threads (no barrier); the plain LSTM forward of 8-15 rows splits its
-hidden units instead where a step is large enough (one barrier per step); below 8 rows everything runs
+split the batch rows between worker threads (no barrier); the plain LSTM and reset-after GRU forwards of
+8-15 rows (the LSTM's to 23) split their hidden units instead where a step is large enough (one barrier
+per step); below 8 rows everything runs
 on the calling thread. From 8 rows a stack also runs side by side what does not depend on each other
 (:mod:`.wavefront`): a bidirectional layer's two directions, or a unidirectional stack's layers over chunks
 of time (:meth:`NumbaKernel.start_forward` runs a chunk of steps at a time). While a call's loops may
@@ -95,10 +96,17 @@ def _peephole_args(w: DirectionWeights, dtype: Any) -> tuple:
     return (False, _absent(dtype, 2)) if w.P is None else (True, _c(w.P))
 
 
-def _plain_lstm(w: DirectionWeights) -> bool:
-    """No projection and no cell variant: the LSTM forward the column-split loop runs."""
+def _plain(w: DirectionWeights) -> bool:
+    """No projection and no cell variant: the forwards the column-split loops run."""
     return (w.W_hr is None and w.h_mask is None and w.zoneout_h is None and w.zoneout_c is None
             and w.P is None)
+
+
+def _state_buffers(h: np.ndarray) -> np.ndarray:
+    """A column-split loop's double-buffered state ``(2, B, H)``, ``h`` in the first."""
+    h_buf = np.empty((2, *h.shape), h.dtype)
+    h_buf[0] = h
+    return h_buf
 
 
 def _gru_parts(spec: RNNSpec, W_hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -141,11 +149,12 @@ class ForwardLoop:
 
 
 class ColumnsLoop(ForwardLoop):
-    """:class:`ForwardLoop` of :func:`.numba_kernels.lstm_forward_columns` (the column split): the state
-    lives in ``h_buf[0]`` between chunks."""
+    """:class:`ForwardLoop` of a column-split loop (:func:`.numba_kernels.lstm_forward_columns`,
+    :func:`.numba_kernels.gru_forward_columns`): the state lives in ``h_buf[0]`` between chunks."""
 
-    def __init__(self, parts: int, dtype: Any, h_buf: np.ndarray, args: tuple, result: DirectionForward):
-        super().__init__(nk.lstm_forward_columns, 1, dtype, args[1].array, h_buf.shape[1], args, result)
+    def __init__(self, loop: Callable[..., Any], parts: int, dtype: Any, h_buf: np.ndarray, args: tuple,
+                 result: DirectionForward):
+        super().__init__(loop, 1, dtype, args[1].array, h_buf.shape[1], args, result)
         self._parts, self._h_buf = parts, h_buf
 
     def run(self, t0: int, t1: int) -> None:
@@ -189,12 +198,11 @@ class NumbaKernel:
             c_cand = np.empty((T, B, H), dtype) if zone_c[0] and keep_cache else _absent(dtype, 3)
             W_hh_p = pack_b(w.W_hh.T, gates=4)
             kept = _per_step_if(keep_cache)
-            parts = column_parts(B, W_hh_p.shape[0] // 4, B * w.W_hh.size) if _plain_lstm(w) else 1
+            parts = column_parts(B, W_hh_p.shape[0] // 4, B * w.W_hh.size) if _plain(w) else 1
             if parts > 1:
-                h_buf = np.empty((2, B, H), dtype)
-                h_buf[0] = h
+                h_buf = _state_buffers(h)
                 cache = DirectionCache(gates=xw, c=c_all)
-                return ColumnsLoop(parts, dtype, h_buf, (
+                return ColumnsLoop(nk.lstm_forward_columns, parts, dtype, h_buf, (
                     PerStep(xw), PerStep(bs), reverse, W_hh_p, h_buf, c, PerStep(y), np.empty((B, H), dtype),
                     keep_cache, kept(c_all), dtype.type(lo), dtype.type(hi)),
                     DirectionForward(y, h_buf[0], c, cache if keep_cache else None))
@@ -211,13 +219,21 @@ class NumbaKernel:
             keep_hn = keep_cache and spec.reset_after
             hn_all = np.empty((T if keep_hn else 1, B, H), dtype)
             b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(H, dtype)
+            cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             if spec.reset_after:
                 packed = (pack_b(w.W_hh.T, gates=3), _no_packed(dtype), _no_packed(dtype))
+                groups = packed[0].shape[0] // 3
+                parts = column_parts(B, groups, B * w.W_hh.size, past_rows_split=False) if _plain(w) else 1
+                if parts > 1:
+                    h_buf = _state_buffers(h)
+                    return ColumnsLoop(nk.gru_forward_columns, parts, dtype, h_buf, (
+                        PerStep(xw), PerStep(bs), reverse, packed[0], b_hn, h_buf, PerStep(y),
+                        np.empty((B, 3 * H), dtype), keep_hn, _per_step_if(keep_hn)(hn_all)),
+                        DirectionForward(y, h_buf[0], None, cache if keep_cache else None))
             else:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
             zone_h = _zone_args(w.zoneout_h, dtype, B, H)
-            cache = DirectionCache(gates=xw, hn=hn_all if keep_hn else None)
             return ForwardLoop(nk.gru_forward_loop, ROWS_BY_NV[3], dtype, bs, B, (
                 PerStep(xw), PerStep(bs), reverse, *packed, spec.reset_after, b_hn, h, PerStep(y),
                 np.empty((B, 3 * H), dtype), keep_hn, _per_step_if(keep_hn)(hn_all), *_mask_args(w, dtype, B),

@@ -488,6 +488,37 @@ def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
 
 
 @simd_jit(**_JIT)
+def gru_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, b_hn, h_buf, y, hh, keep, hn_all,
+                        scratch):
+    """:func:`gru_forward_loop` (reset-after, no cell variants) over the units of one of ``parts`` threads,
+    the column split of :func:`lstm_forward_columns` (``h_buf (2,B,H)`` likewise). ``hh (B,3H)``: scratch
+    the parts share, each writing and reading only its units' columns."""
+    prefer_full_vectors()
+    T, B = xw.shape[0], xw.shape[1]
+    H = h_buf.shape[2]
+    u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 3, W_hh_p.shape[2], H)
+    mr_max = ROWS_BY_NV[3]
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = min(bs[t], B)
+        src, dst = h_buf[s % 2], h_buf[(s + 1) % 2]
+        for u in range(u0, u1):  # each unit group's weights read once per step, for every row tile
+            for i0 in range(0, n, mr_max):
+                gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 3, u, hh, False, scratch)
+        _gru_after_tile(xw, t, 0, n, j0, j1, H, src, hh, b_hn, y, hn_all, keep)
+        for b in range(n):
+            dst[b, j0:j1] = y[t, b, j0:j1]
+        for b in range(n, B):
+            dst[b, j0:j1] = src[b, j0:j1]
+            y[t, b, j0:j1] = 0.0
+            if keep:
+                hn_all[t, b, j0:j1] = 0.0
+                for g in range(3):
+                    xw[t, b, g * H + j0:g * H + j1] = 0.0
+        barrier(sync, parts)
+
+
+@simd_jit(**_JIT)
 def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, b_hn, h, y, hh, keep,
                      hn_all, masked, h_mask, hm, zone_h, m_h, scratch):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;

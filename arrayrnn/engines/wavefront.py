@@ -71,10 +71,10 @@ class ChunkedEngine(Protocol):
 def plan(spec: RNNSpec, rows: int, threads: int, backward: bool = False) -> str | None:
     """``"directions"``, ``"layers"`` or ``None`` (layer by layer, each loop with the threads its rows
     allow). From :data:`MIN_ROWS` rows: a bidirectional stack's directions side by side; a unidirectional
-    one's layers pipelined below the rows split, unless its LSTM steps are large enough for the column
-    split. The ``backward`` runs directions side by side only below the rows split: there both directions'
-    residuals and ``dx`` would be live at once, a training step's peak memory (S4: +50 MiB) for a few
-    percent; it never pipelines layers."""
+    one's layers pipelined below the rows split, unless its LSTM or reset-after GRU steps are large
+    enough for the column split. The ``backward`` runs directions side by side only below the rows split:
+    there both directions' residuals and ``dx`` would be live at once, a training step's peak memory (S4:
+    +50 MiB) for a few percent; it never pipelines layers."""
     if threads < 2 or rows < MIN_ROWS:
         return None
     below_rows_split = rows < 2 * MIN_ROWS_PER_THREAD
@@ -83,7 +83,8 @@ def plan(spec: RNNSpec, rows: int, threads: int, backward: bool = False) -> str 
     if not (PIPELINE_LAYERS and spec.num_layers > 1 and below_rows_split) or backward:
         return None
     step_fmas = rows * spec.gate_size * spec.output_size
-    columns = spec.mode == "lstm" and step_fmas >= loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
+    has_columns = spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after)
+    columns = has_columns and step_fmas >= loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
     return None if columns else "layers"
 
 
