@@ -18,9 +18,9 @@ loop's row tile when that keeps the balance (a partial tile runs below the kerne
 Columns split (:func:`run_columns`, the plain LSTM and reset-after GRU forwards of
 ``MIN_ROWS_PER_THREAD`` to ``2 * MIN_ROWS_PER_THREAD - 1`` rows with steps of
 :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more, and the LSTM's up to ``COLUMN_SPLIT_MAX_ROWS - 1`` rows with
-steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each thread computes every row's gates of its share of the hidden units, so it streams only its share of
-``W_hh``; the threads meet at a spinning barrier (:mod:`.spin_barrier`) once per step, since the next
-step reads every unit of the state.
+steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each thread computes every row's gates of its share
+of the hidden units, so it streams only its share of ``W_hh``; the threads meet at a spinning barrier
+(:mod:`.spin_barrier`) once per step, since the next step reads every unit of the state.
 
 How many threads: :func:`numba.get_num_threads` (``NUMBA_NUM_THREADS``, or
 :func:`numba.set_num_threads` in the calling thread), at most one per :data:`MIN_ROWS_PER_THREAD` rows
