@@ -38,13 +38,14 @@ from .stack import StackBackRun, StackRun
 
 Array = Any
 
-# the wavefront runs from this many rows (bench/bench_wavefront.py, forward, ratios to layer by layer:
-# directions 0.73-0.97 at 8-64 rows; at 1-4 rows 0.83-1.4, training steps 1.1-1.2 at 4: the partner core's
-# wake-up and the slower clock of two busy cores cost more than the overlap saves on small layers)
+# the wavefront runs from this many rows (bench/bench_wavefront.py, ratios to layer by layer: directions
+# 0.61-0.94x forward from 8 rows, 0.93-1.00x at 64, training steps 0.70-0.92x; at 1-4 rows up to 1.5x
+# slower: the partner core's wake-up and the slower clock of two busy cores cost more than the overlap
+# saves on small layers)
 MIN_ROWS = 8
 # the layer pipeline runs where the column split does not (fill and drain, re-reading W_ih per chunk and
-# the two cores' slower clock make it lose to the column split: 1.5x at 8 rows, H = 512, and to one thread
-# below 8 rows: 1.5x); at 8-15 rows without it: 0.76-0.89x of layer by layer
+# the two cores' slower clock make it lose to the column split, 1.1-1.5x at 8 rows with H = 512, and to
+# the rows split from 16 rows); at 8-12 rows without them: 0.68-0.84x of layer by layer
 PIPELINE_LAYERS = True
 # a unidirectional stack's time is cut into this many chunks at most (fill and drain of a 2-layer pipeline
 # cost 1 / CHUNKS of the sequential time), each of at least MIN_CHUNK_STEPS steps (a chunk's waits,
