@@ -114,6 +114,10 @@ def test_plan_side_by_side_from_8_rows_the_pipeline_where_the_column_split_does_
     before = spec(mode="gru", num_layers=2, hidden_size=512, reset_after=False)   # no column loop
     assert wavefront.plan(before, 8, 2) == "layers"
     assert wavefront.plan(spec(mode="rnn_tanh", num_layers=2, hidden_size=512), 8, 2) == "layers"
+    for variant in (dict(proj_size=64), dict(peepholes=True), dict(zoneout=0.1), dict(recurrent_dropout=0.2)):
+        # no column loop runs these: the pipeline does
+        assert wavefront.plan(spec(num_layers=2, hidden_size=512, **variant), 8, 2) == "layers", variant
+    assert wavefront.plan(spec(num_layers=2, hidden_size=512, weight_dropout=0.2), 8, 2) is None
     monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", False)
     assert wavefront.plan(deep, few, 2) is None
 

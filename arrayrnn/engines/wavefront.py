@@ -84,9 +84,15 @@ def plan(spec: RNNSpec, rows: int, threads: int, backward: bool = False) -> str 
     if not (PIPELINE_LAYERS and spec.num_layers > 1 and below_rows_split) or backward:
         return None
     step_fmas = rows * spec.gate_size * spec.output_size
-    has_columns = spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after)
-    columns = has_columns and step_fmas >= loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
+    columns = _has_column_loop(spec) and step_fmas >= loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
     return None if columns else "layers"
+
+
+def _has_column_loop(spec: RNNSpec) -> bool:
+    """A column-split loop runs this spec's forward: a plain LSTM or a reset-after GRU (no projection,
+    peepholes, zoneout or recurrent dropout; DropConnect only scales ``W_hh``)."""
+    variants = spec.proj_size or spec.peepholes or spec.zoneout or spec.zoneout_cell or spec.recurrent_dropout
+    return not variants and (spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after))
 
 
 def run_directions(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionForward, ...]]:
