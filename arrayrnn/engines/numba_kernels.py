@@ -296,7 +296,6 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
     prefer_full_vectors()
     T = xw.shape[0]
     H = c.shape[1]
-    mr_max = ROWS_BY_NV[4]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
@@ -307,9 +306,7 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
             src = hm if masked else h
             if zone_c:
                 c_prev[r0:n] = c[r0:n]
-            for u in range(W_hh_p.shape[0] // 4):  # each unit group's weights read once per step
-                for i0 in range(r0, n, mr_max):
-                    gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 4, u, gates, True, scratch)
+            _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, gates, True, scratch)
             if peep:
                 _lstm_peephole_tile(xw, t, r0, n, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P)
             else:
@@ -337,6 +334,30 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
 
 
 @register_jitable(inline="always")
+def _unit_groups(src, r0, n, W_p, gates, u0, u1, out, accumulate, scratch):
+    """Every gate of unit groups ``u0 .. u1`` for rows ``r0 .. n``: each group's weights read once per step,
+    for all the row tiles (:func:`.packed_gemm.gate_group`)."""
+    mr_max = ROWS_BY_NV[gates]
+    for u in range(u0, u1):
+        for i0 in range(r0, n, mr_max):
+            gate_group(src, i0, min(mr_max, n - i0), W_p, gates, u, out, accumulate, scratch)
+
+
+@register_jitable(inline="always")
+def _column_step_end(xw, t, n, j0, j1, H, gates, src, dst, y, keep):
+    """The end of a column-split step for units ``j0 .. j1``: active rows' new state from ``y``; idle rows
+    carry their state, their ``y`` and (``keep``) their ``gates`` activations in ``xw`` are zero."""
+    for b in range(n):
+        dst[b, j0:j1] = y[t, b, j0:j1]
+    for b in range(n, dst.shape[0]):
+        dst[b, j0:j1] = src[b, j0:j1]
+        y[t, b, j0:j1] = 0.0
+        if keep:
+            for g in range(gates):
+                xw[t, b, g * H + j0:g * H + j1] = 0.0
+
+
+@register_jitable(inline="always")
 def unit_range(part, parts, groups, W, H):
     """Units ``[j0, j1)`` of part ``part`` of ``parts`` when ``groups`` unit groups of ``W`` split evenly."""
     u0, u1 = groups * part // parts, groups * (part + 1) // parts
@@ -356,26 +377,17 @@ def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y
     T, B = xw.shape[0], xw.shape[1]
     H = c.shape[1]
     u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
-    mr_max = ROWS_BY_NV[4]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], B)
         src, dst, gates = h_buf[s % 2], h_buf[(s + 1) % 2], xw[t]
-        for u in range(u0, u1):  # each unit group's weights read once per step, for every row tile
-            for i0 in range(0, n, mr_max):
-                gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 4, u, gates, True, scratch)
+        _unit_groups(src, 0, n, W_hh_p, 4, u0, u1, gates, True, scratch)
         _lstm_tile(xw, t, 0, n, j0, j1, H, c, y, m, False, keep, c_all, clip_lo, clip_hi)
-        for b in range(n):
-            dst[b, j0:j1] = y[t, b, j0:j1]
-            if keep:
+        _column_step_end(xw, t, n, j0, j1, H, 4, src, dst, y, keep)
+        if keep:
+            for b in range(n):
                 c_all[t, b, j0:j1] = c[b, j0:j1]
-        for b in range(n, B):
-            dst[b, j0:j1] = src[b, j0:j1]
-            y[t, b, j0:j1] = 0.0
-            if keep:
-                c_all[t, b, j0:j1] = 0.0
-                for g in range(4):
-                    gates[b, g * H + j0:g * H + j1] = 0.0
+            c_all[t, n:, j0:j1] = 0.0
         barrier(sync, parts)
 
 
@@ -497,24 +509,15 @@ def gru_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, b_hn, h_buf,
     T, B = xw.shape[0], xw.shape[1]
     H = h_buf.shape[2]
     u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 3, W_hh_p.shape[2], H)
-    mr_max = ROWS_BY_NV[3]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], B)
         src, dst = h_buf[s % 2], h_buf[(s + 1) % 2]
-        for u in range(u0, u1):  # each unit group's weights read once per step, for every row tile
-            for i0 in range(0, n, mr_max):
-                gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 3, u, hh, False, scratch)
+        _unit_groups(src, 0, n, W_hh_p, 3, u0, u1, hh, False, scratch)
         _gru_after_tile(xw, t, 0, n, j0, j1, H, src, hh, b_hn, y, hn_all, keep)
-        for b in range(n):
-            dst[b, j0:j1] = y[t, b, j0:j1]
-        for b in range(n, B):
-            dst[b, j0:j1] = src[b, j0:j1]
-            y[t, b, j0:j1] = 0.0
-            if keep:
-                hn_all[t, b, j0:j1] = 0.0
-                for g in range(3):
-                    xw[t, b, g * H + j0:g * H + j1] = 0.0
+        _column_step_end(xw, t, n, j0, j1, H, 3, src, dst, y, keep)
+        if keep:
+            hn_all[t, n:, j0:j1] = 0.0
         barrier(sync, parts)
 
 
@@ -541,10 +544,7 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
             if reset_after:
-                mr_max = ROWS_BY_NV[3]
-                for u in range(W_hh_p.shape[0] // 3):  # each unit group's weights read once per step
-                    for i0 in range(r0, n, mr_max):
-                        gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 3, u, hh, False, scratch)
+                _unit_groups(src, r0, n, W_hh_p, 3, 0, W_hh_p.shape[0] // 3, hh, False, scratch)
                 _gru_after_tile(xw, t, r0, n, 0, H, H, h, hh, b_hn, y, hn_all, keep)
             else:
                 gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
@@ -658,7 +658,6 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask
     prefer_full_vectors()
     T = xw.shape[0]
     H = h.shape[1]
-    mr_max = ROWS_BY_NV[1]
     zero = one_of(xw) * 0
     for s in range(T):
         t = _step_time(s, T, reverse)
@@ -668,9 +667,7 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
-            for u in range(W_hh_p.shape[0]):  # each vector of weights read once per step
-                for i0 in range(r0, n, mr_max):
-                    gate_group(src, i0, min(mr_max, n - i0), W_hh_p, 1, u, pre, True, scratch)
+            _unit_groups(src, r0, n, W_hh_p, 1, 0, W_hh_p.shape[0], pre, True, scratch)
             for b in range(r0, n):
                 p, yb = pre[b], y[t, b]
                 for j in range(H):
