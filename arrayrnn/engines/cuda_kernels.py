@@ -20,14 +20,40 @@ on first use and cached on disk (``cache=True``).
 
 from __future__ import annotations
 
+import importlib
 import math
 
+import numba
+import numpy as np
 from numba import cuda
 
 from . import gate_math as gm
 from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
 
 THREADS = 128  # threads per block of every kernel
+
+
+def _numpy_removed_alias(*args, **kwargs):  # pragma: no cover - never called, only registered
+    raise AttributeError("numpy.row_stack was removed in NumPy 2.5; use numpy.vstack")
+
+
+def _load_numba_cuda_registries() -> None:
+    """Load numba-cuda's NumPy overloads now, lending ``np.row_stack`` a stand-in while they load.
+
+    numba-cuda (0.30.4 and earlier) registers an overload for ``np.row_stack`` when its target first
+    compiles a kernel; NumPy 2.5 removed that alias, so every first launch raised AttributeError. The
+    stand-in lives only while the module imports (the overload it gets is never reachable from our
+    kernels); NumPy is left as it was."""
+    if numba.config.ENABLE_CUDASIM or hasattr(np, "row_stack"):
+        return
+    np.row_stack = _numpy_removed_alias
+    try:
+        importlib.import_module("numba.cuda.np.arrayobj")  # registers its overloads once, at import
+    finally:
+        del np.row_stack
+
+
+_load_numba_cuda_registries()
 
 
 def launch_shape(elements: int) -> tuple[int, int]:
