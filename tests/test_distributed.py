@@ -193,3 +193,18 @@ def test_backend_dtype_lists_name_what_each_communicator_reduces():
                                         r"float16, float32, float64"):
         distributed._check_reducible("grads", np.ones(2, np.uint16), torch_row)
     assert "bool" not in nccl_row.dtypes and "int64" in nccl_row.dtypes
+
+
+def test_nccl_row_accepts_cupy_buffers_whose_flags_have_no_writeable():
+    """CuPy's ``flags`` has no ``writeable`` (a GPU run found the NCCL buffer check asking for it): the
+    check runs on the CuPy stand-in, whose flags are CuPy's, and still refuses a host buffer."""
+    from support import fake_cupy
+
+    from arrayrnn.training import distributed
+
+    nccl_row = distributed._BACKENDS[1]
+    with fake_cupy.installed() as cp:
+        buf = cp.zeros(4, dtype=np.float32)
+        assert distributed._flat_buffers([buf], "grads", nccl_row) == [("grads[0]", buf)]
+        with pytest.raises(TypeError, match=r"grads is a numpy.ndarray; a nccl communicator takes CuPy"):
+            distributed._flat_buffers(np.zeros(4, np.float32), "grads", nccl_row)

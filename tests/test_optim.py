@@ -156,6 +156,25 @@ def test_adam_step_on_a_read_only_buffer_changes_no_state():
     np.testing.assert_array_equal(opt.state[0]["exp_avg"], 0.0)
 
 
+@pytest.mark.parametrize("ours, _, kwargs", CONFIGS)
+def test_cupy_buffers_step_like_numpy(ours, _, kwargs):
+    """CuPy's ``flags`` has no ``writeable`` (a GPU run found the read-only check asking for it); on the
+    CuPy stand-in, whose flags are CuPy's, a step updates the buffer as it does on NumPy."""
+    from support import fake_cupy
+
+    rng = np.random.default_rng(0)
+    p, grads = rng.standard_normal(5), [rng.standard_normal(5) for _ in range(3)]
+    want = p.copy()
+    host = ours(want, **kwargs)
+    with fake_cupy.installed() as cp:
+        got = cp.asarray(p)
+        dev = ours(got, **kwargs)
+        for g in grads:
+            host.step(g)
+            dev.step(cp.asarray(g))
+        np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-14, atol=0)
+
+
 def test_a_gradient_of_another_dtype_changes_no_state():
     opt = optim.Adam(np.ones(3, dtype=np.float32))
     with pytest.raises(TypeError, match="different dtypes"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.backend import get_xp
+from ..core.backend import get_xp, is_writeable
 from .activations import Activation
 from .activations import get as get_activation
 from .tape import Residuals, primitive, value_of
@@ -56,7 +56,7 @@ def _apply_new(xp: Any, act: Activation, x: Any) -> Any:
 
 def _delta(act: Activation, v: Any, g: Any, owns_g: bool) -> Any:
     """``g * act'(v)``: in ``g`` itself when the tape owns it, else in one new buffer."""
-    if owns_g and g.flags.c_contiguous and g.dtype == v.dtype and getattr(g.flags, "writeable", True):
+    if owns_g and g.flags.c_contiguous and g.dtype == v.dtype and is_writeable(g):
         dz = g
     else:
         dz = get_xp(v).empty(v.shape, dtype=v.dtype)

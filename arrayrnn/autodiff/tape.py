@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.backend import as_array, get_xp
+from ..core.backend import as_array, get_xp, is_writeable
 
 
 class Meta:
@@ -368,7 +368,7 @@ def _gradient_ownership(grads: tuple, incoming: list, incoming_owned: list, node
     for gr, r in zip(grads, roots, strict=True):
         ok = (gr is not None and counts[id(r)] == 1 and id(r) not in kept
               and incoming_status.get(id(r), True) and bool(gr.flags.c_contiguous)
-              and getattr(gr.flags, "writeable", True))
+              and is_writeable(gr))
         owned.append(ok)
     return owned
 

@@ -32,6 +32,12 @@ def is_cupy_array(a: Any) -> bool:
     return cp is not None and isinstance(a, cp.ndarray)
 
 
+def is_writeable(a: Any) -> bool:
+    """Whether ``a``'s memory may be written in place. CuPy's ``flags`` has no ``writeable``: device memory
+    always is."""
+    return bool(getattr(getattr(a, "flags", None), "writeable", True))
+
+
 def device_of(a: Any) -> str:
     """``"cpu"`` or ``"cuda:N"``."""
     if is_cupy_array(a):

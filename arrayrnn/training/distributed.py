@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.backend import as_array, is_cupy_array
+from ..core.backend import as_array, is_cupy_array, is_writeable
 from ..core.params import PackedParams
 from .agreement import Collectives, agree
 from .optim import Optimizer
@@ -309,7 +309,7 @@ def _check_reducible(name: str, buf: Any, backend: _Backend) -> None:
     if not buf.flags.c_contiguous:
         raise ValueError(f"{name} with shape {tuple(buf.shape)} is not C-contiguous; expected a contiguous "
                          "buffer (gradients from value_and_grad are)")
-    if not buf.flags.writeable:
+    if not is_writeable(buf):
         raise ValueError(f"{name} is read-only; expected a writeable buffer (it is updated in place)")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core import npzfile
-from ..core.backend import get_xp, to_host
+from ..core.backend import get_xp, is_writeable, to_host
 from ..core.params import PackedParams
 
 KIND = "arrayrnn-optimizer"
@@ -127,8 +127,7 @@ class Optimizer:
             get_xp(p, g, names=("parameter", label))
             if np.dtype(g.dtype) != np.dtype(p.dtype):
                 raise TypeError(f"{label} has dtype {g.dtype}; expected its parameter's dtype {p.dtype}")
-            flags = getattr(p, "flags", None)
-            if flags is not None and not flags.writeable:
+            if not is_writeable(p):
                 where = "params" if single else f"params[{i}]"
                 raise ValueError(f"{where} is a read-only buffer; the optimizer updates it in place and "
                                  "needs a writeable one")

@@ -12,6 +12,7 @@ so ``import cupy`` and ``arrayrnn.core.backend.get_xp`` find it. Its :class:`nda
   host); ``a[...] = numpy_array`` with basic indexing is CuPy's ``ValueError``; NumPy arrays are accepted
   where CuPy accepts them (``cupy.asarray``, ``cupy.array``, indices);
 - reductions and scalar indexing give 0-d arrays, not NumPy scalars;
+- ``flags`` is CuPy's: no ``writeable``;
 - floating ``empty`` / ``empty_like`` / ``ndarray(shape)`` are filled with NaN, like stale device memory, so
   code that reads memory it never wrote sees garbage, not zeros.
 
@@ -184,6 +185,17 @@ def _binary(ufunc: np.ufunc, reflected: bool = False, inplace: bool = False) -> 
     return op
 
 
+class Flags:
+    """``cupy.ndarray.flags``: CuPy's ``Flags`` has ``c_contiguous``, ``f_contiguous`` and ``owndata``, and
+    no ``writeable`` (device memory is always writeable)."""
+
+    __slots__ = ("c_contiguous", "f_contiguous", "owndata")
+
+    def __init__(self, flags: Any):
+        self.c_contiguous, self.f_contiguous = flags.c_contiguous, flags.f_contiguous
+        self.owndata = flags.owndata
+
+
 class ndarray:  # noqa: N801 - the name CuPy gives it
     """A device array of the stand-in: a NumPy array it does not let mix with host arrays."""
 
@@ -209,6 +221,10 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
     @property
     def device(self) -> Device:
         return Device(0)
+
+    @property
+    def flags(self) -> Flags:
+        return Flags(self._a.flags)
 
     @property
     def __cuda_array_interface__(self) -> dict:
