@@ -153,7 +153,14 @@ class _Cache:
     masks: Any
     batch_first: bool
     rows: cf.Rows
-    runs: list[_Run] | None  # None after training=False
+    runs: list[_Run] | None  # None after training=False, and once a backward has used them
+
+    def take_runs(self) -> list[_Run] | None:
+        """The forward's runs, handed to one backward only: cudnnRNNBackwardData_v8 writes into the reserve
+        space (an Input/Output of the call), so a second backward on the same result must recompute the
+        forward (a GPU run found the second backward's weight gradient near zero)."""
+        runs, self.runs = self.runs, None
+        return runs
 
 
 class CudnnEngine(Engine):
@@ -251,8 +258,8 @@ class CudnnEngine(Engine):
     # -- backward -----------------------------------------------------------------------------------
     def backward(self, cache: _Cache, dy, dh_n, dc_n) -> StackGrads:
         params, bf, spec, rows = cache.params, cache.batch_first, cache.params.spec, cache.rows
-        runs = cache.runs or self._run(params, cache.x, cache.lengths, rows, cache.h0, cache.c0, cache.masks,
-                                       bf, True)[3]
+        runs = cache.take_runs() or self._run(params, cache.x, cache.lengths, rows, cache.h0, cache.c0,
+                                              cache.masks, bf, True)[3]
         h, d, lstm = handle(device_id(dy)), spec.num_directions, spec.mode == "lstm"
         g, dhy_all, dcy_all = rows.cotangents_in(cupy, dy, dh_n, dc_n)
         dh0, dc0 = cupy.empty_like(dh_n), (cupy.empty_like(dc_n) if lstm else None)

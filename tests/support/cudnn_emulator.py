@@ -24,13 +24,15 @@ that documentation, NOT from arrayrnn's engines, so that it can disagree with th
   direction of a sequence starts at its own last step. A sequence of length 0 is refused (undocumented).
 - **States**: ``hx``/``cx``/``dhy``/``dcy`` NULL mean zeros; ``hy``/``cy``/``dhx``/``dcx`` NULL are not
   written; ``devSeqLengths`` must hold the descriptor's lengths.
-- **Order**: ``cudnnRNNBackwardData_v8`` needs the reserve space of a TRAINING forward;
+- **Order**: ``cudnnRNNBackwardData_v8`` needs the reserve space of a TRAINING forward, once (it writes
+  into the reserve space: a second BackwardData on it is refused);
   ``cudnnRNNBackwardWeights_v8`` needs it after BackwardData and only ADDs (``CUDNN_WGRAD_MODE_ADD``, the one
   mode the v8 call supports). The emulator keeps the forward's activations on the host, keyed by a token it
   writes into the first bytes of the reserve space, so a reserve space that was reallocated, overwritten or
   swapped is noticed.
 
-Not emulated (an ``EmulationError`` says so): cell clipping (the docs do not say where the clip applies),
+Not emulated (an ``EmulationError`` says so): cell clipping (the docs do not say where the clip applies; a
+GPU run measured it, tests/test_cudnn_engine.py::test_gpu_cell_clip_is_cudnns_own, and the engine refuses it),
 ``CUDNN_SKIP_INPUT``, cuDNN's own dropout, the packed layout.
 """
 
@@ -103,8 +105,8 @@ class Net:
     @classmethod
     def of(cls, config: cb.RNNConfig) -> Net:
         if config.clip_mode != cb.RNNClipMode.NONE:
-            raise EmulationError("cell clipping is not emulated: the cuDNN docs do not say whether the clip "
-                                 "applies before tanh(c), to the carried state, or both")
+            raise EmulationError("cell clipping is not emulated (the engine refuses it: cuDNN also clips cx "
+                                 "on entry and returns the pre-clip cy)")
         if config.input_mode != cb.RNNInputMode.LINEAR_INPUT:
             raise EmulationError("CUDNN_SKIP_INPUT is not emulated")
         return cls(config, GATES[config.cell_mode], config.num_directions, config.hidden_size,
@@ -327,6 +329,7 @@ class _Training:
     layer_inputs: list[np.ndarray]               # float64 (T, B, V) per layer (layer 0: x)
     history: dict[int, list[Step]]               # per pseudo-layer, in visiting order
     grads: dict[int, list[tuple]] | None = None  # after BackwardData: per pseudo-layer (d_in, d_rec, dh)
+    used: bool = False  # a BackwardData ran on it (cuDNN wrote into the reserve space)
 
 
 class Emulator:
@@ -450,6 +453,11 @@ class Emulator:
                       weight_space_size: int, work_space: int, work_space_size: int, reserve_space: int,
                       reserve_space_size: int) -> None:
         state = self._training(reserve_space, reserve_space_size, "cudnnRNNBackwardData_v8")
+        if state.used:
+            raise EmulationError("cudnnRNNBackwardData_v8 on a reserve space that an earlier BackwardData "
+                                 "used: the call writes into it (reserveSpace is Input/Output; on a GPU "
+                                 "the second backward's weight gradient came out near zero), so a second "
+                                 "backward needs a new TRAINING forward")
         net, xs, ys = self._net(rnn_desc), Seq(seq_config(x_desc)), Seq(seq_config(y_desc))
         self._same_call(state, net, xs)
         self._lengths(xs, dev_seq_lengths)
@@ -464,6 +472,7 @@ class Emulator:
         dh_n = self._states(net, h_desc, dhy, net.out, B, "dhy", read=True)
         dc_n = self._states(net, c_desc, dcy, net.hidden, B, "dcy", read=True) if lstm else None
         d_out, state.grads = ys.read(self.memory, dy, "dy"), {}
+        state.used = True
         dh0, dc0 = np.zeros_like(dh_n), (np.zeros_like(dc_n) if lstm else None)
         for layer in reversed(range(net.layers)):
             d_in_total = np.zeros((T, B, net.layer_input(layer)))
