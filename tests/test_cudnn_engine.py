@@ -130,7 +130,7 @@ def _fake_query_with(spec, key, region):
 def test_refusals_say_why() -> None:
     assert "reset-before GRU (reset_after=False)" in cf.refusal(
         ar.RNNSpec(mode="gru", input_size=2, hidden_size=2, reset_after=False))
-    assert "not been checked against the reference engine on a GPU" in cf.refusal(
+    assert "also clips c0 on entry" in cf.refusal(
         ar.RNNSpec(mode="lstm", input_size=2, hidden_size=2, cell_clip=1.0))
     assert cf.refusal(ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3, proj_size=2)) is None
 
@@ -294,15 +294,66 @@ def test_gpu_long_sequences_through_auto() -> None:
     assert check(_cupy(), spec, lengths=[T, 0, 4, T - 3], engine="auto")["engine"] == "cudnn"
 
 
+def _clip_case(spec: ar.RNNSpec, lengths: list[int], states: bool, seed: int = 0):
+    """params (scaled so the cell state leaves a small clip range), x, h0, c0 (N(0, 1): outside it), dy."""
+    rng = np.random.default_rng(seed)
+    params = ar.PackedParams.init(spec, seed=3)
+    params.data[...] *= 3
+    T, B, d = max(lengths), len(lengths), spec.num_directions * spec.num_layers
+    x = 2 * rng.standard_normal((T, B, spec.input_size))
+    h0, c0 = ((rng.standard_normal((d, B, spec.hidden_size)) for _ in range(2)) if states else (None, None))
+    dy = rng.standard_normal((T, B, spec.num_directions * spec.hidden_size))
+    return params, x, np.array(lengths), h0, c0, dy
+
+
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_cell_clip(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check that lifts cf.refusal's clip refusal once it passes on a GPU: cudnnRNNSetClip_v9 (MINMAX)
-    against the reference engine's clip (before tanh(c) and before carrying; zero gradient where clipped)."""
+def test_gpu_cell_clip_is_cudnns_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why cf.refusal keeps refusing cell_clip. Measured on an H200 with cuDNN 9.19: cudnnRNNSetClip_v9
+    (MINMAX) clips the cell state where the reference engine does (after each update, before tanh and
+    before carrying; zero gradient where clipped), but it also clips ``cx`` on entry and returns the
+    PRE-clip ``cy``. Pinned here: if a cuDNN stops doing so, revisit the refusal. (-0.25, 0.25) is exact in
+    float32, in which cuDNN keeps the bounds.)"""
+    cupy = _cupy()
     monkeypatch.setattr(cf, "refusal", lambda spec: None)
+    lo, hi = -0.25, 0.25
     spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
-                      cell_clip=(-0.3, 0.2), dtype="float64")
-    check(_cupy(), spec)
+                      cell_clip=(lo, hi), dtype="float64")
+    params, x, lengths, h0, c0, _ = _clip_case(spec, [6, 0, 2, 4], states=True)
+    native = params.to(cupy).to_format("cudnn")
+    got = ar.rnn_forward(native, cupy.asarray(x), lengths, cupy.asarray(h0), cupy.asarray(c0), engine="cudnn")
+    y, h_n, c_n = (cupy.asnumpy(a) for a in (got.y, got.h_n, got.c_n))
+    entry = ar.rnn_forward(params, x, lengths, h0, np.clip(c0, lo, hi), engine="reference")
+    np.testing.assert_allclose(y, entry.y, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h_n, entry.h_n, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.clip(c_n, lo, hi), entry.c_n, rtol=0, atol=1e-12)
+    ran = c_n[:, lengths > 0]  # (an empty row's c_n is its c0, passed through by the engine)
+    assert ((ran < lo) | (ran > hi)).any()  # cuDNN's cy is the state before its last clip
+    plain = ar.rnn_forward(params, x, lengths, h0, c0, engine="reference")
+    assert np.abs(y - plain.y).max() > 1e-3  # the reference does not clip c0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cell_clip_gradients_match_from_zero_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With zero initial states and a cotangent on y only (so neither difference above shows), cuDNN's
+    clipped gradients are the reference's."""
+    cupy = _cupy()
+    monkeypatch.setattr(cf, "refusal", lambda spec: None)
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5, num_layers=2, cell_clip=(-0.25, 0.25),
+                      dtype="float64")
+    params, x, lengths, _, _, dy = _clip_case(spec, [6, 6, 6, 6], states=False)
+    want = ar.rnn_forward(params, x, lengths, training=True, engine="reference")
+    g_want = ar.rnn_backward(want, dy)
+    native = params.to(cupy).to_format("cudnn")
+    got = ar.rnn_forward(native, cupy.asarray(x), lengths, training=True, engine="cudnn")
+    g = ar.rnn_backward(got, cupy.asarray(dy))
+    np.testing.assert_allclose(cupy.asnumpy(got.y), want.y, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(g.dx), g_want.dx, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(g.dparams.to_format("canonical").data), g_want.dparams.data,
+                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(g.dc0), g_want.dc0, rtol=0, atol=1e-12)
+    assert (g_want.dparams.data != 0).any()
 
 
 @pytest.mark.gpu

@@ -48,8 +48,10 @@ def refusal(spec: RNNSpec) -> str | None:
     if spec.mode == "gru" and not spec.reset_after:
         return "cuDNN cannot run the reset-before GRU (reset_after=False); use engine='cupy' or 'reference'"
     if spec.cell_clip is not None:
-        return ("cell_clip is not accepted yet: cudnnRNNSetClip_v9's semantics have not been checked "
-                "against the reference engine on a GPU (tests/test_cudnn_engine.py::test_gpu_cell_clip)")
+        return ("cell_clip: cuDNN's clip (cudnnRNNSetClip_v9) is not arrayrnn's: it also clips c0 on entry "
+                "and returns the cell state before its last clip as c_n (measured on a GPU: "
+                "tests/test_cudnn_engine.py::test_gpu_cell_clip_is_cudnns_own); use engine='cupy' or "
+                "'reference'")
     if spec.dtype not in DATA_TYPES:
         return f"dtype = {spec.dtype!r}; cuDNN runs float16, float32 and float64"
     if spec.peepholes:
