@@ -421,7 +421,7 @@ def test_cuda_tensors_equal_cpu(mode):
     lengths = torch.tensor([6, 2, 4])
     results = []
     for module, device in ((cpu, "cpu"), (gpu, "cuda")):
-        xi = x.to(device).requires_grad_()
+        xi = x.detach().to(device).requires_grad_()  # a leaf on each device (x itself stays grad-free)
         y, _ = module(xi, lengths=lengths)
         assert y.device.type == device
         (y * y).sum().backward()
