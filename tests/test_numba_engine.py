@@ -17,6 +17,7 @@ import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
 from arrayrnn.engines import numba_engine, probe_call, select_engine
 from arrayrnn.engines.numba_blas import BlasNotFoundError
+from arrayrnn.engines.stack import direction_weights, input_projection
 
 SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
 
@@ -102,6 +103,48 @@ def test_numba_equals_reference(config, dtype, rtol, atol):
             assert ours[name] is None
             continue
         np.testing.assert_allclose(ours[name], expected, rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_inactive_rows_of_the_input_projection_are_never_read(config, monkeypatch):
+    """Variable lengths: the projection writes only each step's active rows (ACTIVE_PROJECTION_MAX_FILL);
+    with NaN in the rest, every result still equals the reference's (the kernels never read them, and the
+    caches they keep there are zeroed)."""
+    real, calls = numba_engine._project_active_rows, []
+
+    def poisoned(x, w, batch_sizes, out):
+        calls.append(batch_sizes)
+        out = np.full((*x.shape[:2], w.W_ih.shape[0]), np.nan, x.dtype) if out is None else out
+        return real(x, w, batch_sizes, out)
+
+    monkeypatch.setattr(numba_engine, "_project_active_rows", poisoned)
+    spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **CONFIGS[config])
+    ours, oracle = _run("numba", spec), _run("reference", spec)
+    assert calls and all(bs.sum() < bs.size * 37 for bs in calls)  # the path ran, on partly active steps
+    for name, expected in oracle.items():
+        if expected is not None:
+            np.testing.assert_allclose(ours[name], expected, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_active_rows_projection_writes_only_active_rows():
+    """From ACTIVE_PROJECTION_MIN_ROWS active rows a step on average, and at most ACTIVE_PROJECTION_MAX_FILL
+    of the entries active, only the active rows are written; otherwise (few rows, no padding) all are."""
+    rng = np.random.default_rng(0)
+    T = 9
+    for dtype in ("float32", "float64"):
+        spec = ar.RNNSpec(mode="gru", input_size=7, hidden_size=5, dtype=dtype)
+        w = direction_weights(ar.PackedParams.init(spec, seed=0), 0, 0)
+        for lengths, partial in (([9, 9, 8, 7, 7, 6, 4, 4, 3, 1, 0, 0], True), ([9, 7, 4, 4, 1, 0], False),
+                                 ([9] * 12, False)):
+            B = len(lengths)
+            x = rng.standard_normal((T, B, 7)).astype(dtype)
+            bs = (np.array(lengths)[None] > np.arange(T)[:, None]).sum(axis=1).astype(np.int64)
+            out = np.full((T, B, 15), np.nan, dtype)
+            xw = numba_engine.ENGINE.project_input(x, w, out=out, batch_sizes=bs)
+            assert np.shares_memory(xw, out)
+            active = np.arange(B)[None, :] < bs[:, None] if partial else np.ones((T, B), bool)
+            np.testing.assert_allclose(out[active], input_projection(x, w)[active], rtol=1e-5, atol=1e-6)
+            assert np.isnan(out[~active]).all()
 
 
 @pytest.mark.parametrize("config", ["lstm-proj-clip-bi", "gru-bi", "gru-reset-before-bi", "rnn_tanh-bi"])

@@ -63,6 +63,23 @@ def test_gemm_on_strided_rows_leaves_the_rest_of_c_alone(rng):
     assert (c[:, :10] == 7).all() and (c[:, 60:] == 7).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gemm_steps_writes_each_steps_active_rows_of_its_columns(rng, dtype, with_bias):
+    T, B, K, N = 5, 7, 9, 3 * pg.vector_lanes(np.dtype(dtype)) - 5  # a partial last vector
+    a = rng.standard_normal((T, B, K)).astype(dtype)
+    b = rng.standard_normal((K, N)).astype(dtype)
+    bias = rng.standard_normal(N).astype(dtype) if with_bias else np.empty(0, dtype)
+    batch_sizes = np.array([7, 5, 5, 1, 0], np.int64)
+    packed, c = pg.pack_b(b), np.full((T, B, N), np.nan, dtype)
+    for v0, v1 in ((0, 1), (1, 3)):  # two column parts, as two threads would run them
+        pg.gemm_steps(v0, v1, a, packed, c, bias, batch_sizes, pg.new_scratch(dtype))
+    active = np.arange(B)[None, :] < batch_sizes[:, None]
+    want = a @ b + (bias if with_bias else 0)
+    np.testing.assert_allclose(c[active], want[active], rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+    assert np.isnan(c[~active]).all()
+
+
 def test_gate_grouped_packing_orders_vectors_by_unit_group(rng):
     W = pg.vector_lanes(np.float64)
     H, K = W + 3, 2                             # two unit groups, the second partial

@@ -50,12 +50,14 @@ from .loop_threads import (
     available_threads,
     column_parts,
     engine_threads,
+    in_parallel,
     run_columns,
     run_split,
     split_matmul,
+    split_rows,
 )
 from .numba_blas import BlasNotFoundError, blas_binding
-from .packed_gemm import gemm, new_scratch, pack_b, vector_lanes
+from .packed_gemm import gemm, gemm_steps, new_scratch, pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
 from .stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
 
@@ -236,8 +238,8 @@ class NumbaKernel:
             zone_h = _zone_args(w.zoneout_h, dtype, B, H)
             return ForwardLoop(nk.gru_forward_loop, ROWS_BY_NV[3], dtype, bs, B, (
                 PerStep(xw), PerStep(bs), reverse, *packed, spec.reset_after, b_hn, h, PerStep(y),
-                np.empty((B, 3 * H), dtype), keep_hn, _per_step_if(keep_hn)(hn_all), *_mask_args(w, dtype, B),
-                zone_h[0], _per_step_if(zone_h[0])(zone_h[1])),
+                np.empty((B, 3 * H), dtype), keep_cache, _per_step_if(keep_hn)(hn_all),
+                *_mask_args(w, dtype, B), zone_h[0], _per_step_if(zone_h[0])(zone_h[1])),
                 DirectionForward(y, h, None, cache if keep_cache else None))
         zone_h = _zone_args(w.zoneout_h, dtype, B, H)
         cache = DirectionCache(gates=xw if zone_h[0] else None)  # with zoneout: each step's own output
@@ -303,6 +305,36 @@ class NumbaKernel:
 PACKED_PROJECTION_MAX = 1 << 24
 
 
+# variable lengths: when at most this fraction of the (step, row) entries is active, and a step has at least
+# ACTIVE_PROJECTION_MIN_ROWS active rows on average, the input projection runs step by step on each step's
+# active rows (the packed kernel, W_ih packed once) instead of one product over every row. S5 (lengths
+# uniform in 1..T, about half active): forward 0.75-0.81x; at 2 rows a step on average it lost (up to
+# 1.23x at B = 2); wide steps of a small input (B = 32, I = 128, H = 512) broke even (bench/RESULTS.md)
+ACTIVE_PROJECTION_MAX_FILL = 0.9
+ACTIVE_PROJECTION_MIN_ROWS = 4
+
+
+def _mostly_padding(x: np.ndarray, batch_sizes: np.ndarray) -> bool:
+    T, B, _ = x.shape
+    active = int(batch_sizes.sum())
+    return active <= ACTIVE_PROJECTION_MAX_FILL * T * B and active >= ACTIVE_PROJECTION_MIN_ROWS * T
+
+
+def _project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.ndarray,
+                         out: np.ndarray | None) -> np.ndarray:
+    """``x @ W_ih.T + input_bias`` on the active rows of each step only (the rest of ``out`` unwritten),
+    the packed columns split over the time loops' threads (each thread reads its part of W_ih once a step,
+    and every active row)."""
+    T, B, _ = x.shape
+    xw = np.empty((T, B, w.W_ih.shape[0]), x.dtype) if out is None else out
+    bias = w.input_bias if w.input_bias is not None else np.empty(0, x.dtype)
+    packed, a = pack_b(w.W_ih.T), np.ascontiguousarray(x)
+    bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
+    parts = split_rows(packed.shape[0], available_threads(), align=1)
+    in_parallel(lambda v0, v1: gemm_steps(v0, v1, a, packed, xw, bias, bs, new_scratch(x.dtype)), parts)
+    return xw
+
+
 class NumbaEngine(StackEngine):
     """The shared stack driver over :class:`NumbaKernel`; NumPy arrays (CPU) only."""
 
@@ -337,7 +369,11 @@ class NumbaEngine(StackEngine):
     def matmul(self, a: Array, b: Array) -> Array:
         return split_matmul(a, b)
 
-    def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None) -> Array:
+    def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None,
+                      batch_sizes: np.ndarray | None = None) -> Array:
+        if (batch_sizes is not None and x.dtype in (np.float32, np.float64)
+                and _mostly_padding(x, batch_sizes)):
+            return _project_active_rows(x, w, batch_sizes, out)
         return self.input_projector(x, w)(x, out)
 
     def input_projector(self, x: Array, w: DirectionWeights) -> Callable[[Array, Array | None], Array]:

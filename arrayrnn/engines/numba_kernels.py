@@ -526,7 +526,8 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
                      hn_all, masked, h_mask, hm, zone_h, m_h, scratch):
     """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
     ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
-    ``b_hn (H,)`` inner bias or zeros; ``hn_all (T,B,H)``: ``W_hn h + b_hn`` when ``keep`` (reset-after).
+    ``b_hn (H,)`` inner bias or zeros; ``keep``: ``xw`` is the backward's cache (inactive rows zeroed) and,
+    reset-after, ``hn_all (T,B,H)`` keeps ``W_hn h + b_hn``.
     Reset-after: ``W_hh_p = pack_b(W_hh.T, gates=3)``, one fused tile per unit group and row tile.
     Reset-before: ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (``pack_b(W.T)``);
     the n product needs every unit's ``r * h`` first, so it runs after the r, z product. ``masked``:

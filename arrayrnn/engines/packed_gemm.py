@@ -168,6 +168,27 @@ def gemm(a, bp, gates, c, accumulate, scratch):
         _gemm_rows(a, r0, min(M, r0 + ROW_PANEL), bp, gates, c, accumulate, scratch)
 
 
+@simd_jit(**_JIT)
+def gemm_steps(v0, v1, a, bp, c, bias, batch_sizes, scratch):
+    """``c[t, b, cols] = a[t, b] @ b[:, cols] + bias[cols]`` for the columns ``cols`` of the packed vectors
+    ``v0 .. v1`` of ``bp = pack_b(b)``, every step ``t`` and its active rows (rows sorted by length:
+    step ``t``'s active rows are its first ``batch_sizes[t]``); no other entry of ``c`` is written.
+    ``a (T, B, K)``, ``c (T, B, N)``; ``bias`` (N,) or zero-size."""
+    W = bp.shape[2]
+    c0, c1 = v0 * W, min(v1 * W, c.shape[2])
+    if c1 <= c0:
+        return
+    part = bp[v0:v1]
+    for t in range(a.shape[0]):
+        n = batch_sizes[t]
+        if n == 0:
+            continue
+        if bias.size:
+            for row in range(n):
+                c[t, row, c0:c1] = bias[c0:c1]
+        gemm(a[t, :n], part, 1, c[t, :n, c0:c1], bias.size > 0, scratch)
+
+
 def matmul(a: np.ndarray, packed: np.ndarray, n: int, gates: int = 1, out: np.ndarray | None = None,
            accumulate: bool = False) -> np.ndarray:
     """``a @ b`` for ``packed = pack_b(b, gates)`` and ``b``'s column count ``n``; into ``out`` if given

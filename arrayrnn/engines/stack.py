@@ -209,9 +209,11 @@ class StackEngine(Engine):
     def check(self, call: Call) -> str | None:
         return None
 
-    def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None) -> Array:
+    def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None,
+                      batch_sizes: np.ndarray | None = None) -> Array:
         """The hoisted input projection of one layer-direction (:func:`input_projection`, into ``out`` if
-        given; an engine may run it on its own GEMM)."""
+        given; an engine may run it on its own GEMM). With ``batch_sizes``, entries of inactive rows
+        (``b >= batch_sizes[t]``) are never read by the kernels, so an engine may leave them unwritten."""
         return input_projection(x, w, out=out)
 
     def matmul(self, a: Array, b: Array) -> Array:
@@ -288,7 +290,8 @@ class StackEngine(Engine):
         """One layer-direction's forward: the hoisted input projection, then the kernel's time loop."""
         k = run.index(layer, direction)
         w = run.weights(layer, direction)
-        return self.kernel.forward(run.params.spec, w, self.project_input(layer_input, w), run.batch_sizes,
+        xw = self.project_input(layer_input, w, batch_sizes=run.batch_sizes)
+        return self.kernel.forward(run.params.spec, w, xw, run.batch_sizes,
                                    run.h0[k], run.c0[k] if run.c0 is not None else None, direction == 1,
                                    run.keep)
 
