@@ -2,13 +2,15 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_steps.py --write
 
-For one-layer shapes of ``shared/BENCH_SHAPES.md`` (S1, S3 by default), LSTM and GRU, float32, each part
+For one-layer shapes of ``shared/BENCH_SHAPES.md`` (S1, S3 by default; S5 with its variable lengths; a
+layer-direction of a stack, ``S4-layer1``), LSTM and GRU, float32, each part
 is timed on its own with the buffers and shapes the engine uses, median of ``--repeats`` back-to-back
 calls after one untimed call (steady state; ``--gap`` adds a pause before each, as ``bench_rnn.py`` does
 between peers, which this profile of one engine does not need):
 
 - ``total``: ``ar.rnn_forward`` (inference) or ``rnn_forward(training=True)`` + ``rnn_backward``;
-- ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the engine's ``project_input``);
+- ``input GEMM``: the hoisted ``x @ W_ih.T + b`` over all steps (the engine's ``project_input``; with
+  variable lengths, on each step's active rows where the engine does so);
 - ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
 - ``recurrent GEMM``: the same per-step products as the kernel (same shapes, same packed weights and
   entry point, :func:`arrayrnn.engines.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
@@ -18,7 +20,9 @@ between peers, which this profile of one engine does not need):
 - ``rest`` = ``total`` - the parts above: the frontend (checks, the private copies of ``x`` and of the
   weights, zero initial states), the driver's ``previous_states`` and concatenations, Python overhead.
 
-Parts are measured apart, so they need not add up exactly; ``rest`` absorbs the difference. Each part
+A stack (``--shapes S1,S4-layer1,S4``) is timed whole, against the sum of its layer-directions' one-layer
+calls (which must be in ``--shapes``). Parts are measured apart, so they need not add up exactly; ``rest``
+absorbs the difference. Each part
 runs with the threads the engine gives a call of its batch
 (:func:`arrayrnn.engines.loop_threads.engine_threads`: with 2 threads the time loops and per-step
 products split the rows, BLAS is held to one thread and the hoisted products split their rows too).
@@ -48,14 +52,20 @@ from arrayrnn.engines.stack import _weight_grads, direction_weights, input_proje
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 START, END = "<!-- step-profile:start -->", "<!-- step-profile:end -->"
-SHAPES = {"S1": (100, 64, 256, 256), "S2-layer": (50, 16, 128, 512), "S3": (200, 1, 64, 128)}
+SHAPES = {  # name: (T, B, I, H, variable lengths); "S4-layer1": S4's second layer (input 2H), per direction
+    "S1": (100, 64, 256, 256, False), "S2-layer": (50, 16, 128, 512, False), "S3": (200, 1, 64, 128, False),
+    "S4-layer1": (100, 64, 512, 256, False), "S5": (100, 64, 256, 256, True)}
+STACKS = {"S4": ((100, 64, 256, 256), 2, True)}  # name: ((T, B, I, H), layers, bidirectional)
 
 
 @simd_jit(cache=True, nogil=True)
-def _gemm_steps(a, packed, gates, c, accumulate, scratch):
-    """``c[t] (+)= a[t] @ b`` for every ``t``: the kernel's per-step products without gate math."""
+def _gemm_steps(a, packed, gates, c, accumulate, batch_sizes, first_row, scratch):
+    """``c[t] (+)= a[t] @ b`` for every ``t``: the kernel's per-step products without gate math, on the rows
+    of ``[first_row, first_row + a.shape[1])`` active at ``t`` (``batch_sizes[t]``, as the kernels do)."""
     for t in range(c.shape[0]):
-        packed_gemm.gemm(a[t], packed, gates, c[t], accumulate, scratch)
+        n = min(max(batch_sizes[t] - first_row, 0), a.shape[1])
+        if n > 0:
+            packed_gemm.gemm(a[t, :n], packed, gates, c[t, :n], accumulate, scratch)
 
 
 def _median_time(fn, repeats: int, gap: float) -> float:
@@ -72,14 +82,19 @@ def _median_time(fn, repeats: int, gap: float) -> float:
 class Parts:
     """Timed closures for one shape and mode, on the engine's own buffers."""
 
-    def __init__(self, mode: str, T: int, B: int, I: int, H: int):
+    def __init__(self, mode: str, T: int, B: int, I: int, H: int, variable_lengths: bool = False):
         rng = np.random.default_rng(0)
         self.spec = ar.RNNSpec(mode=mode, input_size=I, hidden_size=H, dtype="float32")
         self.params = ar.PackedParams.init(self.spec, seed=0)
         self.x = rng.standard_normal((T, B, I)).astype(np.float32)
         self.dy = np.ones((T, B, H), np.float32)
         self.w = direction_weights(self.params, 0, 0)
-        self.bs = np.full(T, B, np.int64)
+        # S5: lengths uniform in 1..T, unsorted (the engine sorts rows by length: batch_sizes[t] rows run)
+        self.lengths = rng.integers(1, T + 1, B) if variable_lengths else None
+        self.bs = (np.full(T, B, np.int64) if self.lengths is None
+                   else (self.lengths[None, :] > np.arange(T)[:, None]).sum(axis=1).astype(np.int64))
+        if self.lengths is not None:
+            self.dy *= (np.arange(T)[:, None] < self.lengths[None, :])[..., None]
         self.h0 = np.zeros((B, H), np.float32)
         self.c0 = np.zeros((B, H), np.float32) if mode == "lstm" else None
         self.kernel = numba_engine.NumbaKernel()
@@ -95,14 +110,14 @@ class Parts:
                          np.zeros((T, B, H), np.float32))
 
     def forward_total(self):
-        return ar.rnn_forward(self.params, self.x, engine="numba")
+        return ar.rnn_forward(self.params, self.x, self.lengths, engine="numba")
 
     def train_total(self):
-        res = ar.rnn_forward(self.params, self.x, training=True, engine="numba")
+        res = ar.rnn_forward(self.params, self.x, self.lengths, training=True, engine="numba")
         return ar.rnn_backward(res, self.dy)
 
     def input_gemm(self):
-        return numba_engine.ENGINE.project_input(self.x, self.w)
+        return numba_engine.ENGINE.project_input(self.x, self.w, batch_sizes=self.bs)
 
     def forward_loop(self, keep: bool):
         return self.kernel.forward(self.spec, self.w, self.xw.copy(), self.bs, self.h0, self.c0, False, keep)
@@ -111,7 +126,8 @@ class Parts:
         """:func:`_gemm_steps` over the engine's row ranges, one per thread, as the time loops split."""
         ranges = loop_threads.row_ranges(self.bs, a.shape[1], loop_threads.thread_count(a.shape[1]))
         loop_threads.in_parallel(lambda r0, r1: _gemm_steps(a[:, r0:r1], packed, gates, c[:, r0:r1],
-                                                           accumulate, packed_gemm.new_scratch(np.float32)),
+                                                           accumulate, self.bs, r0,
+                                                           packed_gemm.new_scratch(np.float32)),
                                 ranges)
 
     def forward_gemms(self):
@@ -169,6 +185,37 @@ def profile(mode: str, shape: str, repeats: int, gap: float) -> dict[str, dict[s
     return {"forward": fwd, "train": train}
 
 
+def stack_totals(mode: str, name: str, repeats: int, gap: float) -> dict[str, float]:
+    """A whole stack call (``STACKS[name]``): forward and training step, ms, median."""
+    (T, B, I, H), layers, bidirectional = STACKS[name]
+    spec = ar.RNNSpec(mode=mode, input_size=I, hidden_size=H, num_layers=layers, bidirectional=bidirectional,
+                      dtype="float32")
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
+    dy = np.ones((T, B, spec.num_directions * H), np.float32)
+
+    def train():
+        return ar.rnn_backward(ar.rnn_forward(params, x, training=True, engine="numba"), dy)
+    def forward():
+        return ar.rnn_forward(params, x, engine="numba")
+    with loop_threads.engine_threads(B):
+        return {phase: _median_time(fn, repeats, gap) * 1e3 for phase, fn in (("forward", forward),
+                                                                              ("train", train))}
+
+
+def render_stacks(stacks, results) -> str:
+    """Each stack's whole call against its layer-directions' one-layer calls, each timed alone."""
+    out = ["S4 = 2 layers x 2 directions: its layer 0 directions have S1's shape, its layer 1 directions "
+           "S4-layer1's. Whole call against the sum of those four one-layer calls (ms):", "",
+           "| stack | mode | phase | whole call | 2 x S1 + 2 x S4-layer1 | whole / sum |",
+           "|---|---|---|---|---|---|"]
+    for (name, mode), totals in stacks.items():
+        for phase, whole in totals.items():
+            parts = sum(2 * results[(layer, mode)][phase]["total"] for layer in ("S1", "S4-layer1"))
+            out.append(f"| {name} | {mode} | {phase} | {whole:.2f} | {parts:.2f} | {whole / parts:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 COLUMNS = ("total", "input GEMM", "recurrent GEMM", "gate math", "hoisted backward GEMMs", "rest")
 
 
@@ -209,15 +256,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
     threadpoolctl.threadpool_limits(args.threads)
-    results = {}
+    results, stacks = {}, {}
     for shape in args.shapes.split(","):
         for mode in args.modes.split(","):
+            if shape in STACKS:
+                stacks[(shape, mode)] = stack_totals(mode, shape, args.repeats, args.gap)
+                print(shape, mode, {k: round(v, 2) for k, v in stacks[(shape, mode)].items()}, flush=True)
+                continue
             results[(shape, mode)] = profile(mode, shape, args.repeats, args.gap)
             rounded = {ph: {k: round(v, 2) for k, v in d.items()} for ph, d in results[(shape, mode)].items()}
             print(shape, mode, rounded, flush=True)
     args_used = argv if argv is not None else sys.argv[1:]
     command = "python " + " ".join(shlex.quote(a) for a in ["bench/profile_steps.py", *args_used])
     section = render(results, command, args.label)
+    if stacks:
+        section += "\n" + render_stacks(stacks, results)
     print(section)
     if args.write:
         write_results(section, args.label)

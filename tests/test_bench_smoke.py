@@ -78,6 +78,18 @@ def test_step_profile_runs_and_renders_its_table(capsys, monkeypatch):
     assert len(row) == 9 and float(row[3]) > 0   # total, then each part with its share
 
 
+def test_step_profile_takes_lengths_and_times_a_stack_against_its_layers(capsys, monkeypatch):
+    profile = _load_bench(monkeypatch, BENCH.with_name("profile_steps.py"))
+    monkeypatch.setattr(profile, "SHAPES", {"S1": (6, 5, 4, 8, False), "S4-layer1": (6, 5, 16, 8, False),
+                                            "S5": (6, 5, 4, 8, True)})
+    monkeypatch.setattr(profile, "STACKS", {"S4": ((6, 5, 4, 8), 2, True)})
+    profile.main(["--shapes", "S1,S4-layer1,S4,S5", "--modes", "lstm", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert float(_table_row(out, "| S5 | lstm | train |")[3]) > 0
+    whole, parts, ratio = (float(v) for v in _table_row(out, "| S4 | lstm | forward |")[3:6])
+    assert whole > 0 and ratio == pytest.approx(whole / parts, abs=0.01)
+
+
 def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
     bench = _load_bench(monkeypatch, BENCH.with_name("bench_step_gemm.py"))
     direct, flipped = bench.measure(8, 16, 4, bench.np.random.default_rng(0))
