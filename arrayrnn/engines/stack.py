@@ -212,8 +212,8 @@ class StackEngine(Engine):
     def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None,
                       batch_sizes: np.ndarray | None = None) -> Array:
         """The hoisted input projection of one layer-direction (:func:`input_projection`, into ``out`` if
-        given; an engine may run it on its own GEMM). With ``batch_sizes``, entries of inactive rows
-        (``b >= batch_sizes[t]``) are never read by the kernels, so an engine may leave them unwritten."""
+        given; an engine may run it on its own GEMM). ``batch_sizes`` lets an engine whose kernels never
+        read inactive rows (``b >= batch_sizes[t]``; the numba engine's) leave those entries unwritten."""
         return input_projection(x, w, out=out)
 
     def matmul(self, a: Array, b: Array) -> Array:
