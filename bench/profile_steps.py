@@ -16,7 +16,9 @@ between peers, which this profile of one engine does not need):
   entry point, :func:`arrayrnn.engines.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
   calls in one compiled loop), without any gate math;
 - ``gate math`` = ``time loop`` - ``recurrent GEMM`` (everything the kernel does between its GEMMs);
-- ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop;
+- ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop
+  (variable lengths: on the active rows where the engine gathers them; copied here, compacted in place
+  there, so the stacks can be reused between repeats);
 - ``rest`` = ``total`` - the parts above: the frontend (checks, the private copies of ``x`` and of the
   weights, zero initial states), the driver's ``previous_states`` and concatenations, Python overhead.
 
@@ -48,7 +50,13 @@ import results_md  # noqa: E402
 import arrayrnn as ar  # noqa: E402
 from arrayrnn.engines import loop_threads, numba_engine, packed_gemm  # noqa: E402
 from arrayrnn.engines.simd_ir import simd_jit  # noqa: E402
-from arrayrnn.engines.stack import _weight_grads, direction_weights, input_projection  # noqa: E402
+from arrayrnn.engines.stack import (  # noqa: E402
+    ActiveRows,
+    _input_grad,
+    _weight_grads,
+    direction_weights,
+    input_projection,
+)
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 START, END = "<!-- step-profile:start -->", "<!-- step-profile:end -->"
@@ -157,9 +165,9 @@ class Parts:
         grads = ar.PackedParams.zeros(self.spec)
 
         def run():
-            matmul = numba_engine.ENGINE.matmul
-            _weight_grads(matmul, self.spec, grads, 0, 0, self.w, g, fwd, self.x, h_prev)
-            return matmul(g.dpre_in.reshape(-1, g.dpre_in.shape[-1]), self.w.W_ih)
+            matmul, rows = numba_engine.ENGINE.matmul, ActiveRows(np, self.bs, self.x.shape[1])
+            _weight_grads(matmul, self.spec, grads, 0, 0, self.w, g, fwd, self.x, h_prev, rows=rows)
+            return _input_grad(matmul, rows, g.dpre_in, self.w.W_ih, self.x.shape)
         return run
 
 

@@ -126,6 +126,65 @@ def test_inactive_rows_of_the_input_projection_are_never_read(config, monkeypatc
             np.testing.assert_allclose(ours[name], expected, rtol=1e-12, atol=1e-13, err_msg=name)
 
 
+GATHER_CASES = {
+    "lstm-proj-peep-dropout": dict(mode="lstm", proj_size=3, peepholes=True, recurrent_dropout=0.3,
+                                   weight_dropout=0.2, num_layers=2, bidirectional=True),
+    "gru-reset-before-zoneout": dict(mode="gru", reset_after=False, zoneout=0.2),
+    "gru": dict(mode="gru", bidirectional=True),
+    "rnn_relu": dict(mode="rnn_relu", bias="single_rec"),
+}
+
+
+@pytest.mark.parametrize("engine", ["numba", "reference"])
+@pytest.mark.parametrize("case", sorted(GATHER_CASES))
+def test_backward_products_on_the_active_rows_equal_those_on_every_row(case, engine, monkeypatch):
+    """The hoisted backward products gather the active (step, row) entries when at most
+    ACTIVE_ROWS_MAX_FILL of them are active; gradients equal those of the products over every row."""
+    from arrayrnn.engines import stack
+
+    spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **GATHER_CASES[case])
+    rng = np.random.default_rng(1)
+    T, B = 9, 11
+    x = rng.standard_normal((T, B, 5))
+    lengths = np.array([9, 0, 3, 1, 9, 2, 5, 0, 4, 7, 1])  # 41 of 99 entries active
+    dy = rng.standard_normal((T, B, spec.num_directions * spec.output_size))
+    params = ar.PackedParams.init(spec, seed=0)
+    grads, gathered_stacks, call = {}, [], stack.ActiveRows.__call__
+
+    def spy(self, a):
+        gathered_stacks.append(self.index is not None)
+        return call(self, a)
+
+    monkeypatch.setattr(stack.ActiveRows, "__call__", spy)
+    for fill in (1.0, 0.0):
+        monkeypatch.setattr(stack, "ACTIVE_ROWS_MAX_FILL", fill)
+        res = ar.rnn_forward(params, x, lengths, training=True, seed=4, engine=engine)
+        grads[fill] = ar.rnn_backward(res, dy)
+        assert set(gathered_stacks) == {fill == 1.0}
+        gathered_stacks.clear()
+    gathered, every_row = grads[1.0], grads[0.0]
+    for got, want in ((gathered.dx, every_row.dx), (gathered.dh0, every_row.dh0),
+                      (gathered.dparams.data, every_row.dparams.data)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+def test_active_rows_gather_where_most_entries_are_padding():
+    from arrayrnn.engines.stack import ActiveRows, _compact
+
+    rows = ActiveRows(np, np.array([3, 1, 0]), 3)  # 4 of 9 active
+    stack = np.arange(9.0).reshape(3, 3, 1)
+    np.testing.assert_array_equal(rows(stack)[:, 0], [0, 1, 2, 3])
+    assert rows(stack) is rows(stack)  # gathered once
+    np.testing.assert_array_equal(rows.to_stack(rows(stack), stack.shape), np.where(stack < 4, stack, 0))
+    assert ActiveRows(np, np.array([3, 3, 2]), 3).index is None  # 8 of 9 active: every row
+    owned = np.arange(9.0).reshape(3, 3, 1)
+    compacted = ActiveRows(np, np.array([3, 1, 0]), 3, owned=(owned,))(owned)
+    assert np.shares_memory(compacted, owned) and compacted[:, 0].tolist() == [0, 1, 2, 3]
+    flat = np.arange(20.0)[:, None]  # several blocks: rows move forward, none overwritten before it is read
+    index = np.array([0, 2, 3, 7, 8, 9, 15, 19])
+    assert _compact(flat, index, block=3)[:, 0].tolist() == index.tolist()
+
+
 def test_active_rows_projection_writes_only_active_rows():
     """From ACTIVE_PROJECTION_MIN_ROWS active rows a step on average, and at most ACTIVE_PROJECTION_MAX_FILL
     of the entries active, only the active rows are written; otherwise (few rows, no padding) all are."""

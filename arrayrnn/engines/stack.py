@@ -199,6 +199,57 @@ def _rows(a: Array) -> Array:
     return a.reshape(-1, a.shape[-1])
 
 
+# the hoisted backward products gather the active (step, row) entries first when at most this fraction of
+# them is active (NumPy only: not measured on a GPU). S5 (about half active): training step 0.81-0.83x;
+# forced at 0.69-0.75 active 0.94-0.97x, at 0.81 1.02-1.07x (bench/RESULTS.md)
+ACTIVE_ROWS_MAX_FILL = 0.75
+
+
+class ActiveRows:
+    """``(T, B, F)`` stacks as the ``(rows, F)`` operands of the hoisted backward products: every entry, or,
+    when most are padding, only the active ones (``b < batch_sizes[t]``), each stack gathered once. Padding
+    entries of the stacks are zero, so both give the same products; the gathered ones skip the zeros.
+    Stacks in ``owned`` (the backward's own temporaries) are compacted in place, the rest copied."""
+
+    def __init__(self, xp: ModuleType, batch_sizes: np.ndarray, rows: int, owned: tuple[Array, ...] = ()):
+        T = len(batch_sizes)
+        active = np.arange(rows)[None, :] < np.asarray(batch_sizes)[:, None]
+        gather = xp is np and int(active.sum()) <= ACTIVE_ROWS_MAX_FILL * T * rows
+        self.index = np.flatnonzero(active) if gather else None
+        self._owned = {id(a) for a in owned if a is not None}
+        self._gathered: dict[int, tuple[Array, Array]] = {}
+
+    def __call__(self, a: Array) -> Array:
+        if self.index is None:
+            return _rows(a)
+        key = id(a)
+        if key not in self._gathered:  # the stack is kept with its rows: its id stays its own
+            flat = _rows(a)
+            self._gathered[key] = (a, _compact(flat, self.index) if key in self._owned else flat[self.index])
+        return self._gathered[key][1]
+
+    def retain(self, a: Array) -> None:
+        """Let go of every gathered stack but ``a``'s."""
+        self._gathered = {k: v for k, v in self._gathered.items() if k == id(a)}
+
+    def to_stack(self, product: Array, shape: tuple[int, ...]) -> Array:
+        """The ``(rows, F)`` result of a product as a ``shape`` stack, zero at the entries not gathered."""
+        if self.index is None:
+            return product.reshape(shape)
+        out = np.zeros((int(np.prod(shape[:-1])), shape[-1]), product.dtype)
+        out[self.index] = product
+        return out.reshape(shape)
+
+
+def _compact(flat: np.ndarray, index: np.ndarray, block: int = 512) -> np.ndarray:
+    """``flat[index]`` moved to the front of ``flat`` itself, a block of rows at a time (``index`` is
+    increasing with ``index[k] >= k``, so no row is overwritten before it is read); returns that front."""
+    for k0 in range(0, len(index), block):
+        part = index[k0:k0 + block]
+        flat[k0:k0 + len(part)] = flat[part]
+    return flat[:len(index)]
+
+
 class StackEngine(Engine):
     """An engine made of the shared driver and a direction kernel (reference, numba, cupy)."""
 
@@ -366,10 +417,12 @@ class StackEngine(Engine):
         back.dh0[k] = g.dh0
         if back.dc0 is not None:
             back.dc0[k] = g.dc0
+        rows = ActiveRows(xp, bs, layer_input.shape[1], (g.dpre_in, g.dpre_rec, g.dn_rec, g.d_h, h_prev))
         _weight_grads(self.matmul, spec, back.grads, layer, direction, w, g, fwd, layer_input, h_prev, c_prev,
-                      cache.cell_masks)
+                      cache.cell_masks, rows)
+        rows.retain(g.dpre_in)
         del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
-        return _rows_product(self.matmul, g.dpre_in, w.W_ih, layer_input.shape)
+        return _input_grad(self.matmul, rows, g.dpre_in, w.W_ih, layer_input.shape)
 
     @staticmethod
     def _layer_input(xp: ModuleType, cache: StackCache, layer: int) -> Array:
@@ -379,9 +432,10 @@ class StackEngine(Engine):
         return below * cache.masks[layer - 1] if cache.masks is not None else below
 
 
-def _rows_product(matmul: MatMul, dpre_in: Array, W_ih: Array, shape: tuple[int, ...]) -> Array:
-    """``dpre_in @ W_ih`` over all rows, as ``shape`` (a direction's ``dx``)."""
-    return matmul(_rows(dpre_in), W_ih).reshape(shape)
+def _input_grad(matmul: MatMul, rows: ActiveRows, dpre_in: Array, W_ih: Array,
+                shape: tuple[int, ...]) -> Array:
+    """``dpre_in @ W_ih`` as ``shape`` (a direction's ``dx``)."""
+    return rows.to_stack(matmul(rows(dpre_in), W_ih), shape)
 
 
 def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[DirectionForward, ...]) -> Array:
@@ -390,42 +444,44 @@ def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[Direction
 
 def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int, direction: int,
                   w: DirectionWeights, g: DirectionGrads, fwd: DirectionForward, layer_input: Array,
-                  h_prev: Array, c_prev: Array | None = None, cell_masks: CellMasks | None = None) -> None:
+                  h_prev: Array, c_prev: Array | None = None, cell_masks: CellMasks | None = None,
+                  rows: Callable[[Array], Array] = _rows) -> None:
     """The hoisted weight-gradient GEMMs and bias reductions of one layer-direction (with the cell
     variants: ``W_hh`` multiplies the recurrent-dropout-masked ``h_prev`` and its gradient goes through
-    the DropConnect mask; the peephole weights' gradient is one reduction per gate)."""
+    the DropConnect mask; the peephole weights' gradient is one reduction per gate). ``rows`` turns each
+    ``(T, B, F)`` stack into the products' rows (:class:`ActiveRows`)."""
     def put(name: str, value: Array) -> None:
         grads.view(layer, direction, name)[...] = value
 
-    dpre_in = _rows(g.dpre_in)
-    put("W_ih", matmul(dpre_in.T, _rows(layer_input)))
-    if w.b_ih is not None:
-        put("b_ih", dpre_in.sum(axis=0))
-    if w.h_mask is not None:
-        h_prev = h_prev * w.h_mask
-    db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None else None
-    _recurrent_grads(matmul, spec, grads.view(layer, direction, "W_hh"), db_hh, g, fwd, _rows(h_prev))
-    if cell_masks is not None and cell_masks.weight is not None:
-        k = layer * spec.num_directions + direction
-        grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
-    if w.W_hr is not None:
-        m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
-        put("W_hr", matmul(_rows(g.d_h).T, _rows(m)))
-    if w.P is not None:
+    if w.P is not None:  # first: it reads the stacks whole, which ``rows`` may compact
         c_new = fwd.cache.c_cand if fwd.cache.c_cand is not None else fwd.cache.c
         dP = grads.view(layer, direction, "P")
         dP[0] = (gate(spec, g.dpre_in, "i") * c_prev).sum(axis=(0, 1))
         dP[1] = (gate(spec, g.dpre_in, "f") * c_prev).sum(axis=(0, 1))
         dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
+    dpre_in = rows(g.dpre_in)
+    put("W_ih", matmul(dpre_in.T, rows(layer_input)))
+    if w.b_ih is not None:
+        put("b_ih", dpre_in.sum(axis=0))
+    if w.h_mask is not None:
+        h_prev = h_prev * w.h_mask
+    db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None else None
+    _recurrent_grads(matmul, spec, grads.view(layer, direction, "W_hh"), db_hh, g, fwd, rows(h_prev), rows)
+    if cell_masks is not None and cell_masks.weight is not None:
+        k = layer * spec.num_directions + direction
+        grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
+    if w.W_hr is not None:
+        m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
+        put("W_hr", matmul(rows(g.d_h).T, rows(m)))
 
 
 def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array | None, g: DirectionGrads,
-                     fwd: DirectionForward, h_prev: Array) -> None:
+                     fwd: DirectionForward, h_prev: Array, rows: Callable[[Array], Array] = _rows) -> None:
     """``dW_hh`` and ``db_hh`` (``None``: no ``b_hh``) from the gradient of ``W_hh h_prev + b_hh``, with
-    ``h_prev`` as rows."""
-    dpre_in, dpre_rec = _rows(g.dpre_in), _rows(g.dpre_rec)
+    ``h_prev`` as rows (of ``rows``)."""
+    dpre_in, dpre_rec = rows(g.dpre_in), rows(g.dpre_rec)
     if g.dn_rec is not None:  # reset-after GRU: the n part apart, the r and z parts are dpre_in's
-        rz, n, dn_rec = gate_slice(spec, "r", "z"), gate_slice(spec, "n"), _rows(g.dn_rec)
+        rz, n, dn_rec = gate_slice(spec, "r", "z"), gate_slice(spec, "n"), rows(g.dn_rec)
         dW_hh[rz] = matmul(gate(spec, dpre_in, "r", "z").T, h_prev)
         dW_hh[n] = matmul(dn_rec.T, h_prev)
         if db_hh is not None:
@@ -437,7 +493,7 @@ def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array |
     if spec.mode == "gru" and not spec.reset_after:
         # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
         dW_hh[gate_slice(spec, "r", "z")] = matmul(gate(spec, dpre_rec, "r", "z").T, h_prev)
-        r_h = gate(spec, _rows(fwd.cache.gates), "r") * h_prev
+        r_h = gate(spec, rows(fwd.cache.gates), "r") * h_prev
         dW_hh[gate_slice(spec, "n")] = matmul(gate(spec, dpre_rec, "n").T, r_h)
     else:
         dW_hh[...] = matmul(dpre_rec.T, h_prev)
