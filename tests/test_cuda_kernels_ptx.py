@@ -34,7 +34,7 @@ def _example_args(name: str, dtype: type) -> tuple:
         "gru_forward_step": (t, n, one, a3, a2, a1, a2, a3, flag, a3),
         "gru_rz_step": (t, n, one, a3, a2, a2, a2),
         "gru_n_step": (t, n, a3, a2, a2, a3),
-        "gru_backward_step": (t, n, one, flag, a3, a3, a3, a3, a2, a2, a3, a3, a2, a2),
+        "gru_backward_step": (t, n, one, flag, a3, a3, a3, a3, a2, a2, a3, a3, a2, a2, a2),
         "gru_r_backward_step": (t, n, one, a3, a3, a2, a3, a2, a2),
         "lstm_peephole_forward_step": (t, n, one, a3, a2, a2, a2, a2, a3, a2, flag, flag, a3, a3, one, one),
         "lstm_peephole_backward_step": (t, n, one, a3, a3, a3, a3, a2, a3, a2, a2, flag, a2, a3, flag, one,

@@ -202,3 +202,21 @@ def test_launches_do_not_warn_about_low_occupancy() -> None:
     before = numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 1
     Device(np).launch(Kernel(), 12, "arg")
     assert seen == [0, ("arg",)] and numba.config.CUDA_LOW_OCCUPANCY_WARNINGS == before
+
+
+def test_reset_after_gru_backward_keeps_only_the_n_part_of_the_recurrent_gradient() -> None:
+    """Memory: the reset-after GRU's recurrent gradient differs from dpre_in in its n part only, so the
+    kernel returns that part, (T, B, H), and no second (T, B, 3H) stack (the numba engine does the same)."""
+    from arrayrnn.engines.stack import direction_weights, previous_states
+
+    spec = spec_of("gru")
+    params = PackedParams.init(spec, seed=0, xp=np)
+    w, kernel, T, B, H = direction_weights(params, 0, 0), GpuKernel(), 4, 3, spec.hidden_size
+    bs = np.array([3, 3, 2, 1])
+    xw = np.random.default_rng(0).standard_normal((T, B, 3 * H))
+    fwd = kernel.forward(spec, w, xw, bs, np.zeros((B, H)), None, False, True)
+    h_prev = previous_states(np, fwd.y, np.zeros((B, H)), bs, False)
+    g = kernel.backward(spec, w, fwd, h_prev, None, np.ones((T, B, H)), np.zeros((B, H)), None, bs, False)
+    assert g.dpre_rec is g.dpre_in and g.dn_rec.shape == (T, B, H)
+    inactive = np.arange(B)[None, :] >= bs[:, None]
+    assert g.dn_rec[~inactive].any() and not g.dn_rec[inactive].any()

@@ -258,11 +258,13 @@ def gru_n_step(t, n, xw, hn, h, y):
 
 
 @cuda.jit(cache=True)
-def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm, dh_carry, dpre_in, dpre_rec,
-                      dn_buf, drz):
+def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm, dh_carry, dpre_in, dn_rec,
+                      rec, dn_buf, drz):
     """The total ``dh = dy[t] + dh_gemm + dh_carry``; writes ``dpre_in[t]`` (z, n; r too when reset-after),
-    ``dh_carry = dh * z``; reset-after: ``dpre_rec[t]`` for the GEMM ``dh_gemm = dpre_rec[t] @ W_hh``;
-    reset-before: ``dn_buf`` and the z part of ``drz`` for the two GEMMs that follow."""
+    ``dh_carry = dh * z``; reset-after: the step's recurrent gradient ``rec (B,3H)`` for the GEMM
+    ``dh_gemm = rec @ W_hh`` (its r, z parts are ``dpre_in``'s) and its n part ``dn_rec[t]`` (the one part
+    the weight gradient needs apart); reset-before: ``dn_buf`` and the z part of ``drz`` for the two GEMMs
+    that follow."""
     H = dh_carry.shape[1]
     b, j = _element(n, H)
     if b < 0:
@@ -276,9 +278,10 @@ def gru_backward_step(t, n, one, reset_after, gates, hn_all, h_prev, dy, dh_gemm
     if reset_after:
         dr = gm.sigmoid_grad(one, r, dn * hn_all[t, b, j])
         dpre_in[t, b, R] = dr
-        dpre_rec[t, b, R] = dr
-        dpre_rec[t, b, Z] = dz
-        dpre_rec[t, b, N] = dn * r
+        rec[b, R] = dr
+        rec[b, Z] = dz
+        rec[b, N] = dn * r
+        dn_rec[t, b, j] = dn * r
     else:
         dn_buf[b, j] = dn
         drz[b, Z - GRU_RZ_FIRST * H] = dz

@@ -346,12 +346,16 @@ class GpuKernel:
         reset_after = spec.reset_after
         dh_gemm, dh_carry = dh_n.astype(dt, copy=True), xp.zeros((B, H), dt)
         dpre_in = xp.zeros((T, B, spec.gate_size), dt)
-        dpre_rec = xp.zeros_like(dpre_in) if reset_after else None
+        # reset-after: the recurrent gradient differs from dpre_in in its n part only; that part is kept
+        # (T, B, H), the whole of it only for the step's GEMM (B, 3H)
+        dn_rec = xp.zeros((T, B, H), dt) if reset_after else None
+        rec = xp.empty((B, spec.gate_size), dt) if reset_after else None
         dn_buf, drz, drh = xp.empty((B, H), dt), xp.empty((B, 2 * H), dt), xp.empty((B, H), dt)
         cache = fwd.cache
         k_gates, k_h_prev = dev.wrap(_contiguous(xp, cache.gates)), dev.wrap(_contiguous(xp, h_prev))
         k_hn_all = dev.wrap(_contiguous(xp, cache.hn)) if reset_after else dev.dummy(dt, 3)
-        k_dpre_rec = dev.wrap(dpre_rec) if reset_after else dev.dummy(dt, 3)
+        k_dn_rec = dev.wrap(dn_rec) if reset_after else dev.dummy(dt, 3)
+        k_rec = dev.wrap(rec) if reset_after else dev.dummy(dt, 2)
         k_dh_gemm, k_dh_carry, k_dpre_in, k_dn, k_drz, k_drh = (
             dev.wrap(a) for a in (dh_gemm, dh_carry, dpre_in, dn_buf, drz, drh))
         W_hh = _contiguous(xp, w.W_hh)
@@ -367,9 +371,9 @@ class GpuKernel:
                 dh_carry[:n] = 0
             k_dy = split.before(t, n, k_dh_gemm, H)
             dev.launch(ck.gru_backward_step, n * H, t, n, one, reset_after, k_gates, k_hn_all, k_h_prev, k_dy,
-                       k_dh_gemm, k_dh_carry, k_dpre_in, k_dpre_rec, k_dn, k_drz)
+                       k_dh_gemm, k_dh_carry, k_dpre_in, k_dn_rec, k_rec, k_dn, k_drz)
             if reset_after:
-                xp.matmul(dpre_rec[t, :n], W_hh, out=dh_gemm[:n])
+                xp.matmul(rec[:n], W_hh, out=dh_gemm[:n])
             else:
                 xp.matmul(dn_buf[:n], W_n, out=drh[:n])
                 v.mask_gradient(drh, n)  # r * (h * mask): drh * mask is r*h's gradient w.r.t. r and h
@@ -378,7 +382,7 @@ class GpuKernel:
                 xp.matmul(drz[:n], W_rz, out=dh_gemm[:n])
             v.mask_gradient(dh_gemm, n)
             split.after(dh_carry, n)
-        return DirectionGrads(dpre_in, dpre_rec if reset_after else dpre_in, None, dh_gemm + dh_carry, None)
+        return DirectionGrads(dpre_in, dpre_in, None, dh_gemm + dh_carry, None, dn_rec)
 
 
 class _ZoneoutSplit:
