@@ -10,11 +10,13 @@ each configuration the sides run in rounds (forward: ours, PyTorch, ONNX Runtime
 PyTorch, as ORT has no training), the order rotated every round so that each side goes first in turn,
 and each reported ratio is the median of the per-round ratios: ours/PyTorch, ours/ORT and ours/faster
 peer (ours over the smaller of the peers' times in the same round). Before every timed call the
-process sleeps ``--gap`` seconds and then makes one untimed call of the same side: OpenBLAS's idle
+process sleeps ``--gap`` seconds and then makes untimed calls of the same side for at least ``WARM_S``
+(0.1 s; one at least): OpenBLAS's idle
 workers spin for about 0.1 s after a call and OpenMP's for a while too, and without the pause each
 side's spinning threads slow the other side's next call (measured: PyTorch's S1 LSTM forward 16 ms
-alone, 32 ms right after one of ours); the untimed call then wakes the side's own threads, so the timed
-call is a warm, steady-state call. All sides use the same weights (``ar.from_torch``; ORT through
+alone, 32 ms right after one of ours); the untimed calls then wake the side's own threads and this VM's
+idle vCPUs (one untimed call was too few for calls of 10-20 ms: see ``rotated_times``), so the timed call
+is a warm, steady-state call. All sides use the same weights (``ar.from_torch``; ORT through
 ``bench/onnx_peer.py``, exact gate reordering) and the outputs are compared once per configuration
 (``max|dy|``). ORT runs on pre-bound inputs and outputs (IOBinding). Without onnxruntime (the ``bench``
 extra) the ORT columns say n/a and the faster peer is PyTorch.
@@ -186,12 +188,19 @@ class Case:
         return float(np.abs(ours - torch_y).max()), ort_diff
 
 
+WARM_S = 0.1  # untimed calls of a side for at least this long after each pause, before its timed call
+
+
 def rotated_times(sides: list, rounds: int, gap: float, warmup: int = 2) -> list[list[float]]:
     """Per side, ``rounds`` timings; round ``i`` runs the sides starting at side ``i mod n`` (rotated, so
-    each goes first in turn; two sides alternate). Each timed call follows a pause and one untimed call.
+    each goes first in turn; two sides alternate). Each timed call follows a pause and untimed calls of
+    the same side for at least :data:`WARM_S` (one at least).
 
-    The pause lets the other sides' idle threads fall asleep; the untimed call wakes this side's own
-    threads and caches, so the timed call is a warm steady-state call, as in a training loop.
+    The pause lets the other sides' idle threads fall asleep; the untimed calls wake this side's own
+    threads and caches, and this VM's idle vCPUs: after a 0.2 s pause the next ~50 ms of calls run slow
+    (measured on our side: an S5 GRU forward 27.7 ms after one untimed call, 18.7 after 60 ms of them, 17.5
+    after 150 ms; B = 16, H = 512 GRU 16.4 / 10.2 / 10.0), so one untimed call did not make a short call's
+    timing a warm steady-state one, as in a training loop.
     """
     for _ in range(warmup):
         for fn in sides:
@@ -201,7 +210,10 @@ def rotated_times(sides: list, rounds: int, gap: float, warmup: int = 2) -> list
         for k in range(len(sides)):
             j = (i + k) % len(sides)
             time.sleep(gap)
+            warm_from = time.perf_counter()
             sides[j]()
+            while time.perf_counter() - warm_from < WARM_S:
+                sides[j]()
             t0 = time.perf_counter()
             sides[j]()
             times[j].append(time.perf_counter() - t0)
@@ -484,7 +496,8 @@ def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, g
     out.append(f"Command: `{command}` (environment variables below)")
     out.append("")
     out.append(f"float32, time-major; {pairs} rounds per row, the sides' order rotated every round; "
-               f"before each timed call a {gap} s pause and one untimed call of the same side; "
+               f"before each timed call a {gap} s pause and untimed calls of the same side for at least "
+               f"{WARM_S} s; "
                "ms = medians, ratios = medians of per-round ratios (< 1: we are faster); vs faster = ours / "
                "the faster peer of the same round (forward: PyTorch or ONNX Runtime; train: PyTorch, ORT "
                "has no training), the ratio the target applies to (issue 15: forward <= 0.9, train <= 0.8, "
