@@ -33,6 +33,7 @@ from .enums import (
     WgradMode,
 )
 from .errors import CudnnError, CudnnLibraryError
+from .prepared import PreparedCall, prepare_backward_data, prepare_backward_weights, prepare_forward
 from .raw import check
 from .rnn import (
     WeightParams,
@@ -55,6 +56,7 @@ __all__ = [
     "RNNDataLayout", "RNNInputMode", "RNNMode", "Status", "WgradMode",
     "WeightParams", "WeightRegion", "weight_space_size", "temp_space_sizes", "weight_params", "forward",
     "backward_data", "backward_weights", "build_rnn_dynamic",
+    "PreparedCall", "prepare_forward", "prepare_backward_data", "prepare_backward_weights",
 ]
 
 

@@ -16,9 +16,20 @@ import numpy as np
 import pytest
 from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
 
+from arrayrnn.engines import forget_choices
+
 ENGINES = cpu_engines()
 ENGINE_CASES = (*(EngineOnDevice(name, np) for name in ENGINES), *gpu_cases(), *dry_run_cases())
 engine = engine_fixture(list(ENGINE_CASES))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engine_choices():
+    """select_engine remembers its answer per configuration; tests that switch an engine off (monkeypatching
+    its check, its library) start from a clean slate."""
+    forget_choices()
+    yield
+    forget_choices()
 
 
 @pytest.fixture

@@ -26,8 +26,9 @@ def test_integer_arrays_do_not_take_part_in_the_dtype_check():
 
 def test_mixed_devices_are_a_type_error(monkeypatch):
     gpu_like = np.zeros(2, np.float32)
-    real = backend.device_of
+    real, real_place = backend.device_of, backend._place
     monkeypatch.setattr(backend, "device_of", lambda a: "cuda:0" if a is gpu_like else real(a))
+    monkeypatch.setattr(backend, "_place", lambda a: 0 if a is gpu_like else real_place(a))
     with pytest.raises(TypeError, match=r"x .* on cpu\) and params .* on cuda:0\) are on different devices"):
         get_xp(np.zeros(2, np.float32), gpu_like, names=("x", "params"))
 

@@ -114,6 +114,7 @@ def test_every_call_was_validated_by_cudnn_and_emulated(cp):
     """The dry run is not a no-op: a forward and backward made every cuDNN call, each checked by cuDNN."""
     from support import cudnn_dry_run
 
+    cudnn_dry_run._engine_module().ENGINE.plans.clear()  # the size queries run when a plan is made
     before = dict(cudnn_dry_run.STATS)
     check(cp, GRID[-1])
     for name in ("cudnnRNNForward", "cudnnRNNBackwardData_v8", "cudnnRNNBackwardWeights_v8"):
@@ -146,7 +147,7 @@ def test_a_cudnn_buffer_of_the_wrong_size_is_a_value_error_naming_both_sizes(cp)
 
 def test_auto_does_not_pick_cudnn_where_libcudnn_cannot_load(cp, monkeypatch):
     import cudnn_bindings as cb
-    from arrayrnn.engines import probe_call, select_engine
+    from arrayrnn.engines import forget_choices, probe_call, select_engine
 
     def missing() -> int:
         raise cb.CudnnLibraryError("no libcudnn.so.9 here")
@@ -155,6 +156,7 @@ def test_auto_does_not_pick_cudnn_where_libcudnn_cannot_load(cp, monkeypatch):
     call = probe_call(spec, cp, device=0, seq_len=64)
     assert select_engine("auto", call).name == "cudnn"
     monkeypatch.setattr(cb, "version", missing)
+    forget_choices()  # select_engine remembers its answers for an installation; this test changes it
     assert select_engine("auto", call).name == "cupy"
     with pytest.raises(ar.EngineUnavailableError, match=r"engine = 'cudnn' cannot run this call: libcudnn "
                                                         r"cannot be loaded \(no libcudnn.so.9 here\)"):

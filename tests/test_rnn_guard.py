@@ -68,3 +68,71 @@ def test_reusing_the_input_buffers_does_not_change_the_gradients(engine, trainin
     np.testing.assert_array_equal(got.dparams.data, expected.dparams.data)
     np.testing.assert_array_equal(got.dx, expected.dx)
     np.testing.assert_array_equal(got.dh0, expected.dh0)
+
+
+# -- on a GPU: a fingerprint compared on the device, raised without waiting --------------------------------
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """The stand-in CuPy (the check runs the same code as on a GPU: device slots, an async copy into pinned
+    memory, an event) with the reference engine on it."""
+    from support import fake_cupy
+
+    from arrayrnn.frontend import guard
+
+    monkeypatch.delenv("ARRAYRNN_SYNC_GUARD", raising=False)
+    guard._PENDING.clear()
+    with fake_cupy.installed() as cp:
+        yield cp
+    guard._PENDING.clear()
+
+
+def _device_case(cp, training):
+    params = ar.PackedParams.init(SPEC, seed=0, xp=cp)
+    x = cp.asarray(np.random.default_rng(0).standard_normal((5, 2, 3)))
+    return params, x, ar.rnn_forward(params, x, training=training, engine="reference")
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_on_a_gpu_the_write_is_raised_by_the_next_call_without_waiting(gpu_like, training):
+    from support import fake_cupy
+
+    cp = gpu_like
+    params, x, res = _device_case(cp, training)
+    params.data -= 0.1
+    syncs = fake_cupy.TRANSFERS["sync"]
+    ar.rnn_backward(res, dy=cp.ones_like(res.y))  # queued; the GPU is not waited for
+    assert fake_cupy.TRANSFERS["sync"] == syncs
+    with pytest.raises(ValueError, match="an earlier rnn_backward .*modified in place between rnn_forward "
+                                         "and rnn_backward"):
+        ar.rnn_forward(params, x, engine="reference")
+    ar.rnn_forward(params, x, engine="reference")  # reported once
+
+
+def test_on_a_gpu_synchronize_waits_and_raises(gpu_like):
+    from arrayrnn.frontend import guard
+
+    params, _, res = _device_case(gpu_like, True)
+    params.view(1, 0, "b_hh")[0] += 1e-12
+    ar.rnn_backward(res)
+    with pytest.raises(ValueError, match="modified in place"):
+        guard.synchronize()
+
+
+def test_on_a_gpu_the_sync_guard_variable_raises_in_the_backward(gpu_like, monkeypatch):
+    params, _, res = _device_case(gpu_like, True)
+    params.data[0] += 1.0
+    monkeypatch.setenv("ARRAYRNN_SYNC_GUARD", "1")
+    with pytest.raises(ValueError, match="^params.data was modified in place"):
+        ar.rnn_backward(res)
+
+
+def test_on_a_gpu_an_unchanged_buffer_passes(gpu_like):
+    from arrayrnn.frontend import guard
+
+    cp = gpu_like
+    params, x, res = _device_case(cp, True)
+    params.data[...] = params.data.copy()
+    ar.rnn_backward(res, dy=cp.ones_like(res.y))
+    guard.synchronize()
+    ar.rnn_backward(ar.rnn_forward(params, x, training=True, engine="reference"))
+    guard.synchronize()

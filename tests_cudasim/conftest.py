@@ -47,3 +47,13 @@ engine = _engine()  # the cupy engine on stand-in CuPy arrays, its kernels in th
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engine_choices():
+    """select_engine remembers its answer per configuration; each test starts from a clean slate."""
+    from arrayrnn.engines import forget_choices
+
+    forget_choices()
+    yield
+    forget_choices()

@@ -66,10 +66,27 @@ def get_xp(*arrays: Any, names: tuple[str, ...] | None = None) -> ModuleType:
     arrays among them have different dtypes (never a silent cast). ``names`` labels the arrays in
     the message; by default they are called ``arrays[i]``.
     """
-    labels = names or tuple(f"arrays[{i}]" for i in range(len(arrays)))
-    present = [(label, a) for label, a in zip(labels, arrays, strict=True) if a is not None]
+    present = [a for a in arrays if a is not None]
     if not present:
         return np
+    first = present[0]
+    place = _place(first)
+    dtype = next((a.dtype for a in present if a.dtype.kind == "f"), None)
+    for a in present:
+        if _place(a) != place or (dtype is not None and a.dtype.kind == "f" and a.dtype != dtype):
+            _refuse_mix(arrays, names)
+    return np if place is None else cupy_module()
+
+
+def _place(a: Any) -> int | None:
+    """``None`` for a host array, the CUDA device index of a CuPy array."""
+    return a.device.id if is_cupy_array(a) else None
+
+
+def _refuse_mix(arrays: tuple, names: tuple[str, ...] | None) -> None:
+    """Raise the ``TypeError`` of :func:`get_xp` for arrays on different devices or of different dtypes."""
+    labels = names or tuple(f"arrays[{i}]" for i in range(len(arrays)))
+    present = [(label, a) for label, a in zip(labels, arrays, strict=True) if a is not None]
     first_label, first = present[0]
     first_float = next(((lbl, a) for lbl, a in present if _is_floating(a)), None)
     for label, a in present[1:]:
@@ -79,7 +96,7 @@ def get_xp(*arrays: Any, names: tuple[str, ...] | None = None) -> ModuleType:
         if first_float is not None and _is_floating(a) and a.dtype != first_float[1].dtype:
             raise TypeError(f"{_describe(*first_float)} and {_describe(label, a)} have different dtypes; "
                             "convert them explicitly (e.g. x.astype(params.data.dtype))")
-    return cupy_module() if is_cupy_array(first) else np
+    raise AssertionError("get_xp found a mix that _refuse_mix could not name")  # pragma: no cover
 
 
 def _is_floating(a: Any) -> bool:

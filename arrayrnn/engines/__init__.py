@@ -98,6 +98,7 @@ def register_engine(name: str, engine: str | Engine, *, devices: tuple[str, ...]
     if auto_rank is not None and (isinstance(auto_rank, bool) or not isinstance(auto_rank, int)):
         raise TypeError(f"auto_rank = {auto_rank!r}; expected None or an int")
     REGISTRY[name] = EngineRecord(name, engine, devices, needs, auto_rank)
+    forget_choices()
 
 
 def unregister_engine(name: str) -> None:
@@ -106,6 +107,7 @@ def unregister_engine(name: str) -> None:
     if record is not None and record.builtin:
         raise ValueError(f"name = {name!r} is a built-in engine; only registered engines can be removed")
     REGISTRY.pop(name, None)
+    forget_choices()
 
 
 def load_engine(name: str) -> Engine:
@@ -179,17 +181,37 @@ def select_engine(name: str, call: Call) -> Engine:
     reason; ``"auto"`` with no fitting engine is an ``EngineUnavailableError`` listing every candidate
     with its reason.
     """
+    try:
+        return _CHOICES[name, call]  # a repeated configuration: one dict lookup
+    except (KeyError, TypeError):  # TypeError: an unhashable call, refused below
+        pass
     _check_name(name, allow_auto=True)
     if not isinstance(call, Call):
         raise TypeError(f"call has type {type(call).__name__}; expected an arrayrnn.engines.base.Call "
                         "(e.g. arrayrnn.engines.probe_call(spec, xp))")
     if name == "auto":
-        return _select_auto(replace(call, explicit=False))
-    engine = load_engine(name)
-    reason = engine.check(replace(call, explicit=True))
-    if reason is not None:
-        raise EngineUnavailableError(f"engine = {name!r} cannot run this call: {reason}")
+        engine = _select_auto(replace(call, explicit=False))
+    else:
+        engine = load_engine(name)
+        reason = engine.check(replace(call, explicit=True))
+        if reason is not None:
+            raise EngineUnavailableError(f"engine = {name!r} cannot run this call: {reason}")
+    if len(_CHOICES) >= _MAX_CHOICES:
+        _CHOICES.clear()
+    _CHOICES[name, call] = engine
     return engine
+
+
+# select_engine's answers per (name, call); an engine whose answer may change for the same call (a compile
+# finished, a setting read at check time) calls forget_choices() when it does
+_CHOICES: dict[tuple[str, Call], Engine] = {}
+_MAX_CHOICES = 1024
+
+
+def forget_choices() -> None:
+    """Forget every remembered :func:`select_engine` answer (registrations and engines whose answer changed
+    call this)."""
+    _CHOICES.clear()
 
 
 def _select_auto(call: Call) -> Engine:
@@ -221,5 +243,5 @@ def _check_name(name: object, allow_auto: bool) -> None:
 _params.set_format_lookup(engine_for_format)
 
 __all__ = ["REGISTRY", "Call", "Engine", "EngineRecord", "auto_order", "available_engines",
-           "engine_for_format", "engine_names", "engine_unavailable_reason", "engines_for", "load_engine",
-           "probe_call",           "register_engine", "select_engine", "unregister_engine"]
+           "engine_for_format", "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices",
+           "load_engine", "probe_call", "register_engine", "select_engine", "unregister_engine"]

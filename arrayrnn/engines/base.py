@@ -20,8 +20,8 @@ engine
   contiguous copy in the caller's layout, ``(T, B, I)`` or ``(B, T, I)`` when ``batch_first``;
 - ``lengths``: host ``numpy.int64`` ``(B,)`` in the caller's row order, each in ``0..T``. Rows of length 0
   are never active: their outputs are zero and their final state is their initial state;
-- ``h0`` ``(L*D, B, H_out)`` and, for LSTM, ``c0`` ``(L*D, B, H)``: never ``None`` (zeros by default),
-  caller's row order;
+- ``h0`` ``(L*D, B, H_out)`` and, for LSTM, ``c0`` ``(L*D, B, H)``: zeros by default, caller's row order;
+  ``None`` for zeros only to an engine whose ``zero_states_as_none`` is True (likewise ``dh_n``/``dc_n``);
 - ``masks``: ``None`` or ``L-1`` inter-layer dropout masks ``(T, B, D*H_out)`` (time-major, caller's row
   order, values 0 or ``1/(1-p)``, drawn by :func:`arrayrnn.frontend.dropout.dropout_masks`), ``masks[l-1]``
   multiplies the input of layer ``l``;
@@ -189,6 +189,9 @@ class Engine(ABC):
 
     name: str = ""
     native_format: str = "canonical"
+    # True: ``forward`` takes h0 / c0 of None (zeros) and ``backward`` dh_n / dc_n of None (zeros), so the
+    # frontend allocates no zero states for it (cuDNN reads NULL as zeros); False: they are never None
+    zero_states_as_none: bool = False
 
     @abstractmethod
     def check(self, call: Call) -> str | None:

@@ -20,6 +20,7 @@ holds the GPU checks.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -32,6 +33,7 @@ from ..core.backend import device_id
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from . import cudnn_format as cf
+from . import cudnn_plan
 from .base import Call, Engine, StackForward, StackGrads
 
 try:
@@ -43,19 +45,35 @@ _local = threading.local()
 
 
 def handle(device: int) -> cb.Handle:
-    """This thread's cuDNN handle on ``device``, bound to CuPy's current stream."""
+    """This thread's cuDNN handle on ``device``, bound to CuPy's current stream (``cudnnSetStream`` only
+    when that stream changed since the handle's last call)."""
     handles = _local.__dict__.setdefault("handles", {})
-    if device not in handles:
-        handles[device] = cb.Handle(device)
-    h = handles[device]
-    h.set_stream(cupy.cuda.get_current_stream().ptr)
-    return h
+    entry = handles.get(device)
+    if entry is None:
+        entry = handles[device] = [cb.Handle(device), None]
+    stream = cupy.cuda.get_current_stream().ptr
+    if entry[1] != stream:
+        entry[0].set_stream(stream)
+        entry[1] = stream
+    return entry[0]
 
 
-@lru_cache(maxsize=64)
-def _descriptor(spec: RNNSpec, dtype: str, tf32: bool) -> cb.RNNDescriptor:
-    """The RNN descriptor per (spec, dtype, TF32); host-side, so shared by every device and thread."""
-    return cb.RNNDescriptor(cf.rnn_config(spec, dtype, tf32))
+@lru_cache(maxsize=128)
+def _descriptor(spec: RNNSpec, dtype: str, tf32: bool, algo: cb.RNNAlgo = cb.RNNAlgo.STANDARD
+                ) -> cb.RNNDescriptor:
+    """The RNN descriptor per (spec, dtype, TF32, algorithm); host-side, so shared by every device and
+    thread."""
+    return cb.RNNDescriptor(cf.rnn_config(spec, dtype, tf32, algo))
+
+
+@lru_cache(maxsize=1)
+def _version() -> int:
+    return cb.version()
+
+
+@lru_cache(maxsize=8)
+def _compute_major(device: int) -> int:
+    return int(cupy.cuda.Device(device).compute_capability) // 10
 
 
 @lru_cache(maxsize=32)
@@ -92,68 +110,43 @@ def _layer_maps(spec: RNNSpec, dtype: str, device: int, version: int) -> cf.Laye
         return maps.to(cupy)
 
 
-@dataclass(frozen=True, eq=False)
-class _Data:
-    """Per-call metadata: lengths on the device, x / y / h / c descriptors."""
-
-    dev_lengths: Any
-    x_desc: cb.RNNDataDescriptor
-    y_desc: cb.RNNDataDescriptor
-    h_desc: cb.TensorDescriptor
-    c_desc: cb.TensorDescriptor
+def _ptr(a: Any) -> int:
+    """A device array's address; 0 (NULL) for None."""
+    return 0 if a is None else a.data.ptr
 
 
-def _data(spec: RNNSpec, dtype: str, lengths: np.ndarray, t: int, in_size: int, batch_first: bool,
-          layers: int) -> _Data:
-    dt = cf.DATA_TYPES[dtype]
-    layout = cb.RNNDataLayout.BATCH_MAJOR_UNPACKED if batch_first else cb.RNNDataLayout.SEQ_MAJOR_UNPACKED
-    host = cf.stand_in_lengths(lengths)
-    b, d = len(host), spec.num_directions
-
-    def seq(v: int) -> cb.RNNDataDescriptor:
-        return cb.RNNDataDescriptor(cb.SeqDataConfig(data_type=dt, layout=layout, max_seq_length=t,
-                                                     batch_size=b, vector_size=v, seq_lengths=host,
-                                                     padding_fill=0.0))
-
-    return _Data(cupy.asarray(host), seq(in_size), seq(d * spec.output_size),
-                 cb.TensorDescriptor((layers * d, b, spec.output_size), dt),
-                 cb.TensorDescriptor((layers * d, b, spec.hidden_size), dt))
-
-
-@dataclass(frozen=True, eq=False)
-class _Segment:
-    """Layers ``first .. first + count`` run by one cuDNN call: their descriptor and weight space."""
-
-    first: int
-    count: int
-    desc: cb.RNNDescriptor
-    weights: Any
+def _part(seg: cudnn_plan.Segment, directions: int, whole: bool) -> Callable[[Any], Any]:
+    """The segment's layers of a ``(L*D, B, .)`` state array (None stays None; the whole stack: itself)."""
+    if whole:
+        return lambda a: a
+    rows = slice(seg.first * directions, (seg.first + seg.count) * directions)
+    return lambda a: None if a is None else a[rows]
 
 
 @dataclass(frozen=True, eq=False)
 class _Run:
     """What one segment's forward leaves for its backward."""
 
-    segment: _Segment
-    meta: _Data
+    segment: cudnn_plan.Segment
+    weights: Any
     x: Any
     y: Any
-    hx: Any
+    hx: Any    # None: zeros (NULL to cuDNN)
     cx: Any
     reserve: Any
+    work: Any  # the forward's work space, reused by its backward (a training plan's sizes are the same)
 
 
 @dataclass(eq=False)
 class _Cache:
     params: PackedParams
+    plan: cudnn_plan.Plan     # a training plan
     x: Any
     lengths: np.ndarray
     h0: Any
     c0: Any
     masks: Any
-    batch_first: bool
-    rows: cf.Rows
-    runs: list[_Run] | None  # None after training=False, and once a backward has used them
+    runs: list[_Run] | None   # None once a backward has used them
 
     def take_runs(self) -> list[_Run] | None:
         """The forward's runs, handed to one backward only: cudnnRNNBackwardData_v8 writes into the reserve
@@ -166,18 +159,22 @@ class _Cache:
 class CudnnEngine(Engine):
     name = "cudnn"
     native_format = "cudnn"
+    zero_states_as_none = True  # h0/c0 and dh_n/dc_n of None go to cuDNN as NULL
+
+    def __init__(self) -> None:
+        self.plans = cudnn_plan.PlanCache()
 
     def check(self, call: Call) -> str | None:
         return cf.check(call)
 
     def to_native(self, params: PackedParams) -> PackedParams:
         data = self._gpu(params.data, "to_format('cudnn')")
-        idx, size = _index(params.spec, str(data.dtype), device_id(data), cb.version())
+        idx, size = _index(params.spec, params.spec.dtype, device_id(data), _version())
         return PackedParams._wrap(params.spec, cf.to_cudnn(cupy, data, idx, size), "cudnn")
 
     def to_canonical(self, params: PackedParams) -> PackedParams:
         data = self._checked_native(params)
-        idx, _ = _index(params.spec, str(data.dtype), device_id(data), cb.version())
+        idx, _ = _index(params.spec, params.spec.dtype, device_id(data), _version())
         return PackedParams._wrap(params.spec, cf.to_canonical(data, idx), "canonical")
 
     @staticmethod
@@ -190,7 +187,7 @@ class CudnnEngine(Engine):
     def _checked_native(self, params: PackedParams) -> Any:
         """``params.data`` after checking it is this spec's weight space on this cuDNN."""
         data = self._gpu(params.data, "the 'cudnn' format")
-        _, size = _index(params.spec, str(data.dtype), device_id(data), cb.version())
+        _, size = _index(params.spec, params.spec.dtype, device_id(data), _version())
         if data.ndim != 1 or data.size != size:
             raise ValueError(f"params.data has shape {tuple(data.shape)}; the 'cudnn' format of "
                              f"{params.spec} in {data.dtype} is a 1-D weight space of {size} elements "
@@ -198,105 +195,103 @@ class CudnnEngine(Engine):
                              "params with params.to_format('cudnn')")
         return data
 
+    def take_input(self, x: Any, lengths: np.ndarray, batch_first: bool) -> Any:
+        """A contiguous copy of ``x`` in the caller's layout, zero at padding: ONE kernel, with the padding
+        mask made once per lengths (no host-to-device copy on a repeated call)."""
+        rows = cudnn_plan.rows_for(cupy, lengths, x.shape[1] if batch_first else x.shape[0], batch_first,
+                                   device_id(x))
+        if rows.valid is None:
+            return cupy.array(x, order="C", copy=True)
+        return cupy.ascontiguousarray(cupy.where(rows.valid, x, 0).astype(x.dtype, copy=False))
+
+    # -- plans --------------------------------------------------------------------------------------
+    def plan_for(self, params: PackedParams, x: Any, lengths: np.ndarray, batch_first: bool, training: bool,
+                 layered: bool = False) -> cudnn_plan.Plan:
+        """The plan of a call (made on first use, then reused); ``.algo`` and each segment's ``.note`` say
+        which cuDNN algorithm runs and why."""
+        device = device_id(x)
+        key = cudnn_plan.plan_key(params.spec, params.spec.dtype, device, lengths,
+                                    x.shape[1] if batch_first else x.shape[0], batch_first, training, layered)
+        return self.plans.get(key, lambda k: cudnn_plan.build(cb, cupy, k, lengths, handle(device),
+                                                              _descriptor, _compute_major(device)))
+
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, params, x, lengths, h0, c0, masks, *, batch_first, keep_cache) -> StackForward:
-        t = x.shape[1] if batch_first else x.shape[0]
-        rows = cf.Rows.of(cupy, lengths, t, batch_first)
-        y, h_n, c_n, runs = self._run(params, x, lengths, rows, h0, c0, masks, batch_first, keep_cache)
-        y, h_n, c_n = rows.forward_out(cupy, y, h_n, c_n, h0, c0)
-        cache = _Cache(params, x, lengths, h0, c0, masks, batch_first, rows, runs) if keep_cache else None
+        plan = self.plan_for(params, x, lengths, batch_first, keep_cache, masks is not None)
+        y, h_n, c_n, runs = self._run(plan, params, x, h0, c0, masks)
+        y, h_n, c_n = plan.rows.forward_out(cupy, y, h_n, c_n, h0, c0)
+        cache = _Cache(params, plan, x, lengths, h0, c0, masks, runs) if keep_cache else None
         return StackForward(y, h_n, c_n, cache)
 
-    def _segments(self, params: PackedParams, dtype: str, dropout: bool) -> list[_Segment]:
-        """The whole stack in one call, or (under dropout) one call per layer, each on its weight space."""
-        spec, data, tf32 = params.spec, self._checked_native(params), cf.allow_tf32
-        if not dropout:
-            return [_Segment(0, spec.num_layers, _descriptor(spec, dtype, tf32), data)]
-        maps = _layer_maps(spec, dtype, device_id(data), cb.version())
+    def _segment_weights(self, params: PackedParams, plan: cudnn_plan.Plan) -> list[Any]:
+        """Each segment's weight space: the params' buffer, or (under dropout) one layer's slice of ONE
+        gather of the whole stack's."""
+        data = params.data
+        if len(plan.segments) == 1:
+            seg = plan.segments[0]
+            if not (isinstance(data, cupy.ndarray) and data.ndim == 1 and data.nbytes == seg.weight_bytes):
+                self._checked_native(params)  # raises, naming what is wrong
+            return [data]
+        data = self._checked_native(params)
+        maps = _layer_maps(params.spec, params.spec.dtype, device_id(data), _version())
         stacked = data[maps.gather]
         if maps.holes.size:
             stacked[maps.holes] = 0
-        return [_Segment(layer, 1, _descriptor(cf.layer_spec(spec, layer), dtype, tf32),
-                         stacked[offset:offset + size])
-                for layer, (offset, size) in enumerate(zip(maps.offsets, maps.sizes, strict=True))]
+        return [stacked[offset:offset + size] for offset, size in zip(maps.offsets, maps.sizes, strict=True)]
 
-    def _run(self, params, x, lengths, rows, h0, c0, masks, batch_first, training):
-        spec, dtype = params.spec, str(x.dtype)
-        h = handle(device_id(x))
-        t = x.shape[1] if batch_first else x.shape[0]
-        d, lstm = spec.num_directions, spec.mode == "lstm"
-        h0, c0 = rows.states_in(cupy, h0, c0)
-        h_n, c_n = cupy.empty_like(h0), (cupy.empty_like(c0) if lstm else None)
-        mode = cb.ForwardMode.TRAINING if training else cb.ForwardMode.INFERENCE
-        runs, inp = [], x
-        for seg in self._segments(params, dtype, masks is not None):
+    def _run(self, plan: cudnn_plan.Plan, params: PackedParams, x: Any, h0: Any, c0: Any, masks: Any):
+        spec, key = params.spec, plan.key
+        h = handle(key.device).ptr
+        d, lstm, training = spec.num_directions, spec.mode == "lstm", key.training
+        h0, c0 = plan.rows.states_in(cupy, h0, c0)
+        h_n = cupy.empty(plan.h_shape, x.dtype)
+        c_n = cupy.empty(plan.c_shape, x.dtype) if lstm else None
+        runs, inp, whole = [], x, len(plan.segments) == 1
+        for seg, weights in zip(plan.segments, self._segment_weights(params, plan), strict=True):
             if seg.first > 0:
                 mask = masks[seg.first - 1]
-                inp = cupy.ascontiguousarray(inp * (mask.transpose(1, 0, 2) if batch_first else mask))
-            meta = _data(spec, dtype, lengths, t, spec.layer_input_size(seg.first), batch_first, seg.count)
-            y = cupy.empty(inp.shape[:2] + (d * spec.output_size,), dtype)  # cuDNN fills the padding
-            sl = slice(seg.first * d, (seg.first + seg.count) * d)
-            hx, cx = cupy.ascontiguousarray(h0[sl]), (cupy.ascontiguousarray(c0[sl]) if lstm else None)
-            hy, cy = cupy.empty_like(hx), (cupy.empty_like(cx) if lstm else None)
-            work_size, reserve_size = cb.temp_space_sizes(h, seg.desc, meta.x_desc, mode)
-            work, reserve = cupy.empty(work_size, np.uint8), cupy.empty(reserve_size, np.uint8)
-            cb.forward(h, seg.desc, fwd_mode=mode, dev_seq_lengths=meta.dev_lengths.data.ptr,
-                       x_desc=meta.x_desc, x=inp.data.ptr, y_desc=meta.y_desc, y=y.data.ptr,
-                       h_desc=meta.h_desc, hx=hx.data.ptr, hy=hy.data.ptr,
-                       c_desc=meta.c_desc if lstm else None, cx=cx.data.ptr if lstm else 0,
-                       cy=cy.data.ptr if lstm else 0, weight_space=seg.weights.data.ptr,
-                       weight_space_size=seg.weights.nbytes, work_space=work.data.ptr,
-                       work_space_size=work_size, reserve_space=reserve.data.ptr,
-                       reserve_space_size=reserve_size)
-            h_n[sl] = hy
-            if lstm:
-                c_n[sl] = cy
-            runs.append(_Run(seg, meta, inp, y, hx, cx, reserve))
+                inp = cupy.ascontiguousarray(inp * (mask.transpose(1, 0, 2) if key.batch_first else mask))
+            y = cupy.empty(inp.shape[:2] + (d * spec.output_size,), x.dtype)  # cuDNN fills the padding
+            part = _part(seg, d, whole)
+            hx, cx, hy, cy = (part(a) for a in (h0, c0, h_n, c_n))
+            work = cupy.empty(seg.work_size, np.uint8)
+            reserve = cupy.empty(seg.reserve_size, np.uint8) if training else None
+            seg.forward(handle=h, x=inp.data.ptr, y=y.data.ptr, hx=_ptr(hx), hy=hy.data.ptr, cx=_ptr(cx),
+                        cy=_ptr(cy), weight_space=weights.data.ptr, work_space=work.data.ptr,
+                        reserve_space=_ptr(reserve))
+            runs.append(_Run(seg, weights, inp, y, hx, cx, reserve, work))
             inp = y
         return inp, h_n, c_n, runs if training else None
 
     # -- backward -----------------------------------------------------------------------------------
     def backward(self, cache: _Cache, dy, dh_n, dc_n) -> StackGrads:
-        params, bf, spec, rows = cache.params, cache.batch_first, cache.params.spec, cache.rows
-        runs = cache.take_runs() or self._run(params, cache.x, cache.lengths, rows, cache.h0, cache.c0,
-                                              cache.masks, bf, True)[3]
-        h, d, lstm = handle(device_id(dy)), spec.num_directions, spec.mode == "lstm"
-        g, dhy_all, dcy_all = rows.cotangents_in(cupy, dy, dh_n, dc_n)
-        dh0, dc0 = cupy.empty_like(dh_n), (cupy.empty_like(dc_n) if lstm else None)
+        params, plan, spec = cache.params, cache.plan, cache.params.spec
+        runs = cache.take_runs() or self._run(plan, params, cache.x, cache.h0, cache.c0, cache.masks)[3]
+        h, d, lstm, key = handle(plan.key.device).ptr, spec.num_directions, spec.mode == "lstm", plan.key
+        g, dhy_all, dcy_all = plan.rows.cotangents_in(cupy, dy, dh_n, dc_n)
+        dh0 = cupy.empty(plan.h_shape, dy.dtype)
+        dc0 = cupy.empty(plan.c_shape, dy.dtype) if lstm else None
         grad_space, dweights = self._weight_grads(params, runs)
         g = cupy.ascontiguousarray(g)
         for run, dw in zip(reversed(runs), reversed(dweights), strict=True):
-            seg, meta = run.segment, run.meta
-            sl = slice(seg.first * d, (seg.first + seg.count) * d)
-            dx = cupy.zeros_like(run.x)  # BackwardData is not documented to write dx's padding
-            dhx, dcx = cupy.empty_like(run.hx), (cupy.empty_like(run.cx) if lstm else None)
-            work_size, _ = cb.temp_space_sizes(h, seg.desc, meta.x_desc, cb.ForwardMode.TRAINING)
-            work = cupy.empty(work_size, np.uint8)
-            dhy = cupy.ascontiguousarray(dhy_all[sl])  # named: alive until the calls below are enqueued
-            dcy = cupy.ascontiguousarray(dcy_all[sl]) if lstm else None
-            cb.backward_data(h, seg.desc, dev_seq_lengths=meta.dev_lengths.data.ptr, y_desc=meta.y_desc,
-                             y=run.y.data.ptr, dy=g.data.ptr, x_desc=meta.x_desc, dx=dx.data.ptr,
-                             h_desc=meta.h_desc, hx=run.hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
-                             c_desc=meta.c_desc if lstm else None, cx=run.cx.data.ptr if lstm else 0,
-                             dcy=dcy.data.ptr if lstm else 0, dcx=dcx.data.ptr if lstm else 0,
-                             weight_space=seg.weights.data.ptr, weight_space_size=seg.weights.nbytes,
-                             work_space=work.data.ptr, work_space_size=work_size,
-                             reserve_space=run.reserve.data.ptr, reserve_space_size=run.reserve.nbytes)
-            cb.backward_weights(h, seg.desc, add_grad=cb.WgradMode.ADD,
-                                dev_seq_lengths=meta.dev_lengths.data.ptr, x_desc=meta.x_desc,
-                                x=run.x.data.ptr, h_desc=meta.h_desc, hx=run.hx.data.ptr,
-                                y_desc=meta.y_desc, y=run.y.data.ptr, dweight_space=dw.data.ptr,
-                                weight_space_size=seg.weights.nbytes, work_space=work.data.ptr,
-                                work_space_size=work_size, reserve_space=run.reserve.data.ptr,
-                                reserve_space_size=run.reserve.nbytes)
-            dh0[sl] = dhx
-            if lstm:
-                dc0[sl] = dcx
+            seg = run.segment
+            part = _part(seg, d, len(runs) == 1)
+            # BackwardData is not documented to write dx's padding
+            dx = cupy.empty_like(run.x) if plan.full else cupy.zeros_like(run.x)
+            dhy, dcy = (None if a is None else cupy.ascontiguousarray(part(a)) for a in (dhy_all, dcy_all))
+            dhx, dcx, work = part(dh0), part(dc0), run.work
+            seg.backward_data(handle=h, y=run.y.data.ptr, dy=g.data.ptr, dx=dx.data.ptr, hx=_ptr(run.hx),
+                              dhy=_ptr(dhy), dhx=dhx.data.ptr, cx=_ptr(run.cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
+                              weight_space=run.weights.data.ptr, work_space=work.data.ptr,
+                              reserve_space=run.reserve.data.ptr)
+            seg.backward_weights(handle=h, x=run.x.data.ptr, hx=_ptr(run.hx), y=run.y.data.ptr,
+                                 dweight_space=dw.data.ptr, work_space=work.data.ptr,
+                                 reserve_space=run.reserve.data.ptr)
             if seg.first > 0:
                 mask = cache.masks[seg.first - 1]
-                dx = cupy.ascontiguousarray(dx * (mask.transpose(1, 0, 2) if bf else mask))
+                dx = cupy.ascontiguousarray(dx * (mask.transpose(1, 0, 2) if key.batch_first else mask))
             g = dx
-        dx, dh0, dc0 = rows.backward_out(cupy, g, dh0, dc0, dh_n, dc_n)
+        dx, dh0, dc0 = plan.rows.backward_out(cupy, g, dh0, dc0, dh_n, dc_n)
         return StackGrads(dx, dh0, dc0, self._dparams(params, runs, grad_space))
 
     def _weight_grads(self, params: PackedParams, runs: list[_Run]) -> tuple[Any, list[Any]]:
@@ -304,16 +299,16 @@ class CudnnEngine(Engine):
         whole stack's weight space, or every layer's (plus a last zero element that the whole stack's holes
         read)."""
         if len(runs) == 1:
-            whole = cupy.zeros_like(runs[0].segment.weights)
+            whole = cupy.zeros_like(runs[0].weights)
             return whole, [whole]
-        maps = _layer_maps(params.spec, str(params.data.dtype), device_id(params.data), cb.version())
+        maps = _layer_maps(params.spec, params.spec.dtype, device_id(params.data), _version())
         stacked = cupy.zeros(maps.size + 1, params.data.dtype)
         return stacked, [stacked[off:off + size] for off, size in zip(maps.offsets, maps.sizes, strict=True)]
 
     def _dparams(self, params: PackedParams, runs: list[_Run], grad_space: Any) -> PackedParams:
         """The gradient in the whole stack's weight space (under dropout: ONE gather from the layers')."""
         if len(runs) > 1:
-            maps = _layer_maps(params.spec, str(params.data.dtype), device_id(params.data), cb.version())
+            maps = _layer_maps(params.spec, params.spec.dtype, device_id(params.data), _version())
             grad_space = grad_space[maps.back]
         return PackedParams._wrap(params.spec, grad_space, "cudnn")
 

@@ -9,6 +9,12 @@ on Ampere and later GPUs (10-bit mantissa products, about 1e-3 relative error). 
 ``arrayrnn.engines.cudnn_format.allow_tf32 = True`` (read at every call, like
 ``torch.backends.cudnn.allow_tf32``) allows it, for speed. float16 runs with ``CUDNN_TENSOR_OP_MATH``
 (float32 accumulation), float64 with ``CUDNN_DEFAULT_MATH``.
+
+**Algorithm.** ``arrayrnn.engines.cudnn_format.algo`` (read when a call's plan is made) is ``"auto"`` or one
+of :data:`ALGOS`. ``"auto"`` follows PyTorch's rule (aten/src/ATen/native/cudnn/RNN.cpp, ``get_algo``; see
+:func:`choose_algo`); a named algorithm is asked for as it is. Either way cuDNN may refuse it for a call
+(lengths, dtype, sizes, device): the plan then runs ``CUDNN_RNN_ALGO_STANDARD`` and says why
+(``arrayrnn.engines.cudnn_engine.ENGINE.plan_for(...)``, and the ``arrayrnn.cudnn`` logger at INFO).
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ Array = Any
 AUTO_MIN_SEQ_LEN = 16
 
 allow_tf32 = False  # float32 on TF32 tensor cores (CUDNN_DEFAULT_MATH) instead of CUDNN_FMA_MATH
+algo = "auto"  # cuDNN's RNN algorithm: "auto" (PyTorch's rule) or one of ALGOS
+
+ALGOS = {"standard": cb.RNNAlgo.STANDARD, "persist_static": cb.RNNAlgo.PERSIST_STATIC,
+         "persist_dynamic": cb.RNNAlgo.PERSIST_DYNAMIC,
+         "persist_static_small_h": cb.RNNAlgo.PERSIST_STATIC_SMALL_H}
+# PyTorch's PERSIST_STATIC_SMALL_H limits on hidden_size (RNN.cpp, use_rnn_persist_small_h): forward
+# (inference) and backward; a training forward uses the backward's, so that its reserve space is made by
+# the descriptor the backward runs with
+SMALL_H_LIMITS = {"rnn_tanh": (384, 256), "rnn_relu": (384, 256), "lstm": (192, 128), "gru": (192, 128)}
 
 _MODES = {"rnn_tanh": cb.RNNMode.RNN_TANH, "rnn_relu": cb.RNNMode.RNN_RELU, "lstm": cb.RNNMode.LSTM,
           "gru": cb.RNNMode.GRU}
@@ -103,19 +118,54 @@ def math_type(dtype: str, tf32: bool | None = None) -> cb.MathType:
     return cb.MathType.DEFAULT_MATH
 
 
-def rnn_config(spec: RNNSpec, dtype: str | None = None, tf32: bool | None = None) -> cb.RNNConfig:
+def rnn_config(spec: RNNSpec, dtype: str | None = None, tf32: bool | None = None,
+               algo: cb.RNNAlgo = cb.RNNAlgo.STANDARD) -> cb.RNNConfig:
     """The cuDNN RNN configuration of ``spec`` (in ``dtype``, default ``spec.dtype``; float16 computes in
-    float32). cuDNN means "no projection" by proj_size = hidden_size."""
+    float32) run with ``algo``. cuDNN means "no projection" by proj_size = hidden_size."""
     dtype = dtype or spec.dtype
     lo, hi = spec.cell_clip if spec.cell_clip is not None else (0.0, 0.0)
     clip = cb.RNNClipMode.MINMAX if spec.cell_clip is not None else cb.RNNClipMode.NONE
     return cb.RNNConfig(
-        cell_mode=_MODES[spec.mode], bias_mode=_BIAS[spec.bias],
+        algo=algo, cell_mode=_MODES[spec.mode], bias_mode=_BIAS[spec.bias],
         dir_mode=cb.DirectionMode.BIDIRECTIONAL if spec.bidirectional else cb.DirectionMode.UNIDIRECTIONAL,
         data_type=DATA_TYPES[dtype], math_prec=_MATH_PREC[dtype], math_type=math_type(dtype, tf32),
         input_size=spec.input_size, hidden_size=spec.hidden_size,
         proj_size=spec.proj_size or spec.hidden_size, num_layers=spec.num_layers,
         aux_flags=PADDED_IO_ENABLED, clip_mode=clip, lclip=lo, rclip=hi)
+
+
+def requested_algo(value: Any = None) -> str:
+    """The algorithm setting (``value``, default the module's :data:`algo`), checked."""
+    value = algo if value is None else value
+    if value != "auto" and value not in ALGOS:
+        raise ValueError(f"arrayrnn.engines.cudnn_format.algo = {value!r}; expected 'auto' or one of "
+                         f"{tuple(ALGOS)}")
+    return value
+
+
+def choose_algo(spec: RNNSpec, dtype: str, equal_lengths: bool, training: bool, compute_major: int,
+                requested: str = "auto") -> tuple[cb.RNNAlgo, str]:
+    """The algorithm a plan asks cuDNN for, and why (a phrase). ``"auto"`` is PyTorch's rule: a
+    projection, float64 or unequal lengths run STANDARD; else PERSIST_STATIC_SMALL_H where ``hidden_size``
+    is within :data:`SMALL_H_LIMITS` (compute capability >= 6.0); else PERSIST_STATIC for float16 single-layer
+    unidirectional stacks with ``hidden_size`` and ``input_size`` multiples of 128 (PyTorch adds batch-size
+    conditions per device, which this leaves to cuDNN's own refusal); else STANDARD."""
+    if requested != "auto":
+        return ALGOS[requested], f"algo = {requested!r} was asked for"
+    if spec.proj_size:
+        return cb.RNNAlgo.STANDARD, "projection runs the standard algorithm only"
+    if dtype == "float64":
+        return cb.RNNAlgo.STANDARD, "float64 runs the standard algorithm only"
+    if not equal_lengths:
+        return cb.RNNAlgo.STANDARD, "unequal lengths run the standard algorithm (persistent ones refuse them)"
+    limit = SMALL_H_LIMITS[spec.mode][1 if training else 0]
+    if compute_major >= 6 and spec.hidden_size <= limit:
+        return (cb.RNNAlgo.PERSIST_STATIC_SMALL_H,
+                f"hidden_size = {spec.hidden_size} <= {limit} ({'training' if training else 'inference'})")
+    if (dtype == "float16" and spec.num_layers == 1 and not spec.bidirectional and spec.hidden_size <= 1024
+            and spec.hidden_size % 128 == 0 and spec.input_size % 128 == 0):
+        return cb.RNNAlgo.PERSIST_STATIC, "float16, one unidirectional layer, sizes multiples of 128"
+    return cb.RNNAlgo.STANDARD, "no persistent algorithm fits"
 
 
 def layer_spec(spec: RNNSpec, layer: int) -> RNNSpec:
@@ -272,8 +322,8 @@ class Rows:
             empty = xp.asarray((lengths == 0)[None, :, None])
         return cls(valid, empty)
 
-    def states_in(self, xp: Any, h0: Array, c0: Array | None) -> tuple[Array, Array | None]:
-        """Initial states for cuDNN: zero for empty rows."""
+    def states_in(self, xp: Any, h0: Array | None, c0: Array | None) -> tuple[Array | None, Array | None]:
+        """Initial states for cuDNN: zero for empty rows (``None``, zeros, stays ``None``)."""
         return self._zero_empty(xp, h0), self._zero_empty(xp, c0)
 
     def forward_out(self, xp: Any, y: Array, h_n: Array, c_n: Array | None, h0: Array,
@@ -282,11 +332,11 @@ class Rows:
         if self.empty is None:
             return y, h_n, c_n
         y = xp.where(self.valid, y, 0).astype(y.dtype, copy=False)
-        h_n = xp.where(self.empty, h0, h_n)
-        return y, h_n, None if c_n is None else xp.where(self.empty, c0, c_n)
+        return y, self._restore(xp, h_n, h0), self._restore(xp, c_n, c0)
 
-    def cotangents_in(self, xp: Any, dy: Array, dh_n: Array, dc_n: Array | None):
-        """Cotangents for cuDNN: ``dy`` zero at padding, ``dh_n``/``dc_n`` zero for empty rows."""
+    def cotangents_in(self, xp: Any, dy: Array, dh_n: Array | None, dc_n: Array | None):
+        """Cotangents for cuDNN: ``dy`` zero at padding, ``dh_n``/``dc_n`` zero for empty rows (``None``,
+        zeros, stays ``None``)."""
         if self.valid is not None:
             dy = xp.where(self.valid, dy, 0).astype(dy.dtype, copy=False)
         return dy, self._zero_empty(xp, dh_n), self._zero_empty(xp, dc_n)
@@ -298,8 +348,13 @@ class Rows:
             dx = xp.where(self.valid, dx, 0).astype(dx.dtype, copy=False)
         if self.empty is None:
             return dx, dh0, dc0
-        dh0 = xp.where(self.empty, dh_n, dh0)
-        return dx, dh0, None if dc0 is None else xp.where(self.empty, dc_n, dc0)
+        return dx, self._restore(xp, dh0, dh_n), self._restore(xp, dc0, dc_n)
+
+    def _restore(self, xp: Any, out: Array | None, given: Array | None) -> Array | None:
+        """``out`` with the empty rows' entries taken from ``given`` (zeros where ``given`` is None)."""
+        if out is None:
+            return None
+        return xp.where(self.empty, 0 if given is None else given, out).astype(out.dtype, copy=False)
 
     def _zero_empty(self, xp: Any, state: Array | None) -> Array | None:
         if state is None or self.empty is None:

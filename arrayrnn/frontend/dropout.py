@@ -52,7 +52,7 @@ def dropout_masks(spec: RNNSpec, seq_len: int, batch: int, seed: int | None,
     features = spec.num_directions * spec.output_size
     per_layer = seq_len * batch * features
     key = _mix_int(seed)
-    scale = xp.asarray(1.0 / (1.0 - p), dtype=spec.dtype)
+    scale = np.dtype(spec.dtype).type(1.0 / (1.0 - p))  # a host scalar: no copy to the device
     masks = []
     for layer in range(layers - 1):
         u = uniform(xp, key, layer * per_layer, per_layer)
@@ -146,7 +146,7 @@ def cell_masks(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, *, tra
     def dropout(kind: str, p: float, shape: tuple[int, ...]) -> Any:
         if not (training and p):
             return None
-        scale = xp.asarray(1.0 / (1.0 - p), dtype=dtype)
+        scale = np.dtype(dtype).type(1.0 / (1.0 - p))
         return (draw(kind, shape) >= p).astype(dtype) * scale
 
     def zoneout(kind: str, z: float | None, width: int) -> Any:

@@ -47,7 +47,7 @@ from .dropout import cell_masks, dropout_masks
 Array = Any
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class _Saved:
     """What ``rnn_backward`` needs from the forward call (the caller's row order and layout)."""
 
@@ -60,7 +60,7 @@ class _Saved:
     c0: Array | None
     masks: tuple[Array, ...] | None
     cache: Any  # None after an inference forward
-    weights: guard.WeightSnapshot
+    weights: guard.HostSnapshot | guard.DeviceFingerprint
     variants: dict[str, Any] = field(default_factory=dict)  # cell_masks= / all_states= (only when used)
 
 
@@ -109,6 +109,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     them come from ``seed`` (:func:`arrayrnn.cell_masks`). ``engine``: ``"auto"`` or an engine name.
     ``return_all_states``: also return ``h_all`` / ``c_all`` (see :class:`RNNResult`).
     """
+    guard.raise_pending()
     spec = _check_params(params)
     batch_first = _check_flag("batch_first", batch_first)
     training = _check_flag("training", training)
@@ -125,17 +126,21 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     dropout = training and spec.dropout > 0 and spec.num_layers > 1
     call = Call(spec=spec, xp=xp, device=device_id(params.data), seq_len=T, batch=B, training=training,
                 dropout=dropout, params_format=params.format,
-                has_zero_length=bool((host_lengths == 0).any()), all_states=return_all_states)
+                has_zero_length=lengths is not None and not host_lengths.all(), all_states=return_all_states)
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
 
     with on_device(xp, call.device):
         x = chosen.take_input(x, host_lengths, batch_first)  # the one copy of x, in the engine's order
         # the result owns what its backward reads: the caller may refill h0 / c0
-        h0 = xp.array(h0, copy=True) if h0 is not None else _zero_state(xp, spec, B)
+        zeros = not chosen.zero_states_as_none
+        if h0 is not None:
+            h0 = xp.array(h0, copy=True)
+        elif zeros:
+            h0 = _zero_state(xp, spec, B)
         if c0 is not None:
             c0 = xp.array(c0, copy=True)
-        elif spec.has_cell:
+        elif spec.has_cell and zeros:
             c0 = _zero_state(xp, spec, B, cell=True)
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
         variants = _variant_arguments(spec, seed, B, T, training, xp, return_all_states)
@@ -143,7 +148,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
                          keep_cache=training, **variants)
     # with a cache the engine holds its input itself; without one, the recompute needs it
     saved = _Saved(chosen, run_params, batch_first, x if out.cache is None else None, host_lengths, h0, c0,
-                   masks, out.cache, guard.WeightSnapshot(params.data), variants)
+                   masks, out.cache, guard.snapshot(params.data, xp), variants)
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved, h_all=out.h_all, c_all=out.c_all)
 
@@ -174,15 +179,17 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
     """
     if not isinstance(res, RNNResult):
         raise TypeError(f"res has type {type(res).__name__}; expected the RNNResult returned by rnn_forward")
+    guard.raise_pending()
     if params is not None:
         _check_same_params(res, params)
     spec, saved = res.params.spec, res._saved
     xp = get_xp(res.y)
     dy = _check_cotangent("dy", dy, res.y, "res.y")
-    dh_n = _check_cotangent("dh_n", dh_n, res.h_n, "res.h_n")
+    none_ok = saved.engine.zero_states_as_none
+    dh_n = _check_cotangent("dh_n", dh_n, res.h_n, "res.h_n", none_ok)
     if dc_n is not None and res.c_n is None:
         raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
-    dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n") if res.c_n is not None else None
+    dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n", none_ok) if res.c_n is not None else None
     all_states = _all_states_cotangents(res, dh_all, dc_all)
 
     saved.weights.assert_unchanged(res.params.data)
@@ -308,10 +315,11 @@ def _same_buffer(a: Array, b: Array) -> bool:
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and address(a) == address(b))
 
 
-def _check_cotangent(name: str, value: Any, like: Array, like_name: str) -> Array:
-    xp = get_xp(like)
+def _check_cotangent(name: str, value: Any, like: Array, like_name: str,
+                     none_ok: bool = False) -> Array | None:
+    """``value`` checked against ``like``; ``None`` becomes zeros (stays ``None`` where ``none_ok``)."""
     if value is None:
-        return xp.zeros_like(like)
+        return None if none_ok else get_xp(like).zeros_like(like)
     value = as_array(value, name)
     get_xp(like, value, names=(like_name, name))
     if tuple(value.shape) != tuple(like.shape):

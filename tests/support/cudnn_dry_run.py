@@ -82,7 +82,7 @@ class FakeHandle(int):
 
     @property
     def ptr(self) -> int:
-        return int(self)
+        return self  # an int, still carrying the bound stream to the compute calls' check
 
     def set_stream(self, stream: Any) -> None:
         self.bound_stream = _cuda.stream_address(stream)
@@ -222,6 +222,8 @@ def _temp_sizes(rnn_desc: Any, x_desc: Any, fwd_mode: Any) -> tuple[int, int]:
     work, reserve = c_size_t(), c_size_t()
     status = _lib.function("cudnnGetRNNTempSpaceSizes")(int(FakeHandle()), _ptr(rnn_desc), int(fwd_mode),
                                                          _ptr(x_desc), byref(work), byref(reserve))
+    if 3000 <= status < 4000:  # NOT_SUPPORTED*: cuDNN's answer for this configuration (e.g. an algorithm)
+        raise cb.CudnnError(status, "cudnnGetRNNTempSpaceSizes", cb.raw.get_last_error_string())
     if status not in (0, ACCEPTED):
         raise CudnnRejected(f"cuDNN rejected cudnnGetRNNTempSpaceSizes with {cb.Status(status).name} "
                             f"({status}): "
@@ -236,6 +238,8 @@ def _ptr(obj: Any) -> int:
 def _checked(name: str, outcome: tuple) -> Any:
     if outcome[0] == "error" and outcome[1].startswith("CudnnRejected"):
         raise CudnnRejected(outcome[1])
+    if outcome[0] == "cudnn" and 3000 <= outcome[1] < 4000:
+        raise cb.CudnnError(outcome[1], name, outcome[2])
     if outcome[0] != "ok":
         raise CudnnRejected(f"{name} with the fake handle gave {outcome!r}")
     return outcome[1]
@@ -325,6 +329,15 @@ class DryRunBindings(types.ModuleType):
     def forward(self, handle: Any, rnn_desc: Any, **kwargs: Any) -> None:
         self._compute("cudnnRNNForward", cb.forward, self.emulator.forward, handle, rnn_desc, kwargs)
 
+    def prepare_forward(self, rnn_desc: Any, **fixed: Any) -> DryRunCall:
+        return DryRunCall(cb.prepare_forward(rnn_desc, **fixed), self.forward)
+
+    def prepare_backward_data(self, rnn_desc: Any, **fixed: Any) -> DryRunCall:
+        return DryRunCall(cb.prepare_backward_data(rnn_desc, **fixed), self.backward_data)
+
+    def prepare_backward_weights(self, rnn_desc: Any, **fixed: Any) -> DryRunCall:
+        return DryRunCall(cb.prepare_backward_weights(rnn_desc, **fixed), self.backward_weights)
+
     def backward_data(self, handle: Any, rnn_desc: Any, **kwargs: Any) -> None:
         self._compute("cudnnRNNBackwardData_v8", cb.backward_data, self.emulator.backward_data, handle,
                       rnn_desc, kwargs)
@@ -349,12 +362,33 @@ class DryRunBindings(types.ModuleType):
         STATS[f"emulated {name}"] += 1
 
 
+class DryRunCall:
+    """A prepared compute call of the dry run: the real preparation checked the fixed arguments; a call
+    merges them with the per-call addresses and goes the way of the typed call (validated, emulated)."""
+
+    def __init__(self, prepared: cb.PreparedCall, typed: Callable[..., None]):
+        self.prepared, self._typed = prepared, typed
+
+    def __call__(self, **addresses: Any) -> None:
+        if set(addresses) != set(self.prepared.per_call):
+            raise TypeError(f"{self.prepared.function} (prepared) takes {self.prepared.per_call}; got "
+                            f"{sorted(addresses)}")
+        fixed = dict(self.prepared.fixed)
+        handle, rnn_desc = addresses.pop("handle"), fixed.pop("rnn_desc")
+        self._typed(handle, rnn_desc, **fixed, **addresses)
+
+
 BINDINGS = DryRunBindings()
 
 
-@lru_cache(maxsize=1)
-def _engine_module() -> types.ModuleType:
-    """A private copy of the cudnn engine module, imported against the stand-in CuPy, on these bindings."""
+def _engine_module(bindings: types.ModuleType | None = None) -> types.ModuleType:
+    """A private copy of the cudnn engine module, imported against the stand-in CuPy, on ``bindings``
+    (default :data:`BINDINGS`: validated and emulated compute calls); one per bindings object."""
+    return _engine_module_on(BINDINGS if bindings is None else bindings)
+
+
+@lru_cache(maxsize=4)
+def _engine_module_on(bindings: types.ModuleType) -> types.ModuleType:
     spec = importlib.util.find_spec(ENGINE_MODULE)
     module = importlib.util.module_from_spec(spec)
     saved = sys.modules.get(ENGINE_MODULE)
@@ -367,14 +401,15 @@ def _engine_module() -> types.ModuleType:
             sys.modules.pop(ENGINE_MODULE, None)
         else:
             sys.modules[ENGINE_MODULE] = saved
-    module.cb = BINDINGS
+    module.cb = bindings
     return module
 
 
 @contextlib.contextmanager
-def installed() -> Iterator[types.ModuleType]:
-    """Inside the block ``engine="cudnn"`` is the dry run, on stand-in CuPy arrays (yields that ``cupy``)."""
-    module = _engine_module()
+def installed(bindings: types.ModuleType | None = None) -> Iterator[types.ModuleType]:
+    """Inside the block ``engine="cudnn"`` is the dry run, on stand-in CuPy arrays (yields that ``cupy``);
+    ``bindings`` replaces the dry run's (bench/bench_gpu_host.py stubs the compute calls instead)."""
+    module = _engine_module(bindings)
     saved = sys.modules.get(ENGINE_MODULE)
     with fake_cupy.installed() as cupy:
         sys.modules[ENGINE_MODULE] = module

@@ -18,14 +18,22 @@ so ``import cupy`` and ``arrayrnn.core.backend.get_xp`` find it. Its :class:`nda
 
 :func:`device_memory_covers` says whether ``[ptr, ptr + nbytes)`` lies inside one live array of this module
 (the dry run's check that a library is only ever handed "device" memory of the right size).
+
+:data:`TRANSFERS` counts what would make the host wait for a real GPU, by kind: ``"sync"`` (``bool``,
+``int``, ``float``, ``.item()``, ``.tolist()``, ``.get()``, ``asnumpy``, a device, stream or event
+``synchronize``) and ``"h2d"`` (an array made from host data: ``asarray`` / ``array`` of a NumPy array or
+list, which CUDA copies from pageable memory synchronously). ``cuda.runtime.memcpyAsync`` into pinned
+memory (``cuda.alloc_pinned_memory``) and ``cuda.Event`` do not wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import sys
 import types
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +41,7 @@ import numpy as np
 
 # -- memory ---------------------------------------------------------------------------------------
 _LIVE: dict[int, weakref.ref] = {}  # id of a root buffer -> the buffer (the "device allocations")
+TRANSFERS: Counter[str] = Counter()  # host waits a real GPU would have: "sync", "h2d"
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -80,6 +89,8 @@ class MemoryPointer:
 class Device:
     """``cupy.cuda.Device``: one device, id 0; a context manager like CuPy's."""
 
+    compute_capability = "90"  # stands in for a Hopper GPU (H100 / H200)
+
     def __init__(self, device: int | None = None):
         self.id = 0 if device is None else int(device)
         if self.id != 0:
@@ -95,7 +106,7 @@ class Device:
         return None
 
     def synchronize(self) -> None:
-        return None
+        TRANSFERS["sync"] += 1
 
 
 class Stream:
@@ -118,14 +129,42 @@ class Stream:
         _STREAMS.pop()
 
     def synchronize(self) -> None:
-        return None
+        TRANSFERS["sync"] += 1
 
 
 _STREAMS = [Stream(null=True)]
+_DEVICE = Device(0)
 
 
 def get_current_stream() -> Stream:
     return _STREAMS[-1]
+
+
+class Event:
+    """``cupy.cuda.Event``: the stand-in's work is done when it is enqueued, so an event is always done."""
+
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
+        self.recorded = False
+
+    def record(self, stream: Stream | None = None) -> None:
+        self.recorded = True
+
+    @property
+    def done(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        TRANSFERS["sync"] += 1
+
+
+def alloc_pinned_memory(size: int) -> bytearray:
+    """``cupy.cuda.alloc_pinned_memory``: host memory usable with ``numpy.frombuffer``."""
+    return bytearray(size)
+
+
+def _memcpy_async(dst: int, src: int, size: int, kind: int, stream: int) -> None:
+    """``cupy.cuda.runtime.memcpyAsync``: the stand-in's "device" memory is host memory."""
+    ctypes.memmove(dst, src, size)
 
 
 # -- arrays ---------------------------------------------------------------------------------------
@@ -199,28 +238,40 @@ class Flags:
 class ndarray:  # noqa: N801 - the name CuPy gives it
     """A device array of the stand-in: a NumPy array it does not let mix with host arrays."""
 
-    __slots__ = ("_a", "__weakref__")
+    __slots__ = ("_a", "_pointer", "__weakref__")
     __array_priority__ = 100.0
 
     def __init__(self, shape: Any, dtype: Any = float, order: str = "C"):
         self._a = _poisoned(shape, dtype, order)
+        self._pointer = None
         _track(self._a)
 
     @classmethod
     def _of(cls, a: np.ndarray) -> ndarray:
         self = object.__new__(cls)
-        self._a = a
+        self._a, self._pointer = a, None
         _track(a)
         return self
+
+    # -- CuPy's cheap attributes (plain reads there, not array operations) ------------------------
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
 
     # -- what CuPy exposes about memory ---------------------------------------------------------
     @property
     def data(self) -> MemoryPointer:
-        return MemoryPointer(self._a.__array_interface__["data"][0] if self._a.size else 0)
+        if self._pointer is None:  # an array's memory never moves: read its address once, like CuPy
+            self._pointer = MemoryPointer(self._a.__array_interface__["data"][0] if self._a.size else 0)
+        return self._pointer
 
     @property
     def device(self) -> Device:
-        return Device(0)
+        return _DEVICE
 
     @property
     def flags(self) -> Flags:
@@ -234,8 +285,11 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
                 "data": (self.data.ptr, False), "version": 3,
                 "strides": None if a.flags.c_contiguous else a.strides, "stream": ptr or 1}
 
-    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None) -> np.ndarray:
+    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
+            blocking: bool = True) -> np.ndarray:
         """A host copy."""
+        if blocking:
+            TRANSFERS["sync"] += 1
         if out is not None:
             out[...] = self._a
             return out
@@ -274,12 +328,15 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
 
     # -- conversions CuPy allows (they synchronise) -------------------------------------------
     def __bool__(self) -> bool:
+        TRANSFERS["sync"] += 1
         return bool(self._a)
 
     def __float__(self) -> float:
+        TRANSFERS["sync"] += 1
         return float(self._a)
 
     def __int__(self) -> int:
+        TRANSFERS["sync"] += 1
         return int(self._a)
 
     def __repr__(self) -> str:
@@ -292,6 +349,8 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # never NumPy's own protocols (__array_interface__ would let NumPy in)
             raise AttributeError(name)
+        if name in ("item", "tolist"):
+            TRANSFERS["sync"] += 1
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)
@@ -331,6 +390,7 @@ ndarray.__module__ = "cupy"
 def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    TRANSFERS["h2d"] += 1
     return ndarray._of(np.array(a, dtype=dtype, order=order or "K", copy=True))  # host -> device copy
 
 
@@ -339,11 +399,12 @@ def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmi
         if not copy and (dtype is None or np.dtype(dtype) == obj.dtype):
             return obj
         return ndarray._of(np.array(obj._a, dtype=dtype, order=order, copy=True, ndmin=ndmin))
+    TRANSFERS["h2d"] += 1
     return ndarray._of(np.array(obj, dtype=dtype, order=order, copy=True, ndmin=ndmin))
 
 
-def asnumpy(a: Any, stream: Any = None, order: str = "C") -> np.ndarray:
-    return a.get(order=order) if isinstance(a, ndarray) else np.asarray(a, order=order)
+def asnumpy(a: Any, stream: Any = None, order: str = "C", blocking: bool = True) -> np.ndarray:
+    return a.get(order=order, blocking=blocking) if isinstance(a, ndarray) else np.asarray(a, order=order)
 
 
 def get_array_module(*args: Any) -> types.ModuleType:
@@ -373,6 +434,9 @@ def _numpy_function(name: str) -> Callable:
 class _Runtime(types.SimpleNamespace):
     class CUDARuntimeError(RuntimeError):
         pass
+
+    memcpyDeviceToHost = 2  # noqa: N815 - CuPy's name
+    memcpyAsync = staticmethod(_memcpy_async)  # noqa: N815 - CuPy's name
 
     @staticmethod
     def getDeviceCount() -> int:  # noqa: N802 - CuPy's name
@@ -407,7 +471,8 @@ MODULE.ndarray = ndarray
 for _func in (asarray, array, asnumpy, get_array_module, empty, empty_like):
     setattr(MODULE, _func.__name__, _func)
 MODULE.cuda = types.SimpleNamespace(Device=Device, Stream=Stream, get_current_stream=get_current_stream,
-                                    runtime=_Runtime(), MemoryPointer=MemoryPointer)
+                                    runtime=_Runtime(), MemoryPointer=MemoryPointer, Event=Event,
+                                    alloc_pinned_memory=alloc_pinned_memory)
 MODULE.testing = _Testing()
 
 

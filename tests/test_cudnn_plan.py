@@ -1,0 +1,173 @@
+"""The cudnn engine's per-shape plans, its algorithm choice and its host work per repeated call, on the dry
+run (stand-in CuPy, cuDNN validating every call with a fake handle, the compute calls emulated).
+
+A repeated call at the same configuration must reuse its plan: no descriptor created, no size queried, no
+host-to-device copy, no synchronisation, one cuDNN compute call per segment; and still equal the
+reference engine. The algorithm follows PyTorch's rule and falls back to STANDARD where cuDNN refuses (the
+fake handle refuses every persistent algorithm: only a GPU runs them)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import numpy as np
+import pytest
+from support.cudnn import requires_cudnn
+
+import arrayrnn as ar
+import cudnn_bindings as cb
+from arrayrnn.engines import cudnn_format as cf
+
+pytestmark = requires_cudnn
+
+S3_LIKE = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=8, dtype="float64")
+SMALL_H = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=8)  # float32, small H: persistent-eligible
+
+
+@pytest.fixture(scope="module")
+def dry():
+    """(stand-in CuPy, the dry run's engine module, its support module)."""
+    from support import cudnn_dry_run, fake_cupy
+
+    with cudnn_dry_run.installed() as cp:
+        yield cp, cudnn_dry_run._engine_module(), cudnn_dry_run, fake_cupy
+
+
+@pytest.fixture
+def descriptors_made(monkeypatch):
+    """Counts the cuDNN descriptors created, per class."""
+    made: Counter[str] = Counter()
+    for cls in (cb.RNNDescriptor, cb.RNNDataDescriptor, cb.TensorDescriptor):
+        original = cls.__init__
+
+        def counting(self, *args, _original=original, _name=cls.__name__, **kwargs):
+            made[_name] += 1
+            _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", counting)
+    return made
+
+
+def _inputs(cp, spec, T=6, B=3, lengths=None, seed=0):
+    rng = np.random.default_rng(seed)
+    params = ar.PackedParams.init(spec, seed=seed, xp=cp).to_format("cudnn")
+    x = cp.asarray(rng.standard_normal((T, B, spec.input_size)).astype(spec.dtype))
+    dy = cp.asarray(rng.standard_normal((T, B, spec.num_directions * spec.output_size)).astype(spec.dtype))
+    return params, x, dy, None if lengths is None else np.asarray(lengths)
+
+
+def _step(params, x, dy, lengths):
+    res = ar.rnn_forward(params, x, lengths, training=True, engine="cudnn")
+    return res, ar.rnn_backward(res, dy)
+
+
+def _reference(params, x, dy, lengths):
+    canonical = params.to_format("canonical")
+    host = ar.PackedParams(canonical.spec, canonical.data.get())
+    res = ar.rnn_forward(host, x.get(), lengths, training=True, engine="reference")
+    return res, ar.rnn_backward(res, dy.get())
+
+
+@pytest.mark.parametrize("spec, lengths", [
+    (S3_LIKE, None),
+    (ar.RNNSpec(mode="gru", input_size=3, hidden_size=5, num_layers=2, bidirectional=True, dtype="float64"),
+     [6, 0, 4]),
+    (ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5, num_layers=3, dropout=0.3, proj_size=3,
+                dtype="float64"), [6, 2, 5]),
+], ids=["lstm-full", "gru-bi-empty-row", "lstm-dropout-layers"])
+def test_a_repeated_call_reuses_its_plan_and_makes_no_host_wait(dry, descriptors_made, spec, lengths):
+    cp, engine_module, dry_run, fake = dry
+    params, x, dy, lengths = _inputs(cp, spec, lengths=lengths)
+    _step(params, x, dy, lengths)  # makes the plan
+    plans, stats, transfers = len(engine_module.ENGINE.plans), Counter(dry_run.STATS), Counter(fake.TRANSFERS)
+    made = Counter(descriptors_made)
+    res, g = _step(params, x, dy, lengths)
+    assert len(engine_module.ENGINE.plans) == plans
+    assert descriptors_made == made, "a repeated call created descriptors"
+    calls = dry_run.STATS - stats
+    segments = spec.num_layers if spec.dropout else 1
+    assert {k: calls[k] for k in calls if not k.startswith("emulated")} == {
+        "cudnnRNNForward": segments, "cudnnRNNBackwardData_v8": segments,
+        "cudnnRNNBackwardWeights_v8": segments}, "a repeated call queried sizes or made extra calls"
+    assert fake.TRANSFERS - transfers == Counter(), "a repeated call copied to the device or waited for it"
+    want_res, want = _reference(params, x, dy, lengths)
+    if not spec.dropout:  # the dropout masks are drawn per call: compare the plain stacks only
+        np.testing.assert_allclose(res.y.get(), want_res.y, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(g.dparams.to_format("canonical").data.get(), want.dparams.data, rtol=1e-9,
+                                   atol=1e-11)
+        np.testing.assert_allclose(g.dx.get(), want.dx, rtol=1e-10, atol=1e-12)
+
+
+def test_inference_and_training_lengths_and_layouts_get_their_own_plans(dry):
+    cp, engine_module, _, _ = dry
+    engine = engine_module.ENGINE
+    params, x, _, _ = _inputs(cp, S3_LIKE)
+    full = np.full(3, 6)
+    plan = engine.plan_for(params, x, full, False, True)
+    assert engine.plan_for(params, x, full.copy(), False, True) is plan
+    others = [engine.plan_for(params, x, full, False, False), engine.plan_for(params, x, np.array([6, 1, 6]),
+                                                                                False, True),
+              engine.plan_for(params, cp.ascontiguousarray(x.transpose(1, 0, 2)), full, True, True)]
+    assert len({id(p) for p in (plan, *others)}) == 4
+    assert plan.full and not others[1].full
+
+
+# -- the algorithm ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode, hidden, dtype, equal, training, proj, want", [
+    ("lstm", 128, "float32", True, True, 0, "PERSIST_STATIC_SMALL_H"),     # S3
+    ("lstm", 160, "float32", True, False, 0, "PERSIST_STATIC_SMALL_H"),    # <= 192 forward
+    ("lstm", 160, "float32", True, True, 0, "STANDARD"),                   # > 128 backward
+    ("gru", 192, "float32", True, False, 0, "PERSIST_STATIC_SMALL_H"),
+    ("gru", 193, "float32", True, False, 0, "STANDARD"),
+    ("rnn_tanh", 384, "float32", True, False, 0, "PERSIST_STATIC_SMALL_H"),
+    ("rnn_relu", 257, "float32", True, True, 0, "STANDARD"),
+    ("lstm", 256, "float32", True, True, 0, "STANDARD"),                   # S1
+    ("lstm", 64, "float64", True, True, 0, "STANDARD"),
+    ("lstm", 64, "float32", False, True, 0, "STANDARD"),                   # unequal lengths
+    ("lstm", 64, "float32", True, True, 32, "STANDARD"),                   # projection
+    ("lstm", 256, "float16", True, True, 0, "PERSIST_STATIC"),
+])
+def test_auto_follows_pytorchs_rule(mode, hidden, dtype, equal, training, proj, want):
+    spec = ar.RNNSpec(mode=mode, input_size=256, hidden_size=hidden, proj_size=proj)
+    algo, why = cf.choose_algo(spec, dtype, equal, training, compute_major=9)
+    assert algo.name == want and why
+    if want == "PERSIST_STATIC_SMALL_H":
+        assert cf.choose_algo(spec, dtype, equal, training, compute_major=5)[0] != algo  # needs sm >= 6.0
+
+
+def test_a_named_algorithm_is_asked_for_and_a_bad_name_is_refused(monkeypatch):
+    spec = ar.RNNSpec(mode="lstm", input_size=8, hidden_size=512)
+    assert cf.choose_algo(spec, "float32", True, True, 9, "persist_dynamic")[0] == cb.RNNAlgo.PERSIST_DYNAMIC
+    monkeypatch.setattr(cf, "algo", "fastest")
+    with pytest.raises(ValueError, match=r"cudnn_format.algo = 'fastest'; expected 'auto' or one of"):
+        cf.requested_algo()
+
+
+@pytest.mark.parametrize("asked", ["auto", "persist_static", "persist_static_small_h"])
+def test_a_refused_persistent_algorithm_falls_back_to_standard_and_says_why(dry, monkeypatch, caplog, asked):
+    """The fake handle's cuDNN refuses every persistent algorithm (NOT_SUPPORTED from the size query): the
+    plan runs STANDARD, says why, and the results are the reference engine's."""
+    cp, engine_module, _, _ = dry
+    monkeypatch.setattr(cf, "algo", asked)
+    engine_module.ENGINE.plans.clear()
+    params, x, dy, _ = _inputs(cp, SMALL_H, seed=3)
+    with caplog.at_level(logging.INFO, logger="arrayrnn.cudnn"):
+        res, g = _step(params, x, dy, None)
+    plan = engine_module.ENGINE.plan_for(params, x, np.full(3, 6), False, True)
+    wanted = "PERSIST_STATIC" if asked == "persist_static" else "PERSIST_STATIC_SMALL_H"
+    assert plan.algo == "STANDARD"
+    assert f"cuDNN refused {wanted} (CUDNN_STATUS_NOT_SUPPORTED" in plan.segments[0].note
+    assert any("cudnn plan" in r.message and f"cuDNN refused {wanted}" in r.message for r in caplog.records)
+    want_res, want = _reference(params, x, dy, None)
+    np.testing.assert_allclose(res.y.get(), want_res.y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g.dparams.to_format("canonical").data.get(), want.dparams.data, rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_standard_is_chosen_without_asking_cudnn_twice(dry, monkeypatch):
+    cp, engine_module, _, _ = dry
+    spec = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=8, proj_size=3, dtype="float64")
+    params, x, _, _ = _inputs(cp, spec)
+    plan = engine_module.ENGINE.plan_for(params, x, np.full(3, 6), False, False)
+    assert plan.algo == "STANDARD" and plan.segments[0].note == "projection runs the standard algorithm only"
