@@ -41,4 +41,12 @@ def test_tf32_rows_are_separate_and_cudnn_only(bench):
         assert {r[0] for r in fp32} == {"cudnn", "cupy"} and {r[0] for r in tf32} == {"cudnn"}
         assert {(r[1], r[2]) for r in tf32} <= {(r[1], r[2]) for r in fp32}
     assert {r[2] for r in bench.plan(True)} == {"S1", "S1-B256", "S3", "S3-B256"}
-    assert {r[2] for r in bench.plan(True) if r[3] == "tf32"} == {"S1", "S1-B256"}
+    assert {r[2] for r in bench.plan(True) if r[3] == "tf32"} == {"S1", "S1-B256", "S3", "S3-B256"}
+
+
+def test_the_timeline_measures_the_union_of_gpu_intervals(bench):
+    trace = {"traceEvents": [
+        {"cat": "kernel", "ts": 0, "dur": 10}, {"cat": "kernel", "ts": 5, "dur": 10},   # overlap: 0..15
+        {"cat": "gpu_memcpy", "ts": 20, "dur": 5}, {"cat": "cpu_op", "ts": 0, "dur": 100},  # host op: ignored
+        {"cat": "gpu_memset", "ts": 24, "dur": 2}, {"cat": "kernel", "ts": 30}]}  # no duration: ignored
+    assert bench._busy_us(trace) == (21.0, 4)

@@ -171,3 +171,59 @@ def test_standard_is_chosen_without_asking_cudnn_twice(dry, monkeypatch):
     params, x, _, _ = _inputs(cp, spec)
     plan = engine_module.ENGINE.plan_for(params, x, np.full(3, 6), False, False)
     assert plan.algo == "STANDARD" and plan.segments[0].note == "projection runs the standard algorithm only"
+
+
+# -- on a GPU: what only real cuDNN can answer ------------------------------------------------------------
+def _gpu_reason() -> str:
+    from support.engine_cases import gpu_cases
+
+    return "" if any(case == "cudnn" for case in gpu_cases()) else "no CUDA GPU with CuPy and cuDNN here"
+
+
+needs_gpu = pytest.mark.skipif(bool(_gpu_reason()), reason=_gpu_reason() or "GPU present")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("asked", ["auto", "persist_static", "persist_dynamic", "persist_static_small_h"])
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+def test_gpu_every_algorithm_that_runs_equals_the_reference(monkeypatch, mode, asked):
+    """Small H, float32, equal lengths: the persistent algorithms' home. Whatever cuDNN accepts runs and
+    equals the reference engine (float32 tolerance); what it refuses falls back with the reason. The plan
+    that ran is printed (pytest -rA / -s shows it in the GPU run's log)."""
+    import cupy
+    from support.cudnn_cases import check
+
+    from arrayrnn.engines import load_engine
+
+    monkeypatch.setattr(cf, "algo", asked)
+    engine = load_engine("cudnn")
+    engine.plans.clear()
+    spec = ar.RNNSpec(mode=mode, input_size=16, hidden_size=64, num_layers=2, dtype="float32")
+    for batch_first in (False, True):
+        check(cupy, spec, lengths=[8] * 8, batch_first=batch_first, dtype="float32")
+    plans = list(engine.plans._plans.values())
+    print(f"{mode} asked {asked}:", sorted({f"{'batch-major' if p.key.batch_first else 'time-major'} "
+                                            f"{s.algo.name}: {s.note}" for p in plans for s in p.segments}))
+    if asked == "auto":  # PyTorch's rule for H = 64: PERSIST_STATIC_SMALL_H, which cuDNN takes for PyTorch
+        assert {p.algo for p in plans if not p.key.batch_first} == {"PERSIST_STATIC_SMALL_H"}
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_the_weight_guard_reports_a_write_without_waiting():
+    import cupy
+
+    from arrayrnn.frontend import guard
+
+    spec = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=8)
+    params = ar.PackedParams.init(spec, seed=0, xp=cupy).to_format("cudnn")
+    x = cupy.ones((6, 3, 4), np.float32)
+    res = ar.rnn_forward(params, x, training=True, engine="cudnn")
+    params.data *= 2
+    ar.rnn_backward(res, cupy.ones_like(res.y))
+    with pytest.raises(ValueError, match="modified in place"):
+        guard.synchronize()
+    res = ar.rnn_forward(params, x, training=True, engine="cudnn")
+    ar.rnn_backward(res, cupy.ones_like(res.y))
+    guard.synchronize()  # unchanged: nothing to report
