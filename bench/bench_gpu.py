@@ -246,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"rows": rows}
     if args.timeline:
         with precision(tf32=False):
-            result["timeline"] = timeline(args.out.parent if args.out else Path("."))
+            traces = (args.out.parent if args.out else Path(".")) / "traces"
+            traces.mkdir(exist_ok=True)
+            result["timeline"] = timeline(traces)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0
