@@ -182,6 +182,10 @@ def _bench_bindings() -> types.ModuleType:
         prepare_forward = staticmethod(cb.prepare_forward)
         prepare_backward_data = staticmethod(cb.prepare_backward_data)
         prepare_backward_weights = staticmethod(cb.prepare_backward_weights)
+        # the typed calls too (the engine before its plans made them on every call)
+        forward = staticmethod(cb.forward)
+        backward_data = staticmethod(cb.backward_data)
+        backward_weights = staticmethod(cb.backward_weights)
 
     return StubbedCompute()
 

@@ -272,7 +272,6 @@ class CudnnEngine(Engine):
         dh0 = cupy.empty(plan.h_shape, dy.dtype)
         dc0 = cupy.empty(plan.c_shape, dy.dtype) if lstm else None
         grad_space, dweights = self._weight_grads(params, runs)
-        g = cupy.ascontiguousarray(g)
         for run, dw in zip(reversed(runs), reversed(dweights), strict=True):
             seg = run.segment
             part = _part(seg, d, len(runs) == 1)

@@ -183,7 +183,6 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
     if params is not None:
         _check_same_params(res, params)
     spec, saved = res.params.spec, res._saved
-    xp = get_xp(res.y)
     dy = _check_cotangent("dy", dy, res.y, "res.y")
     none_ok = saved.engine.zero_states_as_none
     dh_n = _check_cotangent("dh_n", dh_n, res.h_n, "res.h_n", none_ok)
@@ -198,7 +197,7 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
         cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
                                      saved.masks, batch_first=saved.batch_first, keep_cache=True,
                                      **saved.variants).cache
-    g = saved.engine.backward(cache, xp.ascontiguousarray(dy), dh_n, dc_n, **all_states)
+    g = saved.engine.backward(cache, _contiguous(dy), dh_n, dc_n, **all_states)
     dparams = g.dparams if saved.run_params is res.params else _back_to_format(g.dparams, saved.engine,
                                                                                  res.params.format)
     return RNNGrads(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=dparams)
@@ -216,8 +215,7 @@ def _all_states_cotangents(res: RNNResult, dh_all: Any, dc_all: Any) -> dict[str
         if like is None:
             raise ValueError(f"{name} was given but res has no {name[1:]} (the forward ran with "
                              f"return_all_states=False); call rnn_forward(..., return_all_states=True)")
-        value = _check_cotangent(name, value, like, "res." + name[1:])
-        given[name] = get_xp(value).ascontiguousarray(value)
+        given[name] = _contiguous(_check_cotangent(name, value, like, "res." + name[1:]))
     return given
 
 
@@ -320,8 +318,10 @@ def _check_cotangent(name: str, value: Any, like: Array, like_name: str,
     """``value`` checked against ``like``; ``None`` becomes zeros (stays ``None`` where ``none_ok``)."""
     if value is None:
         return None if none_ok else get_xp(like).zeros_like(like)
-    value = as_array(value, name)
-    get_xp(like, value, names=(like_name, name))
+    if (type(value) is not type(like) or value.dtype != like.dtype
+            or getattr(value, "device", None) != getattr(like, "device", None)):
+        value = as_array(value, name)  # another array type, dtype or device: converted, or refused by name
+        get_xp(like, value, names=(like_name, name))
     if tuple(value.shape) != tuple(like.shape):
         raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {like_name}'s shape "
                          f"{tuple(like.shape)}")
@@ -331,6 +331,10 @@ def _check_cotangent(name: str, value: Any, like: Array, like_name: str,
 
 
 # -- layout helpers -----------------------------------------------------------------------------
+def _contiguous(a: Array) -> Array:
+    return a if a.flags.c_contiguous else get_xp(a).ascontiguousarray(a)
+
+
 def _zero_state(xp: Any, spec: RNNSpec, B: int, cell: bool = False) -> Array:
     return xp.zeros(spec.state_shape(B, cell), dtype=spec.dtype)
 
