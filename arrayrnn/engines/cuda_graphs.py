@@ -64,8 +64,9 @@ class GraphCache:
         """Drop this thread's graphs and their buffers."""
         self._local.state = _ThreadState()
 
-    def graph_count(self) -> int:
-        return len(self._state().graphs)
+    def graphs(self) -> list[tuple[Hashable, Any]]:
+        """This thread's graphs, least recently used first, each with the key its caller gave."""
+        return [(key[0], graph) for key, (_, graph) in self._state().graphs.items()]
 
     def run(self, xp: Any, key: Hashable, build: Callable[[], P], load: Callable[[P], None]) -> P:
         """The program for ``key`` after its loop ran on ``load``'s inputs (its outputs not yet copied)."""

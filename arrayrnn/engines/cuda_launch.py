@@ -231,8 +231,7 @@ class Driver:
     def _check(self, call: str, result: tuple) -> Any:
         err, *values = result
         if err != self._driver.CUresult.CUDA_SUCCESS:
-            _, name = self._driver.cuGetErrorName(err)
-            raise CudaDriverError(call, name.decode() if isinstance(name, bytes) else str(err))
+            raise CudaDriverError(call, getattr(err, "name", str(err)))
         return values[0] if values else None
 
     def load_module(self, image: bytes) -> Any:
