@@ -343,6 +343,7 @@ class DeviceLauncher:
     def __init__(self, cupy: Any):
         self._current_stream = cupy.cuda.get_current_stream
         device = cupy.cuda.Device()
+        device.use()  # its primary context current on this thread, for the driver calls (CUDA >= 12)
         self._device, cc = int(device.id), str(device.compute_capability)
         self._cc = (int(cc[:-1]), int(cc[-1]))
 

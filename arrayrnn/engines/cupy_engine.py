@@ -91,7 +91,8 @@ class GpuKernel:
 
 def _shape(a: Array, batch_sizes: np.ndarray, reverse: bool, w: DirectionWeights, **options: bool) -> Shape:
     T, B = a.shape[:2]
-    return Shape(T, B, tuple(int(n) for n in batch_sizes), reverse, VariantFlags.of(w), a.dtype, **options)
+    lengths = np.ascontiguousarray(batch_sizes, dtype=np.int64).tobytes()
+    return Shape(T, B, lengths, reverse, VariantFlags.of(w), a.dtype, **options)
 
 
 class CupyEngine(StackEngine):

@@ -51,7 +51,7 @@ class Shape:
 
     T: int
     B: int
-    batch_sizes: tuple[int, ...]
+    batch_sizes: bytes        # int64 per step: hashed at C speed (a tuple of ints costs O(T) in Python)
     reverse: bool
     flags: VariantFlags
     dtype: np.dtype
@@ -66,6 +66,7 @@ class StepProgram:
     def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
         self.dev, self.xp, self.spec, self.shape = dev, dev.xp, spec, shape
         self.one = shape.dtype.type(1)
+        self.batch_sizes = [int(n) for n in np.frombuffer(shape.batch_sizes, np.int64)]
         self._inputs: dict[str, Array] = {}
 
     # -- buffers and sites -------------------------------------------------------------------------
@@ -98,7 +99,7 @@ class StepProgram:
 
     def steps(self) -> Iterator[tuple[int, int]]:
         """``(t, n)``: every step in the direction's order and its active row count."""
-        bs = self.shape.batch_sizes
+        bs = self.batch_sizes
         order = range(len(bs) - 1, -1, -1) if self.shape.reverse else range(len(bs))
         return ((t, bs[t]) for t in order)
 

@@ -164,6 +164,9 @@ class Stream:
         _issue("host_func", lambda: callback(arg), self)
 
 
+REPLAY_GRAPHS = True  # False: a Graph.launch is logged, its nodes not run (a host-time benchmark's stub)
+
+
 class Graph:
     """``cupy.cuda.Graph``: the operations a capture recorded, run in order at each ``launch``;
     ``nodes`` names them (the stand-in's view of the graph's nodes)."""
@@ -179,8 +182,9 @@ class Graph:
         return None
 
     def _replay(self) -> None:
-        for _, run in self._nodes:
-            run()
+        if REPLAY_GRAPHS:
+            for _, run in self._nodes:
+                run()
 
 
 _STREAMS = [Stream(null=True)]
