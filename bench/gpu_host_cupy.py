@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="timed calls per row (at least 7)")
     parser.add_argument("--before", default=BEFORE, help="the git revision of the 'before' engine")
     args = parser.parse_args(argv)
-    print(f"host time per call, CPU, CuPy stand-in, B={B} I={I} H={H}, float32, median of {max(args.rounds, 7)}")
+    rounds = max(args.rounds, 7)
+    print(f"host time per call, CPU, CuPy stand-in, B={B} I={I} H={H}, float32, median of {rounds}")
     print(f"{'engine':34s} {'mode':4s} {'shape':5s} {'what':10s} {'us/call':>9s} {'us/step':>8s} "
           f"{'loop us/call':>12s} {'loop us/step':>12s} {'cupy ops':>8s} {'launches':>8s}")
     for r in rows(args.quick, args.rounds, args.before):

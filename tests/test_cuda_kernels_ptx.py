@@ -17,7 +17,6 @@ import re
 import numba
 import numpy as np
 import pytest
-from numba import cuda
 
 from arrayrnn.engines import cuda_kernels as ck
 from arrayrnn.engines import cuda_launch as cl

@@ -179,7 +179,8 @@ def test_a_loop_that_allocates_fails_its_capture_and_says_how_to_run_without(mon
     with cupy_sim.installed(capture_after=0):
         with monkeypatch.context() as patch:
             patch.setattr(cupy_steps.StepProgram, "matmul", allocating_matmul)
-            with pytest.raises(cuda_graphs.GraphCaptureError, match=r"matmul without out=.*use_graphs = False"):
+            expected = r"matmul without out=.*use_graphs = False"
+            with pytest.raises(cuda_graphs.GraphCaptureError, match=expected):
                 forward_backward(case, CUPY)
         _check_against_reference(case, seed=0)
     assert np.all([not stream.is_capturing() for stream in fake_cupy._STREAMS])
