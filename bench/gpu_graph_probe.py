@@ -9,11 +9,12 @@ cuDNN cannot run), forward and training step:
   ``torch.nn.LSTM/GRU`` (cuDNN; the plain cell, the target of both cells), the cupy engine step by step
   (``cuda_graphs.use_graphs = False``) and with graphs (from a shape's third call);
 - ``replay us/step``: device time of one forward direction's graph replay alone, per step (the loop's GEMM,
-  kernel and node overheads, without the driver's hoisted GEMMs and copies);
-- with ``--trace DIR``: a torch.profiler (CUPTI) trace of one replayed cupy call and one torch call per
-  mode at S3 (kernels by device time; Chrome traces ``DIR/trace-*.json``), the timeline of where time goes.
+  kernel and node overheads, without the driver's hoisted GEMMs and copies).
 
-    python bench/gpu_graph_probe.py [--repeat 20] [--out probe.json] [--trace DIR]
+The timeline of one call (CUPTI, kernel by kernel) is ``bench/bench_gpu.py --timeline``'s, whose cupy rows
+trace a replayed call.
+
+    python bench/gpu_graph_probe.py [--repeat 20] [--out probe.json]
 """
 
 from __future__ import annotations
@@ -103,33 +104,10 @@ def _row(mode: str, shape_name: str, cell_name: str, what: str, repeat: int) -> 
     return row
 
 
-def _trace(directory: Path, mode: str) -> dict:
-    """One replayed cupy call and one torch call under torch.profiler: kernels by device time."""
-    import cupy
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    directory.mkdir(parents=True, exist_ok=True)
-    ours, theirs = _sides(mode, SHAPES["S3"], {}, "forward")
-    for _ in range(3):
-        ours()
-    tables = {}
-    for side, fn in (("cupy-graph", ours), ("torch", theirs)):
-        cupy.cuda.Device().synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
-            cupy.cuda.Device().synchronize()
-            torch.cuda.synchronize()
-        prof.export_chrome_trace(str(directory / f"trace-{mode}-S3-{side}.json"))
-        tables[side] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
-    return tables
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--trace", type=Path, default=None, help="write torch.profiler traces here")
     args = parser.parse_args(argv)
     rows, failures = [], []
     print("ms per call, median; gpu = CUDA events; graph/torch = the graph path's device time over cuDNN's")
@@ -150,21 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['steps_gpu_ms']:7.2f} | graph cpu {r['graph_cpu_ms']:7.2f} gpu "
                           f"{r['graph_gpu_ms']:7.2f} | graph/torch {r['graph_over_torch_gpu']:5.2f} | replay "
                           f"{'-' if replay is None else f'{replay:.1f}'} us/step", flush=True)
-    traces = {}
-    if args.trace is not None:
-        for mode in ("lstm", "gru"):
-            try:
-                traces[mode] = _trace(args.trace, mode)
-                for side, table in traces[mode].items():
-                    print(f"\n== {mode} S3 forward, {side} ==\n{table}", flush=True)
-            except Exception as err:
-                failures.append(f"trace {mode}: {type(err).__name__}: {err}")
-                print("FAILED", failures[-1], flush=True)
     if rows:
         ratios = [r["graph_over_torch_gpu"] for r in rows]
         print(f"graph/torch device time: median {statistics.median(ratios):.2f}, max {max(ratios):.2f}")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "failures": failures, "traces": traces}, indent=1))
+        args.out.write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
     return 1 if failures else 0
 
 

@@ -18,7 +18,9 @@ cost ~5-30 us (a matmul the most), so every row also gives ``cupy_ops``: the CuP
 (copies, GEMMs, elementwise kernels, graph launches) and ``kernel_launches``: our kernels launched from the
 host; real host time ~ ``us_per_call`` + ``cupy_ops`` x (CuPy's cost per operation - the stand-in's).
 ``loop_us_per_call`` is the part spent in the direction kernels' time loops (what issue 33 targets), the rest
-is the frontend and the stack driver. Medians of ``--rounds`` calls (at least 7).
+is the frontend and the stack driver. Times are the calling thread's CPU time (``time.thread_time``, as
+bench_gpu_host.py's), so other processes on a shared machine do not count; medians of ``--rounds`` calls
+(at least 7).
 
     python bench/gpu_host_cupy.py [--quick] [--rounds 9] [--before 9068b53]
 """
@@ -169,11 +171,11 @@ class _LoopClock:
 
     def _timed(self, method: Callable) -> Callable:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = time.thread_time()
             try:
                 return method(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self.seconds += time.thread_time() - start
 
         return timed
 
@@ -195,9 +197,9 @@ def _measure(call: Callable[[], None], kernel: Any, launches: Callable[[], int],
     times, loops = [], []
     for _ in range(rounds):
         with _LoopClock(kernel) as clock:
-            start = time.perf_counter()
+            start = time.thread_time()
             call()
-            times.append(time.perf_counter() - start)
+            times.append(time.thread_time() - start)
         loops.append(clock.seconds)
     before = launches()
     with fake_cupy.issued() as log:
