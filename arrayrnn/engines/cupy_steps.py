@@ -90,7 +90,7 @@ class StepProgram:
         return self.dev.site(kernel, (0, 0, *args))
 
     # -- per call -----------------------------------------------------------------------------------
-    def copy_in(self, **arrays: Array | float | None) -> None:
+    def copy_in(self, **arrays: Array | float) -> None:
         """Every input buffer from the array of its name (a scalar fills it)."""
         if set(arrays) != set(self._inputs):
             raise AssertionError(f"inputs {sorted(arrays)} != buffers {sorted(self._inputs)}")
@@ -117,6 +117,12 @@ class StepProgram:
     def multiply(self, a: Array, b: Array) -> None:
         self.xp.multiply(a, b, out=a)
 
+    def gates_into(self, xw: Array) -> Array:
+        """The caller's projection buffer ``xw`` (the driver's fresh array), now holding this call's gate
+        activations: the cache's ``gates``, without a new allocation."""
+        xw[...] = self.xw
+        return xw
+
 
 class Variants:
     """One direction's cell-variant masks as program inputs, and the per-step work around the fused step
@@ -138,18 +144,17 @@ class Variants:
         named = {"h_mask": w.h_mask, "m_h": w.zoneout_h, "m_c": w.zoneout_c}
         return {name: a for name, a in named.items() if a is not None}
 
-    def recurrent_input(self, h: Array, n: int) -> Array:
-        """What enters the recurrent GEMM: ``h[:n]``, or ``h[:n] * mask`` (recurrent dropout)."""
-        if self.h_mask is None:
-            return h[:n]
-        self.p.xp.multiply(h[:n], self.h_mask[:n], out=self.h_rec[:n])
-        return self.h_rec[:n]
-
-    def keep_previous(self, h: Array, c: Array | None, n: int) -> None:
+    def recurrent_product(self, h: Array, c: Array | None, W: Array, out: Array, n: int) -> None:
+        """A forward step's recurrent GEMM ``out[:n] = h[:n] @ W`` (``h * mask`` with recurrent dropout),
+        the states it starts from kept first for zoneout's mix."""
         if self.zone_h:
             self.h_old[:n] = h[:n]
         if self.zone_c:
             self.c_old[:n] = c[:n]
+        if self.h_mask is not None:
+            self.p.xp.multiply(h[:n], self.h_mask[:n], out=self.h_rec[:n])
+            h = self.h_rec
+        self.p.matmul(h[:n], W, out[:n])
 
     def mask_gradient(self, d: Array, n: int) -> None:
         """``d[:n] *= mask``: a recurrent GEMM's gradient back through the recurrent dropout."""
@@ -179,8 +184,7 @@ class RnnForward(StepProgram):
         H, v = self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
-                v.keep_previous(self.h, None, n)
-                self.matmul(v.recurrent_input(self.h, n), self.W_hhT, self.hh[:n])
+                v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
                 self.step(n * H, t, n)
                 if self.zone is not None:
                     self.zone(n * H, t, n)
@@ -226,8 +230,7 @@ class LstmForward(StepProgram):
         B, H, P, v = self.shape.B, self.c.shape[1], self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
-                v.keep_previous(self.h, self.c, n)
-                self.matmul(v.recurrent_input(self.h, n), self.W_hhT, self.hh[:n])
+                v.recurrent_product(self.h, self.c, self.W_hhT, self.hh, n)
             self.step(B * H, t, n)  # every row: inactive ones get zero gates (the cache's contract)
             if not n:
                 continue
@@ -242,9 +245,9 @@ class LstmForward(StepProgram):
     def result(self, xw: Array) -> DirectionForward:
         cache = None
         if self.shape.keep:
-            xw[...] = self.xw  # the caller's projection buffer becomes the gate cache
             c_cand = self.c_cand.copy() if self.v.zone_c else None
-            cache = DirectionCache(gates=xw, c=self.c_all.copy(), tanh_c=self.tanh_c.copy(), c_cand=c_cand)
+            cache = DirectionCache(gates=self.gates_into(xw), c=self.c_all.copy(), tanh_c=self.tanh_c.copy(),
+                                   c_cand=c_cand)
         return DirectionForward(self.y.copy(), self.h.copy(), self.c.copy(), cache)
 
 
@@ -272,17 +275,13 @@ class GruForward(StepProgram):
         B, H, v = self.shape.B, self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
-                v.keep_previous(self.h, None, n)
-                self.matmul(v.recurrent_input(self.h, n), self.W_hhT, self.hh[:n])
+                v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
             self.step(B * H, t, n)
             if n and self.zone is not None:
                 self.zone(n * H, t, n)
 
     def result(self, xw: Array) -> DirectionForward:
-        cache = None
-        if self.shape.keep:
-            xw[...] = self.xw
-            cache = DirectionCache(gates=xw, hn=self.hn_all.copy())
+        cache = DirectionCache(gates=self.gates_into(xw), hn=self.hn_all.copy()) if self.shape.keep else None
         return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
 
 
@@ -311,8 +310,7 @@ class GruResetBeforeForward(StepProgram):
         B, H, v = self.shape.B, self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
-                v.keep_previous(self.h, None, n)
-                self.matmul(v.recurrent_input(self.h, n), self.W_rzT, self.hrz[:n])
+                v.recurrent_product(self.h, None, self.W_rzT, self.hrz, n)
             self.rz(B * H, t, n)
             if not n:
                 continue
@@ -322,10 +320,7 @@ class GruResetBeforeForward(StepProgram):
                 self.zone(n * H, t, n)
 
     def result(self, xw: Array) -> DirectionForward:
-        cache = None
-        if self.shape.keep:
-            xw[...] = self.xw
-            cache = DirectionCache(gates=xw)
+        cache = DirectionCache(gates=self.gates_into(xw)) if self.shape.keep else None
         return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
 
 
