@@ -202,7 +202,10 @@ def compile_ptx(kernel: Any, specs: Sequence[ArgSpec], cc: tuple[int, int]) -> s
 
 def link_cubin(ptx: str, cc: tuple[int, int]) -> bytes:
     """``ptx`` assembled for ``sm_<cc>`` by cuda.core's Linker (nvJitLink), as numba-cuda links kernels."""
-    from cuda.core import Linker, LinkerOptions, ObjectCode
+    try:
+        from cuda.core import Linker, LinkerOptions, ObjectCode
+    except ImportError:  # cuda-core before 0.4 kept them in cuda.core.experimental
+        from cuda.core.experimental import Linker, LinkerOptions, ObjectCode
 
     linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
     try:
