@@ -272,14 +272,15 @@ class KernelModule:
     """One loaded cubin and its kernel function; owns the module (``close()`` unloads it, safe twice)."""
 
     def __init__(self, cubin: bytes, name: str):
-        self._module = driver().load_module(cubin)
-        self.function = driver().get_function(self._module, name)
+        self._driver = driver()  # the one that loaded it unloads it
+        self._module = self._driver.load_module(cubin)
+        self.function = self._driver.get_function(self._module, name)
         self.name = name
 
     def close(self) -> None:
         module, self._module = self._module, None
         if module is not None:
-            driver().unload_module(module)
+            self._driver.unload_module(module)
 
     def __enter__(self) -> KernelModule:
         return self
