@@ -5,21 +5,17 @@ operations at every T."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from test_bench_smoke import _load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu_host_cupy.py"
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_host_cupy", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_host_cupy", module)
-    spec.loader.exec_module(module)
+    module = _load_bench(monkeypatch, BENCH)
     monkeypatch.setattr(module, "SHAPES", {"short": 3, "long": 8})
     return module
 
