@@ -1,9 +1,13 @@
-"""The cupy engine's CUDA kernels compile to PTX for sm_90 (Hopper) without a GPU, in float32 and float64.
+"""The cupy engine's CUDA kernels compile to PTX for sm_90 (Hopper) without a GPU, in float32 and float64,
+through the engine's own path (:mod:`arrayrnn.engines.cuda_launch`: ``numba.cuda.compile_ptx`` with the
+parameter kinds a launch site packs, then cuda.core's Linker to a cubin).
 
 ``numba.cuda.compile_ptx`` needs numba-cuda with its NVVM (the ``numba-cuda[cu13]`` test extra), not a
 device. Their numerics are executed under the CUDA simulator in ``tests_cudasim/``; this checks that the
-very same code also passes numba's CUDA type inference and NVVM for a real GPU, and that float32 kernels
-do float32 math (no float64 instruction sneaks in through a Python float literal).
+very same code also passes numba's CUDA type inference and NVVM for a real GPU, that float32 kernels do
+float32 math (no float64 instruction sneaks in through a Python float literal), that the parameter block a
+launch site packs is the kernel's ``.param`` list (numba's ABI, which numba-cuda calls unstable: a change
+fails here, not on a GPU), and that the PTX links to an sm_90 cubin.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import re
 import numba
 import numpy as np
 import pytest
-from numba import cuda
 
 from arrayrnn.engines import cuda_kernels as ck
+from arrayrnn.engines import cuda_launch as cl
 
 if numba.config.ENABLE_CUDASIM:  # pragma: no cover - this module belongs to the main (non-simulator) run
     pytest.skip("compile_ptx is not available under the CUDA simulator", allow_module_level=True)
@@ -57,15 +61,37 @@ def test_every_kernel_is_listed() -> None:
     assert kernels == set(KERNELS)
 
 
+# numba's kernel ABI, as numba-cuda's launcher prepares it: an array is meminfo, parent, nitems, itemsize,
+# data, then shape and strides, every one a 64-bit integer; scalars have their own width (a bool one byte)
+ABI = {"int64": ["u64"], "float32": ["f32"], "float64": ["f64"], "bool": ["u8"]}
+
+
+def _abi(arg) -> list[str]:
+    if isinstance(arg, np.ndarray):
+        return ["u64"] * (5 + 2 * arg.ndim)
+    return ABI[np.dtype(type(arg)).name]
+
+
+def _ptx_params(ptx: str) -> list[str]:
+    """The ``.param`` types of the PTX's one ``.entry``, in order."""
+    (params,) = re.findall(r"\.entry\s+\S+\s*\((.*?)\)", ptx, re.S)
+    return re.findall(r"\.param\s+\.(\w+)\s+\S+_param_\d+", params)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("name", KERNELS)
 def test_kernel_compiles_to_ptx_for_sm90(name: str, dtype: type) -> None:
-    kernel = getattr(ck, name)
-    signature = tuple(numba.typeof(a) for a in _example_args(name, dtype))
-    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
+    kernel, args = getattr(ck, name), _example_args(name, dtype)
+    specs = tuple(cl.describe(a, i, name) for i, a in enumerate(args))
+    ptx = cl.compile_ptx(kernel, specs, (9, 0))
     assert ".target sm_90" in ptx
     assert re.search(r"\.entry\s", ptx)
     if dtype is np.float32:
         assert not re.search(r"\.f64\b", ptx), "float32 kernel does float64 math"
     else:
         assert re.search(r"\.f64\b", ptx)
+    params = _ptx_params(ptx)
+    assert params == [t for a in args for t in _abi(a)]
+    assert len(cl.PackedArgs(specs, args).slots) == len(params)  # one slot per parameter
+    assert cl.entry_name(ptx) in ptx and name in cl.entry_name(ptx)
+    assert cl.link_cubin(ptx, (9, 0))[:4] == b"\x7fELF"

@@ -1,10 +1,13 @@
 """The cupy engine: what runs on CPU here (availability, refusal of NumPy arrays, launch shapes) and the
 GPU tests (marker ``gpu``): the shared cases of ``support.rnn_cases`` on CuPy arrays with this engine and with
-the reference engine (the GPU oracle), both against the reference engine on NumPy; float16; dropout masks.
+the reference engine (the GPU oracle), both against the reference engine on NumPy; float16; dropout masks;
+the time loops as CUDA graphs (replays equal the reference, launch nothing from the host, take nothing from
+CuPy's memory pool while captured, run on the caller's stream).
 
 The kernels' numerics are also executed on CPU under numba's CUDA simulator (``tests_cudasim/``), where the
 shared suites also run the engine's CuPy branch end to end on a NumPy-backed CuPy stand-in
-(``tests_cudasim/test_shared_suites.py``), and compiled for sm_90 (``test_cuda_kernels_ptx.py``).
+(``tests_cudasim/test_shared_suites.py``, every loop captured and replayed there), and compiled for sm_90
+(``test_cuda_kernels_ptx.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from support.rnn_cases import assert_close, forward_backward, make_case, toleran
 
 from arrayrnn import EngineUnavailableError, RNNSpec
 from arrayrnn.core.backend import cupy_module
+from arrayrnn.engines import cuda_graphs, cuda_launch, probe_call, select_engine
 from arrayrnn.engines import cuda_kernels as ck
-from arrayrnn.engines import probe_call, select_engine
 from arrayrnn.engines.cupy_engine import ENGINE, Device
 
 SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
@@ -133,3 +136,99 @@ def test_same_dropout_masks_as_the_cpu_engines(mode):
     _compare(gpu_pair, forward_backward(case, "reference", seed=11), tolerances("float64"))
     other_seed = forward_backward(case, "reference", seed=12)[0]
     assert not np.allclose(cupy_module().asnumpy(gpu_pair[0].y), other_seed.y)  # the masks matter
+
+
+# -- GPU: the time loops as CUDA graphs ----------------------------------------------------------------
+class CountingDriver(cuda_launch.Driver):
+    """The real driver, its kernel launches counted."""
+
+    def __init__(self, inner: cuda_launch.Driver):
+        self.inner, self.launches = inner, 0
+
+    def load_module(self, image):
+        return self.inner.load_module(image)
+
+    def get_function(self, module, name):
+        return self.inner.get_function(module, name)
+
+    def unload_module(self, module):
+        self.inner.unload_module(module)
+
+    def launch(self, function, blocks, threads, stream, params):
+        self.launches += 1
+        self.inner.launch(function, blocks, threads, stream, params)
+
+
+GRAPH_CONFIGS = [
+    dict(mode="lstm", num_layers=2, bidirectional=True),
+    dict(mode="gru", reset_after=False, recurrent_dropout=0.3, zoneout=0.2),
+    dict(mode="lstm", proj_size=3, peepholes=True, cell_clip=0.5, zoneout=0.1, zoneout_cell=0.2,
+         recurrent_dropout=0.2, weight_dropout=0.3),
+    dict(mode="gru", bidirectional=True, zoneout=0.3),
+    dict(mode="rnn_relu", bias="single_rec"),
+]
+
+
+@pytest.fixture
+def counted_launches():
+    ENGINE.kernel.graphs.clear()
+    counting = CountingDriver(cuda_launch.driver())
+    before = cuda_launch.use_driver(counting)
+    yield counting
+    cuda_launch.use_driver(before)
+    ENGINE.kernel.graphs.clear()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("config", GRAPH_CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_gpu_graph_replays_equal_the_cpu_reference_and_launch_nothing_from_the_host(config, dtype,
+                                                                                    counted_launches):
+    """Three calls of one shape with new inputs each (step by step, captured, replayed), on a non-default
+    stream, each equal to the reference engine on NumPy; the replayed call launches no kernel itself."""
+    spec = RNNSpec(input_size=5, hidden_size=6, dtype=dtype, **config)
+    lengths = np.array([7, 0, 3, 7, 5])  # part of a graph's key: the same for the three calls
+    launches = []
+    with cupy_module().cuda.Stream():
+        for seed in range(3):
+            case = make_case(spec, T=7, B=5, seed=seed).with_(lengths=lengths)
+            gpu = forward_backward(_on_gpu(case), "cupy", seed=seed)
+            _compare(gpu, forward_backward(case, "reference", seed=seed), tolerances(dtype))
+            launches.append(counted_launches.launches)
+    assert launches[0] > 0 and launches[2] == launches[1]
+    assert len(ENGINE.kernel.graphs.graphs()) == 2 * spec.num_layers * spec.num_directions
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("config", GRAPH_CONFIGS[:3], ids=["lstm", "gru-reset-before", "lstm-every-variant"])
+def test_gpu_capture_takes_nothing_from_cupys_memory_pool(config, monkeypatch):
+    """Nothing inside a captured loop allocates from CuPy's pool (a replay would write memory the pool may
+    have handed to someone else): cuBLAS and CuPy's elementwise kernels under capture included."""
+    cp = cupy_module()
+
+    class MallocCount(cp.cuda.MemoryHook):
+        name = "arrayrnn-capture-mallocs"
+
+        def __init__(self):
+            super().__init__()
+            self.mallocs = []
+
+        def malloc_preprocess(self, **kwargs):
+            self.mallocs.append(kwargs.get("size"))
+
+    hook, capture = MallocCount(), cuda_graphs.GraphCache._capture
+
+    def watched(xp, state, program):
+        with hook:
+            return capture(xp, state, program)
+
+    monkeypatch.setattr(cuda_graphs.GraphCache, "_capture", staticmethod(watched))
+    ENGINE.kernel.graphs.clear()
+    spec = RNNSpec(input_size=5, hidden_size=6, dtype="float32", **config)
+    case = _on_gpu(make_case(spec, T=6, B=4, seed=0, lengths="zeros"))
+    for _ in range(2):
+        forward_backward(case, "cupy", seed=1)
+    assert ENGINE.kernel.graphs.graphs() and hook.mallocs == []
+    ENGINE.kernel.graphs.clear()

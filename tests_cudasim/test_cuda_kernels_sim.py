@@ -185,25 +185,6 @@ def test_through_rnn_forward_batch_first_registered_engine() -> None:
         np.testing.assert_allclose(a, b, **TOL)
 
 
-def test_launches_do_not_warn_about_low_occupancy() -> None:
-    """A step launches B x H threads by design; numba-cuda's warning for grids under 128 blocks is off for
-    our launches only (the setting is back as it was after each one)."""
-    import numba
-
-    from arrayrnn.engines.cupy_engine import Device
-
-    seen = []
-
-    class Kernel:  # records the setting when the launch is configured (where numba-cuda warns)
-        def __getitem__(self, config):
-            seen.append(numba.config.CUDA_LOW_OCCUPANCY_WARNINGS)
-            return lambda *args: seen.append(args)
-
-    before = numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 1
-    Device(np).launch(Kernel(), 12, "arg")
-    assert seen == [0, ("arg",)] and numba.config.CUDA_LOW_OCCUPANCY_WARNINGS == before
-
-
 def test_reset_after_gru_backward_keeps_only_the_n_part_of_the_recurrent_gradient() -> None:
     """Memory: the reset-after GRU's recurrent gradient differs from dpre_in in its n part only, so the
     kernel returns that part, (T, B, H), and no second (T, B, 3H) stack (the numba engine does the same)."""

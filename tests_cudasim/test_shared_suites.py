@@ -5,15 +5,16 @@ The same test bodies as ``tests/test_rnn_semantics.py``, ``test_rnn_gradcheck.py
 ``test_engine_seam.py``, collected here again with this directory's ``engine`` fixture: ``engine="cupy"``
 through the public ``rnn_forward`` /
 ``rnn_backward`` on CuPy stand-in arrays (tests/support/fake_cupy.py), so the engine's CuPy branch runs —
-``CupyEngine.check``, wrapping buffers through ``__cuda_array_interface__`` without synchronisation, the
-launches on CuPy's current stream, cuBLAS-side ``matmul(out=)`` — with its kernels in numba's simulator
-(tests/support/cupy_sim.py).
+``CupyEngine.check``, the kernels' arguments packed from ``__cuda_array_interface__``, every time loop
+captured into a graph at its first call and replayed (the stand-in refuses allocation, host reads and
+synchronisation inside a capture), the launches on CuPy's current stream, ``cupy.matmul(out=)`` — with its
+kernels in numba's simulator (tests/support/cupy_sim.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from support import cupy_sim
+from support import fake_cupy
 from support.rnn_cases import forward_backward, host, make_case
 from test_cell_variants import (  # noqa: F401 - collected here with this directory's engine fixture
     test_all_states_of_a_plain_stack_are_its_layers_outputs,
@@ -37,15 +38,18 @@ from arrayrnn import RNNSpec
 
 
 def test_the_cupy_branch_ran_on_cupys_current_stream(engine):
-    """Inside a non-default CuPy stream every launch goes to that stream (external_stream), and the
-    results are CuPy arrays; outside, no external stream is made."""
+    """Inside a non-default CuPy stream every operation of a call goes to that stream (each time loop as
+    one graph launch; its nodes were captured on the engine's own capture stream), and the results are
+    CuPy arrays."""
     spec = RNNSpec(mode="gru", input_size=3, hidden_size=4, bidirectional=True, dtype="float64")
     case = make_case(spec, 4, 3, lengths="zeros")
-    cupy_sim.STREAMS.clear()
-    forward_backward(case, engine)
-    assert cupy_sim.STREAMS == []
-    with engine.xp.cuda.Stream() as stream:
+    with engine.xp.cuda.Stream() as stream, fake_cupy.issued() as log:
         res, g = forward_backward(case, engine)
-    assert set(cupy_sim.STREAMS) == {stream.ptr}
+    ran = [op for op in log if not op[2]]
+    captured = {op[1] for op in log if op[2]}
+    assert {op[1] for op in ran} == {stream.ptr}
+    assert [op.name for op in ran].count("graph_launch") == 4  # 2 directions x (forward, backward)
+    assert "host_func" not in [op.name for op in ran]  # no kernel launched outside a graph
+    assert len(captured) == 1 and stream.ptr not in captured
     assert isinstance(res.y, engine.xp.ndarray) and isinstance(g.dparams.data, engine.xp.ndarray)
     assert np.isfinite(host(g.dx)).all()

@@ -3,7 +3,7 @@
 One kernel launch per step (two for the reset-before GRU and the projected LSTM backward) does all the
 elementwise work of a step: activations, the gate formulas of :mod:`.gate_math` (shared with the numba
 CPU engine), the new state, the output and the residuals. The per-step GEMMs run outside, on cuBLAS
-(:mod:`.cupy_engine`). One thread per ``(row b, unit j)`` of the ``B x H`` step; a kernel gets the whole
+(:mod:`.cupy_steps`). One thread per ``(row b, unit j)`` of the ``B x H`` step; a kernel gets the whole
 ``(T, B, .)`` stacks and the step ``t`` plus the number of active rows ``n`` as arguments, so nothing is
 sliced or allocated per step. Roughly, for an LSTM step::
 
@@ -14,8 +14,11 @@ sliced or allocated per step. Roughly, for an LSTM step::
 
 The same code runs on the GPU and, with ``NUMBA_ENABLE_CUDASIM=1`` set before numba's CUDA module is
 imported, under numba's CUDA simulator on NumPy arrays (that is how CI executes it).
-``one`` is 1 in the compute dtype (float32 math never promotes to float64). Kernels are compiled per dtype
-on first use and cached on disk (``cache=True``).
+``one`` is 1 in the compute dtype (float32 math never promotes to float64). Every kernel takes ``t, n``
+first: the engine packs the other arguments once and rewrites only those two per launch. The engine
+compiles the kernels itself, per dtype and argument kinds on first use, once per process
+(:mod:`.cuda_launch`: ``numba.cuda.compile_ptx``, then a cubin), not through numba's dispatcher, whose
+on-disk cache (``cache=True``) serves only direct launches.
 """
 
 from __future__ import annotations

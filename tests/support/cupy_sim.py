@@ -1,69 +1,51 @@
 """The cupy engine's CuPy branch on CPU: the CuPy stand-in (:mod:`support.fake_cupy`) under numba's CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``, the ``tests_cudasim`` run).
 
-The engine wraps CuPy buffers with ``numba.cuda.from_cuda_array_interface(..., sync=False)`` and launches
-on ``numba.cuda.external_stream(<CuPy's current stream>)``; the simulator has neither (its kernels take
-NumPy arrays and run synchronously). Inside :func:`installed` both exist:
+The engine packs each kernel's arguments once (:mod:`arrayrnn.engines.cuda_launch`); under the simulator a
+launch decodes that block back into arrays and runs the simulator's kernel as a host function of CuPy's
+current stream, so the stand-in's stream capture records it like a kernel node. Inside :func:`installed`:
 
-- ``from_cuda_array_interface`` builds the NumPy view the interface describes (address, shape, strides,
-  typestr), after checking the address range lies inside one live stand-in array, that an ``owner`` keeps
-  the buffer alive and that ``sync=False`` was asked for (numba would otherwise synchronise with CuPy's
-  stream at every launch);
-- ``external_stream`` records the pointer (:data:`STREAMS`) and gives the simulator's stream.
+- every array a launch decodes must lie inside one live stand-in array (an address the packing got wrong,
+  or a buffer freed while a graph still names it, fails the test instead of reading stray memory);
+- every time loop is captured into a graph at its first call (``cuda_graphs.CAPTURE_AFTER = 0``) and
+  replayed, so the shared suites run every program through capture, whose stand-in refuses any allocation,
+  host read or synchronisation inside the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from numba import cuda
+
+from arrayrnn.engines import cuda_graphs, cuda_launch
 
 from . import fake_cupy
 
-STREAMS: list[int] = []  # every pointer handed to external_stream, in order
+_host_array = cuda_launch.host_array
 
 
-def from_cuda_array_interface(desc: dict, owner: Any = None, sync: bool = True) -> np.ndarray:
-    """What numba's ``from_cuda_array_interface`` returns, for the simulator: a view of the memory."""
-    if sync:
-        raise AssertionError("from_cuda_array_interface(..., sync=True): every launch would wait for the GPU")
-    if owner is None:
-        raise AssertionError("from_cuda_array_interface without owner: nothing keeps the buffer alive")
-    ptr, _readonly = desc["data"]
-    dtype, shape = np.dtype(desc["typestr"]), tuple(desc["shape"])
-    strides = desc.get("strides") or tuple(int(s) for s in np.empty(shape, dtype).strides)
-    steps = sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-    span = steps + dtype.itemsize
-    if 0 in shape:
-        return np.empty(shape, dtype)
-    if not fake_cupy.device_memory_covers(ptr, span):
-        raise AssertionError(f"__cuda_array_interface__ points outside any live CuPy array: {desc}")
-    buffer = (ctypes.c_char * span).from_address(ptr)
-    return np.ndarray(shape, dtype, buffer=buffer, strides=strides)
-
-
-def external_stream(ptr: int) -> Any:
-    """The simulator's stream (it runs everything synchronously); ``ptr`` is recorded."""
-    STREAMS.append(int(ptr))
-    return cuda.default_stream()
+def checked_host_array(m: cuda_launch.Memory) -> np.ndarray:
+    """:func:`cuda_launch.host_array`, after checking the memory lies inside one live stand-in array."""
+    view = _host_array(m)
+    span = sum((n - 1) * s for n, s in zip(m.shape, m.strides, strict=True)) + m.dtype.itemsize
+    if view.size and not fake_cupy.device_memory_covers(m.ptr, span):
+        raise AssertionError(f"a kernel argument points outside any live CuPy array: {m}")
+    return view
 
 
 @contextlib.contextmanager
-def installed() -> Iterator[Any]:
-    """The CuPy stand-in, plus the two numba calls the simulator lacks (yields the stand-in ``cupy``)."""
-    saved = {name: getattr(cuda, name, None) for name in ("from_cuda_array_interface", "external_stream")}
+def installed(capture_after: int = 0) -> Iterator[Any]:
+    """The CuPy stand-in with checked kernel arguments and graphs from the ``capture_after``-th call of a
+    shape (yields the stand-in ``cupy``)."""
+    saved = cuda_graphs.CAPTURE_AFTER
     with fake_cupy.installed() as cupy:
-        cuda.from_cuda_array_interface = from_cuda_array_interface
-        cuda.external_stream = external_stream
+        cuda_launch.host_array = checked_host_array
+        cuda_graphs.CAPTURE_AFTER = capture_after
         try:
             yield cupy
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    delattr(cuda, name)
-                else:
-                    setattr(cuda, name, value)
+            cuda_launch.host_array = _host_array
+            cuda_graphs.CAPTURE_AFTER = saved

@@ -14,7 +14,16 @@ so ``import cupy`` and ``arrayrnn.core.backend.get_xp`` find it. Its :class:`nda
 - reductions and scalar indexing give 0-d arrays, not NumPy scalars;
 - ``flags`` is CuPy's: no ``writeable``;
 - floating ``empty`` / ``empty_like`` / ``ndarray(shape)`` are filled with NaN, like stale device memory, so
-  code that reads memory it never wrote sees garbage, not zeros.
+  code that reads memory it never wrote sees garbage, not zeros;
+- streams capture like CuPy's (``Stream.begin_capture`` / ``end_capture`` / ``is_capturing``, a
+  :class:`Graph` with ``launch``): while the current stream captures, an operation that writes into existing
+  arrays (``out=``, ``a[...] = b``, ``a += b``, ``Stream.launch_host_func``) is recorded, not run, and runs at
+  every ``Graph.launch`` on the memory it named at capture; one that would allocate (a result without
+  ``out=``, a new array) or read a value back to the host (``get``, ``bool()``, ``float()``) is a
+  ``RuntimeError``, as the GPU would refuse it or replay the graph on memory it no longer owns.
+
+Every operation is logged while :func:`issued` is open (its name, the stream it went to, whether it was
+captured): what a test counts to see how much host work a call issues.
 
 :func:`device_memory_covers` says whether ``[ptr, ptr + nbytes)`` lies inside one live array of this module
 (the dry run's check that a library is only ever handed "device" memory of the right size).
@@ -54,6 +63,7 @@ def _track(a: np.ndarray) -> None:
     root = _root(a)
     key = id(root)
     if key not in _LIVE:
+        _refuse_in_capture(f"allocating a {a.dtype} array of shape {a.shape}")
         _LIVE[key] = weakref.ref(root, lambda _: _LIVE.pop(key, None))
 
 
@@ -110,11 +120,13 @@ class Device:
 
 
 class Stream:
-    """``cupy.cuda.Stream``: a made-up non-zero ``ptr``; ``with stream:`` makes it the current one."""
+    """``cupy.cuda.Stream``: a made-up non-zero ``ptr``; ``with stream:`` makes it the current one. It
+    captures like CuPy's (see the module docstring); host functions run at once unless captured."""
 
     _next_ptr = 0x5000
 
     def __init__(self, null: bool = False, non_blocking: bool = False):
+        self._capture: list[tuple[str, Callable[[], Any]]] | None = None
         if null:
             self.ptr = 0
         else:
@@ -129,7 +141,50 @@ class Stream:
         _STREAMS.pop()
 
     def synchronize(self) -> None:
+        _refuse_in_capture("synchronizing a stream")
         TRANSFERS["sync"] += 1
+
+    def begin_capture(self, mode: Any = None) -> None:
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if self._capture is not None:
+            raise RuntimeError("the stream is already capturing")
+        self._capture = []
+
+    def end_capture(self) -> Graph:
+        if self._capture is None:
+            raise RuntimeError("the stream is not capturing")
+        nodes, self._capture = self._capture, None
+        return Graph(nodes)
+
+    def is_capturing(self) -> bool:
+        return self._capture is not None
+
+    def launch_host_func(self, callback: Callable[[Any], None], arg: Any) -> None:
+        _issue("host_func", lambda: callback(arg), self)
+
+
+REPLAY_GRAPHS = True  # False: a Graph.launch is logged, its nodes not run (a host-time benchmark's stub)
+
+
+class Graph:
+    """``cupy.cuda.Graph``: the operations a capture recorded, run in order at each ``launch``;
+    ``nodes`` names them (the stand-in's view of the graph's nodes)."""
+
+    def __init__(self, nodes: list[tuple[str, Callable[[], Any]]]):
+        self._nodes = tuple(nodes)
+        self.nodes = tuple(name for name, _ in nodes)
+
+    def launch(self, stream: Stream | None = None) -> None:
+        _issue("graph_launch", self._replay, stream)
+
+    def upload(self, stream: Stream | None = None) -> None:
+        return None
+
+    def _replay(self) -> None:
+        if REPLAY_GRAPHS:
+            for _, run in self._nodes:
+                run()
 
 
 _STREAMS = [Stream(null=True)]
@@ -165,6 +220,51 @@ def alloc_pinned_memory(size: int) -> bytearray:
 def _memcpy_async(dst: int, src: int, size: int, kind: int, stream: int) -> None:
     """``cupy.cuda.runtime.memcpyAsync``: the stand-in's "device" memory is host memory."""
     ctypes.memmove(dst, src, size)
+
+
+# -- what was issued ------------------------------------------------------------------------------
+class Issued(tuple):
+    """One logged operation: ``(name, stream pointer, captured)``."""
+
+    @property
+    def name(self) -> str:
+        return self[0]
+
+
+_LOGS: list[list[Issued]] = []
+
+
+@contextlib.contextmanager
+def issued() -> Iterator[list[Issued]]:
+    """A list of every operation issued inside the block, in order."""
+    log: list[Issued] = []
+    _LOGS.append(log)
+    try:
+        yield log
+    finally:
+        _LOGS.remove(log)
+
+
+def _log(name: str, stream: Stream, captured: bool) -> None:
+    for log in _LOGS:
+        log.append(Issued((name, stream.ptr, captured)))
+
+
+def _issue(name: str, run: Callable[[], Any], stream: Stream | None = None) -> None:
+    """An operation on ``stream`` (the current one by default): recorded if it captures, else run now."""
+    stream = stream if stream is not None else get_current_stream()
+    captured = stream._capture is not None
+    _log(name, stream, captured)
+    if captured:
+        stream._capture.append((name, run))
+    else:
+        run()
+
+
+def _refuse_in_capture(what: str) -> None:
+    if get_current_stream()._capture is not None:
+        raise RuntimeError(f"{what} while the current stream captures a graph: the GPU would refuse it or "
+                           "replay the graph on memory it no longer owns")
 
 
 # -- arrays ---------------------------------------------------------------------------------------
@@ -206,13 +306,18 @@ def _wrap(obj: Any) -> Any:
 
 
 def _call(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func`` on the unwrapped arguments: issued (so captured) when it writes into ``out`` arrays of this
+    module, else run now (it allocates its result, so capture refuses it)."""
     outs = kwargs.get("out")
-    result = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
-    if isinstance(outs, ndarray):
-        return outs
-    if isinstance(outs, tuple) and all(isinstance(o, ndarray) for o in outs):
-        return outs if len(outs) > 1 else outs[0]
-    return _wrap(result)
+    name = getattr(func, "__name__", type(func).__name__)
+    u_args, u_kwargs = _unwrap(args), {k: _unwrap(v) for k, v in kwargs.items()}
+    if isinstance(outs, ndarray) or (isinstance(outs, tuple) and outs
+                                     and all(isinstance(o, ndarray) for o in outs)):
+        _issue(name, lambda: func(*u_args, **u_kwargs))
+        return outs if not isinstance(outs, tuple) or len(outs) > 1 else outs[0]
+    _refuse_in_capture(f"{name} without out=")
+    _log(name, get_current_stream(), False)
+    return _wrap(func(*u_args, **u_kwargs))
 
 
 def _binary(ufunc: np.ufunc, reflected: bool = False, inplace: bool = False) -> Callable:
@@ -288,6 +393,7 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
             blocking: bool = True) -> np.ndarray:
         """A host copy."""
+        _refuse_in_capture("copying to the host")
         if blocking:
             TRANSFERS["sync"] += 1
         if out is not None:
@@ -318,7 +424,8 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
         index = _unwrap_index(key)
         if isinstance(value, np.ndarray) and value.ndim and not _advanced(index):
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        self._a[index] = value._a if isinstance(value, ndarray) else value
+        target, source = self._a, value._a if isinstance(value, ndarray) else value
+        _issue("setitem", lambda: target.__setitem__(index, source))
 
     def __len__(self) -> int:
         return len(self._a)
@@ -328,14 +435,17 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
 
     # -- conversions CuPy allows (they synchronise) -------------------------------------------
     def __bool__(self) -> bool:
+        _refuse_in_capture("reading a value")
         TRANSFERS["sync"] += 1
         return bool(self._a)
 
     def __float__(self) -> float:
+        _refuse_in_capture("reading a value")
         TRANSFERS["sync"] += 1
         return float(self._a)
 
     def __int__(self) -> int:
+        _refuse_in_capture("reading a value")
         TRANSFERS["sync"] += 1
         return int(self._a)
 
@@ -470,8 +580,9 @@ MODULE.__version__ = "0+numpy-stand-in"
 MODULE.ndarray = ndarray
 for _func in (asarray, array, asnumpy, get_array_module, empty, empty_like):
     setattr(MODULE, _func.__name__, _func)
-MODULE.cuda = types.SimpleNamespace(Device=Device, Stream=Stream, get_current_stream=get_current_stream,
-                                    runtime=_Runtime(), MemoryPointer=MemoryPointer, Event=Event,
+MODULE.cuda = types.SimpleNamespace(Device=Device, Stream=Stream, Graph=Graph,
+                                    get_current_stream=get_current_stream, runtime=_Runtime(),
+                                    MemoryPointer=MemoryPointer, Event=Event,
                                     alloc_pinned_memory=alloc_pinned_memory)
 MODULE.testing = _Testing()
 

@@ -1,0 +1,520 @@
+"""The cupy engine's time loops, one :class:`StepProgram` per mode and pass, each on buffers of its own.
+
+A program is built once per key (shape, lengths, options; :mod:`.cuda_graphs`): it allocates its buffers and
+packs its kernels' arguments (:mod:`.cuda_launch`) once. Per call, ``load`` copies the inputs into its input
+buffers, ``issue`` enqueues the loop and ``result`` copies the outputs out. ``issue`` only enqueues work on
+the current stream into buffers that never move, and never allocates or reads a value back, so its stream
+capture is a CUDA graph every later call replays. Per step, roughly (an LSTM forward)::
+
+    hh[:n] = h[:n] @ W_hh.T                       # ONE cuBLAS GEMM (cupy.matmul, out=)
+    lstm_forward_step(t, n, xw, hh, c, h, y, ...)  # ONE fused kernel (.cuda_kernels): gates, state, y
+
+and backward ``lstm_backward_step`` then ``dh[:n] = dpre_in[t, :n] @ W_hh``. The reset-before GRU needs
+two GEMM + kernel pairs per step (``W_hn`` multiplies ``r * h``), and so does LSTM projection (``W_hr``);
+recurrent dropout adds one multiply per step, zoneout one kernel (and one add backward). Inactive rows are
+never written, so entries past a row's end keep the zeros the buffers were allocated with; the batch sizes
+are part of the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.spec import RNNSpec
+from . import cuda_kernels as ck
+from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from .cells import gate_slice
+
+Array = Any
+
+
+@dataclass(frozen=True)
+class VariantFlags:
+    """Which per-call cell-variant masks a direction has (part of a program's key)."""
+
+    recurrent: bool
+    zoneout_h: bool
+    zoneout_c: bool
+
+    @classmethod
+    def of(cls, w: DirectionWeights) -> VariantFlags:
+        return cls(w.h_mask is not None, w.zoneout_h is not None, w.zoneout_c is not None)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A program's key apart from the spec: sizes, lengths, direction and options."""
+
+    T: int
+    B: int
+    batch_sizes: bytes        # int64 per step: hashed at C speed (a tuple of ints costs O(T) in Python)
+    reverse: bool
+    flags: VariantFlags
+    dtype: np.dtype
+    keep: bool = False        # forward: keep the cache for a backward
+    dc_seq: bool = False      # backward: a cotangent of every step's cell (all-states LSTM)
+
+
+class StepProgram:
+    """Buffers, launch sites and the loop of one direction (see the module docstring). ``dev`` is the
+    engine's :class:`~.cupy_engine.Device` (its ``xp`` and ``site``)."""
+
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        self.dev, self.xp, self.spec, self.shape = dev, dev.xp, spec, shape
+        self.one = shape.dtype.type(1)
+        self.batch_sizes = [int(n) for n in np.frombuffer(shape.batch_sizes, np.int64)]
+        self._inputs: dict[str, Array] = {}
+
+    # -- buffers and sites -------------------------------------------------------------------------
+    def input(self, name: str, shape: tuple[int, ...]) -> Array:
+        """A buffer ``load`` fills from the call's array of that name."""
+        self._inputs[name] = buffer = self.xp.empty(shape, self.shape.dtype)
+        return buffer
+
+    def zeros(self, shape: tuple[int, ...]) -> Array:
+        return self.xp.zeros(shape, self.shape.dtype)
+
+    def empty(self, shape: tuple[int, ...]) -> Array:
+        return self.xp.empty(shape, self.shape.dtype)
+
+    def dummy(self, ndim: int) -> Array:
+        """Stand-in for an absent array argument (same ndim, so one compiled signature per dtype)."""
+        return self.zeros((1,) * ndim)
+
+    def site(self, kernel: Any, *args: Any) -> Any:
+        """``kernel`` with ``args`` (after ``t, n``) packed once: ``site(elements, t, n)`` launches it."""
+        return self.dev.site(kernel, (0, 0, *args))
+
+    # -- per call -----------------------------------------------------------------------------------
+    def copy_in(self, **arrays: Array | float) -> None:
+        """Every input buffer from the array of its name (a scalar fills it)."""
+        if set(arrays) != set(self._inputs):
+            raise AssertionError(f"inputs {sorted(arrays)} != buffers {sorted(self._inputs)}")
+        for name, value in arrays.items():
+            self._inputs[name][...] = value
+
+    def steps(self) -> Iterator[tuple[int, int]]:
+        """``(t, n)``: every step in the direction's order and its active row count."""
+        bs = self.batch_sizes
+        order = range(len(bs) - 1, -1, -1) if self.shape.reverse else range(len(bs))
+        return ((t, bs[t]) for t in order)
+
+    def backward_steps(self) -> Iterator[tuple[int, int]]:
+        """The active steps, last processed first."""
+        return ((t, n) for t, n in reversed(list(self.steps())) if n)
+
+    def matmul(self, a: Array, b: Array, out: Array) -> None:
+        self.xp.matmul(a, b, out=out)
+
+    def add(self, a: Array, b: Array) -> None:
+        """``a += b`` in one operation (``a[:n] += b`` would also copy ``a[:n]`` back onto itself)."""
+        self.xp.add(a, b, out=a)
+
+    def multiply(self, a: Array, b: Array) -> None:
+        self.xp.multiply(a, b, out=a)
+
+    def gates_into(self, xw: Array) -> Array:
+        """The caller's projection buffer ``xw`` (the driver's fresh array), now holding this call's gate
+        activations: the cache's ``gates``, without a new allocation."""
+        xw[...] = self.xw
+        return xw
+
+
+class Variants:
+    """One direction's cell-variant masks as program inputs, and the per-step work around the fused step
+    kernels (recurrent dropout: ``h * mask`` into the GEMM and the GEMM's gradient times the mask;
+    zoneout: the previous state kept for the mix)."""
+
+    def __init__(self, p: StepProgram, H_out: int, H: int):
+        s, flags = p.shape, p.shape.flags
+        self.p, self.zone_h, self.zone_c = p, flags.zoneout_h, flags.zoneout_c
+        self.h_mask = p.input("h_mask", (s.B, H_out)) if flags.recurrent else None
+        self.h_rec = p.empty((s.B, H_out)) if flags.recurrent else None
+        self.m_h = p.input("m_h", (s.T, s.B, H_out)) if self.zone_h else p.dummy(3)
+        self.m_c = p.input("m_c", (s.T, s.B, H)) if self.zone_c else p.dummy(3)
+        self.h_old = p.empty((s.B, H_out)) if self.zone_h else None
+        self.c_old = p.empty((s.B, H)) if self.zone_c else None
+
+    @staticmethod
+    def inputs(w: DirectionWeights) -> dict[str, Array]:
+        named = {"h_mask": w.h_mask, "m_h": w.zoneout_h, "m_c": w.zoneout_c}
+        return {name: a for name, a in named.items() if a is not None}
+
+    def recurrent_product(self, h: Array, c: Array | None, W: Array, out: Array, n: int) -> None:
+        """A forward step's recurrent GEMM ``out[:n] = h[:n] @ W`` (``h * mask`` with recurrent dropout),
+        the states it starts from kept first for zoneout's mix."""
+        if self.zone_h:
+            self.h_old[:n] = h[:n]
+        if self.zone_c:
+            self.c_old[:n] = c[:n]
+        if self.h_mask is not None:
+            self.p.xp.multiply(h[:n], self.h_mask[:n], out=self.h_rec[:n])
+            h = self.h_rec
+        self.p.matmul(h[:n], W, out[:n])
+
+    def mask_gradient(self, d: Array, n: int) -> None:
+        """``d[:n] *= mask``: a recurrent GEMM's gradient back through the recurrent dropout."""
+        if self.h_mask is not None:
+            self.p.multiply(d[:n], self.h_mask[:n])
+
+
+# -- forward ------------------------------------------------------------------------------------------
+class RnnForward(StepProgram):
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H = shape.T, shape.B, spec.hidden_size
+        self.xw, self.W_hhT = self.input("xw", (T, B, H)), self.input("W_hhT", (H, H))
+        self.h = self.input("h", (B, H))
+        self.y, self.hh = self.zeros((T, B, H)), self.empty((B, H))
+        self.v = Variants(self, H, H)
+        self.cand = self.zeros((T, B, H)) if self.v.zone_h else self.y  # zoneout: the step's own output
+        relu = spec.mode == "rnn_relu"
+        self.step = self.site(ck.rnn_forward_step, self.one, relu, self.xw, self.hh, self.h, self.cand)
+        self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.cand, self.y, self.h)
+                     if self.v.zone_h else None)
+
+    def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
+        self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, **Variants.inputs(w))
+
+    def issue(self) -> None:
+        H, v = self.h.shape[1], self.v
+        for t, n in self.steps():
+            if n:
+                v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
+                self.step(n * H, t, n)
+                if self.zone is not None:
+                    self.zone(n * H, t, n)
+
+    def result(self, xw: Array) -> DirectionForward:
+        cache = DirectionCache(gates=self.cand.copy() if self.v.zone_h else None) if self.shape.keep else None
+        return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
+
+
+class LstmForward(StepProgram):
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H, P, G, keep = shape.T, shape.B, spec.hidden_size, spec.output_size, spec.gate_size, shape.keep
+        self.project, self.peep = spec.proj_size > 0, spec.peepholes
+        self.xw, self.W_hhT = self.input("xw", (T, B, G)), self.input("W_hhT", (P, G))
+        self.W_hrT = self.input("W_hrT", (H, P)) if self.project else None
+        self.h, self.c = self.input("h", (B, P)), self.input("c", (B, H))
+        self.y, self.hh, self.m = self.zeros((T, B, P)), self.empty((B, G)), self.empty((B, H))
+        self.v = Variants(self, P, H)
+        self.c_all = self.zeros((T, B, H)) if keep else self.dummy(3)
+        self.tanh_c = self.zeros((T, B, H)) if keep else self.dummy(3)
+        self.c_cand = self.zeros((T, B, H)) if keep and self.v.zone_c else self.c_all  # the step's own cell
+        lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
+        tail = (self.c, self.h, self.y, self.m, self.project, keep, self.c_cand, self.tanh_c,
+                shape.dtype.type(lo), shape.dtype.type(hi))
+        if self.peep:
+            self.P = self.input("P", (3, H))
+            self.step = self.site(ck.lstm_peephole_forward_step, self.one, self.xw, self.hh, self.P, *tail)
+        else:
+            self.step = self.site(ck.lstm_forward_step, self.one, self.xw, self.hh, *tail)
+        v = self.v
+        self.zone_h = self.site(ck.zoneout_step, v.m_h, v.h_old, self.y, self.y, self.h) if v.zone_h else None
+        self.zone_c = (self.site(ck.zoneout_cell_step, v.m_c, v.c_old, self.c, keep, self.c_all) if v.zone_c
+                       else None)
+
+    def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
+        extra = {"W_hrT": w.W_hr.T} if self.project else {}
+        if self.peep:
+            extra["P"] = w.P
+        self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, c=c0, **extra, **Variants.inputs(w))
+
+    def issue(self) -> None:
+        B, H, P, v = self.shape.B, self.c.shape[1], self.h.shape[1], self.v
+        for t, n in self.steps():
+            if n:
+                v.recurrent_product(self.h, self.c, self.W_hhT, self.hh, n)
+            self.step(B * H, t, n)  # every row: inactive ones get zero gates (the cache's contract)
+            if not n:
+                continue
+            if self.project:
+                self.matmul(self.m[:n], self.W_hrT, self.y[t, :n])
+                self.h[:n] = self.y[t, :n]
+            if self.zone_h is not None:
+                self.zone_h(n * P, t, n)
+            if self.zone_c is not None:
+                self.zone_c(n * H, t, n)
+
+    def result(self, xw: Array) -> DirectionForward:
+        cache = None
+        if self.shape.keep:
+            c_cand = self.c_cand.copy() if self.v.zone_c else None
+            cache = DirectionCache(gates=self.gates_into(xw), c=self.c_all.copy(), tanh_c=self.tanh_c.copy(),
+                                   c_cand=c_cand)
+        return DirectionForward(self.y.copy(), self.h.copy(), self.c.copy(), cache)
+
+
+class GruForward(StepProgram):
+    """The reset-after GRU (cuDNN's): one GEMM ``h @ W_hh.T`` and one kernel per step."""
+
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H, G, keep = shape.T, shape.B, spec.hidden_size, spec.gate_size, shape.keep
+        self.xw, self.W_hhT = self.input("xw", (T, B, G)), self.input("W_hhT", (H, G))
+        self.b_hn, self.h = self.input("b_hn", (H,)), self.input("h", (B, H))
+        self.y, self.hh = self.zeros((T, B, H)), self.empty((B, G))
+        self.hn_all = self.zeros((T, B, H)) if keep else self.dummy(3)
+        self.v = Variants(self, H, H)
+        self.step = self.site(ck.gru_forward_step, self.one, self.xw, self.hh, self.b_hn, self.h, self.y,
+                              keep, self.hn_all)
+        self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.y, self.y, self.h)
+                     if self.v.zone_h else None)
+
+    def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
+        b_hn = w.inner_bias if w.inner_bias is not None else 0
+        self.copy_in(xw=xw, W_hhT=w.W_hh.T, b_hn=b_hn, h=h0, **Variants.inputs(w))
+
+    def issue(self) -> None:
+        B, H, v = self.shape.B, self.h.shape[1], self.v
+        for t, n in self.steps():
+            if n:
+                v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
+            self.step(B * H, t, n)
+            if n and self.zone is not None:
+                self.zone(n * H, t, n)
+
+    def result(self, xw: Array) -> DirectionForward:
+        cache = DirectionCache(gates=self.gates_into(xw), hn=self.hn_all.copy()) if self.shape.keep else None
+        return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
+
+
+class GruResetBeforeForward(StepProgram):
+    """The reset-before GRU: ``h @ W_rz.T`` and the r, z kernel, then ``(r*h) @ W_hn.T`` and the n kernel."""
+
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H = shape.T, shape.B, spec.hidden_size
+        self.xw, self.h = self.input("xw", (T, B, spec.gate_size)), self.input("h", (B, H))
+        self.W_rzT, self.W_nT = self.input("W_rzT", (H, 2 * H)), self.input("W_nT", (H, H))
+        self.y, self.hrz = self.zeros((T, B, H)), self.empty((B, 2 * H))
+        self.rh, self.hn = self.empty((B, H)), self.empty((B, H))
+        v = self.v = Variants(self, H, H)
+        h_seen = v.h_rec if v.h_rec is not None else self.h  # r * (h * mask) with recurrent dropout
+        self.rz = self.site(ck.gru_rz_step, self.one, self.xw, self.hrz, h_seen, self.rh)
+        self.n_step = self.site(ck.gru_n_step, self.xw, self.hn, self.h, self.y)
+        self.zone = self.site(ck.zoneout_step, v.m_h, v.h_old, self.y, self.y, self.h) if v.zone_h else None
+
+    def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
+        spec = self.spec
+        self.copy_in(xw=xw, h=h0, W_rzT=w.W_hh[gate_slice(spec, "r", "z")].T,
+                     W_nT=w.W_hh[gate_slice(spec, "n")].T, **Variants.inputs(w))
+
+    def issue(self) -> None:
+        B, H, v = self.shape.B, self.h.shape[1], self.v
+        for t, n in self.steps():
+            if n:
+                v.recurrent_product(self.h, None, self.W_rzT, self.hrz, n)
+            self.rz(B * H, t, n)
+            if not n:
+                continue
+            self.matmul(self.rh[:n], self.W_nT, self.hn[:n])
+            self.n_step(n * H, t, n)
+            if self.zone is not None:
+                self.zone(n * H, t, n)
+
+    def result(self, xw: Array) -> DirectionForward:
+        cache = DirectionCache(gates=self.gates_into(xw)) if self.shape.keep else None
+        return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
+
+
+# -- backward -----------------------------------------------------------------------------------------
+class ZoneoutSplit:
+    """The backward's side of zoneout of ``h``: before a step, the total cotangent ``dy[t] + carry`` is
+    split into the step's own share (a stack the step kernel reads as its ``dy``, with ``carry`` zeroed) and
+    ``h_{t-1}``'s (kept); after the step's GEMM that share is added to the carry. Without zoneout the step
+    kernel reads ``dy`` itself (``self.dy``) and nothing else happens."""
+
+    def __init__(self, p: StepProgram, v: Variants, dy: Array, carry: Array):
+        self.p, self.zone, self.dy = p, v.zone_h, dy
+        if self.zone:
+            self.direct, self.dy = p.empty(carry.shape), p.empty(dy.shape)
+            self.site = p.site(ck.zoneout_split_step, p.one, v.m_h, dy, carry, self.dy, self.direct)
+
+    def before(self, t: int, n: int) -> None:
+        if self.zone:
+            self.site(n * self.direct.shape[1], t, n)
+
+    def after(self, carry: Array, n: int) -> None:
+        if self.zone:
+            self.p.add(carry[:n], self.direct[:n])
+
+
+class RnnBackward(StepProgram):
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H = shape.T, shape.B, spec.hidden_size
+        self.dy, self.own = self.input("dy", (T, B, H)), self.input("own", (T, B, H))
+        self.W_hh, self.dh = self.input("W_hh", (H, H)), self.input("dh", (B, H))
+        self.d_pre = self.zeros((T, B, H))
+        self.v = Variants(self, H, H)
+        self.split = ZoneoutSplit(self, self.v, self.dy, self.dh)
+        relu = spec.mode == "rnn_relu"
+        self.step = self.site(ck.rnn_backward_step, self.one, relu, self.own, self.split.dy, self.dh,
+                              self.d_pre)
+
+    def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
+             dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
+        own = fwd.cache.gates if self.v.zone_h else fwd.y  # the step's own output (before zoneout)
+        self.copy_in(dy=dy, own=own, W_hh=w.W_hh, dh=dh_n, **Variants.inputs(w))
+
+    def issue(self) -> None:
+        H = self.dh.shape[1]
+        for t, n in self.backward_steps():
+            self.split.before(t, n)
+            self.step(n * H, t, n)
+            self.matmul(self.d_pre[t, :n], self.W_hh, self.dh[:n])
+            self.v.mask_gradient(self.dh, n)
+            self.split.after(self.dh, n)
+
+    def result(self) -> DirectionGrads:
+        d_pre = self.d_pre.copy()
+        return DirectionGrads(d_pre, d_pre, None, self.dh.copy(), None)
+
+
+class LstmBackward(StepProgram):
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H, P, G = shape.T, shape.B, spec.hidden_size, spec.output_size, spec.gate_size
+        self.project, self.peep = spec.proj_size > 0, spec.peepholes
+        self.dy, self.gates = self.input("dy", (T, B, P)), self.input("gates", (T, B, G))
+        self.c_own, self.tanh_c = self.input("c_own", (T, B, H)), self.input("tanh_c", (T, B, H))
+        self.c_prev, self.W_hh = self.input("c_prev", (T, B, H)), self.input("W_hh", (G, P))
+        self.dh, self.dc = self.input("dh", (B, P)), self.input("dc", (B, H))
+        self.W_hr = self.input("W_hr", (P, H)) if self.project else None
+        self.dc_seq = self.input("dc_seq", (T, B, H)) if shape.dc_seq else self.dummy(3)
+        self.dpre_in, self.dm = self.zeros((T, B, G)), self.empty((B, H))
+        self.d_h = self.zeros((T, B, P)) if self.project else self.dummy(3)
+        v = self.v = Variants(self, P, H)
+        self.split = ZoneoutSplit(self, v, self.dy, self.dh)
+        self.dc_direct = self.empty((B, H)) if v.zone_c else self.dummy(2)
+        self.carry = (self.site(ck.cell_carry_step, self.one, v.zone_c, v.m_c, shape.dc_seq, self.dc_seq,
+                                self.dc, self.dc_direct) if v.zone_c or shape.dc_seq else None)
+        self.add_carry = (self.site(ck.add_carry_step, self.split.dy, self.dh, self.d_h) if self.project
+                          else None)
+        use_clip = spec.cell_clip is not None
+        lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
+        head = (self.one, self.gates, self.c_own, self.tanh_c, self.c_prev)
+        tail = (self.split.dy, self.dh, self.dm, self.project, self.dc, self.dpre_in, use_clip,
+                shape.dtype.type(lo), shape.dtype.type(hi))
+        if self.peep:
+            self.P = self.input("P", (3, H))
+            self.step = self.site(ck.lstm_peephole_backward_step, *head, self.P, *tail)
+        else:
+            self.step = self.site(ck.lstm_backward_step, *head, *tail)
+
+    def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
+             dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
+        cache = fwd.cache
+        extra = {"W_hr": w.W_hr} if self.project else {}
+        if self.peep:
+            extra["P"] = w.P
+        if dc_seq is not None:
+            extra["dc_seq"] = dc_seq
+        own_c = cache.c_cand if cache.c_cand is not None else cache.c  # the step's own cell
+        self.copy_in(dy=dy, gates=cache.gates, c_own=own_c, tanh_c=cache.tanh_c, c_prev=c_prev, W_hh=w.W_hh,
+                     dh=dh_n, dc=dc_n, **extra, **Variants.inputs(w))
+
+    def issue(self) -> None:
+        H, P, v = self.dc.shape[1], self.dh.shape[1], self.v
+        for t, n in self.backward_steps():
+            self.split.before(t, n)
+            if self.carry is not None:
+                self.carry(n * H, t, n)
+            if self.project:
+                self.add_carry(n * P, t, n)
+                self.matmul(self.d_h[t, :n], self.W_hr, self.dm[:n])
+            self.step(n * H, t, n)
+            self.matmul(self.dpre_in[t, :n], self.W_hh, self.dh[:n])
+            v.mask_gradient(self.dh, n)
+            self.split.after(self.dh, n)
+            if v.zone_c:
+                self.add(self.dc[:n], self.dc_direct[:n])
+
+    def result(self) -> DirectionGrads:
+        dpre_in = self.dpre_in.copy()
+        d_h = self.d_h.copy() if self.project else None
+        return DirectionGrads(dpre_in, dpre_in, d_h, self.dh.copy(), self.dc.copy())
+
+
+class GruBackward(StepProgram):
+    """Both GRU variants. The carry into step ``t-1`` is split in two buffers so that no GEMM has to
+    accumulate (beta = 1): ``dh = dh_gemm`` (the GEMM's output) ``+ dh_carry`` (the elementwise part,
+    ``dh * z`` [+ ``drh * r``])."""
+
+    def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
+        super().__init__(dev, spec, shape)
+        T, B, H, G = shape.T, shape.B, spec.hidden_size, spec.gate_size
+        after = self.reset_after = spec.reset_after
+        self.dy, self.gates = self.input("dy", (T, B, H)), self.input("gates", (T, B, G))
+        self.h_prev, self.dh_gemm = self.input("h_prev", (T, B, H)), self.input("dh_gemm", (B, H))
+        self.dh_carry, self.dpre_in = self.zeros((B, H)), self.zeros((T, B, G))
+        self.dn, self.drz, self.drh = self.empty((B, H)), self.empty((B, 2 * H)), self.empty((B, H))
+        if after:
+            # the recurrent gradient differs from dpre_in in its n part only: that part is kept (T, B, H), the
+            # whole of it only for the step's GEMM (B, 3H)
+            self.hn_all, self.W_hh = self.input("hn_all", (T, B, H)), self.input("W_hh", (G, H))
+            self.dn_rec, self.rec = self.zeros((T, B, H)), self.empty((B, G))
+        else:
+            self.W_rz, self.W_n = self.input("W_rz", (2 * H, H)), self.input("W_n", (H, H))
+            self.hn_all, self.dn_rec, self.rec = self.dummy(3), self.dummy(3), self.dummy(2)
+        v = self.v = Variants(self, H, H)
+        self.split = ZoneoutSplit(self, v, self.dy, self.dh_gemm)
+        self.step = self.site(ck.gru_backward_step, self.one, after, self.gates, self.hn_all, self.h_prev,
+                              self.split.dy, self.dh_gemm, self.dh_carry, self.dpre_in, self.dn_rec, self.rec,
+                              self.dn, self.drz)
+        self.r_step = (None if after else self.site(ck.gru_r_backward_step, self.one, self.gates, self.h_prev,
+                                                    self.drh, self.dpre_in, self.dh_carry, self.drz))
+
+    def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
+             dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
+        spec = self.spec
+        if self.reset_after:
+            weights = {"hn_all": fwd.cache.hn, "W_hh": w.W_hh}
+        else:
+            weights = {"W_rz": w.W_hh[gate_slice(spec, "r", "z")], "W_n": w.W_hh[gate_slice(spec, "n")]}
+        self.copy_in(dy=dy, gates=fwd.cache.gates, h_prev=h_prev, dh_gemm=dh_n, **weights,
+                     **Variants.inputs(w))
+
+    def issue(self) -> None:
+        H, v = self.dh_gemm.shape[1], self.v
+        self.dh_carry[...] = 0
+        for t, n in self.backward_steps():
+            if v.zone_h:  # one carry buffer for the split
+                self.add(self.dh_gemm[:n], self.dh_carry[:n])
+                self.dh_carry[:n] = 0
+            self.split.before(t, n)
+            self.step(n * H, t, n)
+            if self.reset_after:
+                self.matmul(self.rec[:n], self.W_hh, self.dh_gemm[:n])
+            else:
+                self.matmul(self.dn[:n], self.W_n, self.drh[:n])
+                v.mask_gradient(self.drh, n)  # r * (h * mask): drh * mask is r*h's gradient w.r.t. r and h
+                self.r_step(n * H, t, n)
+                self.matmul(self.drz[:n], self.W_rz, self.dh_gemm[:n])
+            v.mask_gradient(self.dh_gemm, n)
+            self.split.after(self.dh_carry, n)
+
+    def result(self) -> DirectionGrads:
+        dpre_in = self.dpre_in.copy()
+        dn_rec = self.dn_rec.copy() if self.reset_after else None
+        return DirectionGrads(dpre_in, dpre_in, None, self.dh_gemm + self.dh_carry, None, dn_rec)
+
+
+def forward_program(spec: RNNSpec) -> type[StepProgram]:
+    if spec.mode == "lstm":
+        return LstmForward
+    if spec.mode == "gru":
+        return GruForward if spec.reset_after else GruResetBeforeForward
+    return RnnForward
+
+
+def backward_program(spec: RNNSpec) -> type[StepProgram]:
+    return {"lstm": LstmBackward, "gru": GruBackward}.get(spec.mode, RnnBackward)
+

@@ -1,0 +1,37 @@
+"""bench/gpu_host_cupy.py runs end to end on CPU, its paths are the ones it names, and what it counts per call
+is the structure each path promises (never asserts timings): numba-cuda's dispatcher launching every step's
+kernel, the packed launches doing the same without it, and a replayed graph launching none, with the same
+operations at every T."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_bench_smoke import _load_bench
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu_host_cupy.py"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    module = _load_bench(monkeypatch, BENCH)
+    monkeypatch.setattr(module, "SHAPES", {"short": 3, "long": 8})
+    return module
+
+
+def test_each_path_issues_what_it_promises(bench):
+    rows = bench.rows(quick=True)
+    by_path: dict[str, dict] = {}
+    for r in rows:
+        assert r["us_per_call"] > 0 and r["us_per_step"] == pytest.approx(r["us_per_call"] / r["steps"])
+        by_path.setdefault(r["engine"], {})[(r["shape"], r["what"])] = r
+    assert {"cupy (step by step)", "cupy (graph)"} <= set(by_path)
+    before = [path for path in by_path if path.endswith("(numba dispatcher)")]
+    for path in [*before, "cupy (step by step)"]:  # one kernel per step forward, two in a training step
+        for (shape, what), r in by_path[path].items():
+            assert r["kernel_launches"] == r["steps"] * (1 if what == "forward" else 2), (path, shape, what)
+    graph = by_path["cupy (graph)"]
+    for what in ("forward", "train_step"):
+        assert graph[("short", what)]["kernel_launches"] == graph[("long", what)]["kernel_launches"] == 0
+        assert graph[("short", what)]["cupy_ops"] == graph[("long", what)]["cupy_ops"]
