@@ -136,3 +136,15 @@ def test_on_a_gpu_an_unchanged_buffer_passes(gpu_like):
     guard.synchronize()
     ar.rnn_backward(ar.rnn_forward(params, x, training=True, engine="reference"))
     guard.synchronize()
+
+
+def test_an_inference_forward_keeps_no_copy_of_the_weights(engine, monkeypatch):
+    """training=False records nothing (its backward's recompute compares outputs instead)."""
+    from arrayrnn.frontend import guard
+
+    made = []
+    monkeypatch.setattr(guard, "snapshot", lambda *a: made.append(a) or None)
+    params = ar.PackedParams.init(SPEC, seed=0)
+    res = ar.rnn_forward(params, np.ones((5, 2, 3)), training=False, engine=engine)
+    assert made == []
+    ar.rnn_backward(res)  # unchanged weights: the recompute gives the same outputs

@@ -1,9 +1,15 @@
 """Detect in-place writes to a params buffer between ``rnn_forward`` and ``rnn_backward``.
 
 PyTorch raises when a tensor saved for backward was modified in place (its version counter). NumPy and
-CuPy arrays have no version counter, so the forward records the buffer and the backward compares. Any
-write that changes a value of ``params.data`` (an optimizer step, ``-=`` on a view, ``params.data[...] =
+CuPy arrays have no version counter, so a training forward records the buffer and the backward compares.
+Any write that changes a value of ``params.data`` (an optimizer step, ``-=`` on a view, ``params.data[...] =
 ...``) is detected; a write that leaves every value as it was (NaN as NaN) is harmless.
+
+An inference forward (``training=False``) records nothing: its backward recomputes the forward anyway, and
+:func:`assert_same_outputs` compares the recomputed ``y``, ``h_n``, ``c_n`` with the result's (bitwise, NaN
+as NaN; on a GPU through their fingerprints, reported like the weights' below). Outputs that moved mean the
+weights moved; a write that changes no output (``W_hh`` at ``T = 1`` from zero states) is one the gradient
+of the current weights is consistent with.
 
 - **NumPy** (:class:`HostSnapshot`): a private copy of the flat buffer, compared at the backward, which
   raises there. Exact.
@@ -28,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..core import fingerprint
+from ..core.backend import get_xp
 
 _MESSAGE = ("params.data was modified in place between rnn_forward and rnn_backward (for example an "
             "optimizer step before the backward); the gradient would match neither the old nor the new "
@@ -63,13 +70,36 @@ class DeviceFingerprint:
             slots[0:1] = self._slots[0:1]
         self._fresh = False
         fingerprint.accumulate(data, slots, 1, self._xp)
-        check = _PendingCheck(self._xp, slots)
-        if os.environ.get("ARRAYRNN_SYNC_GUARD") == "1":
-            check.wait()
-            check.raise_if_changed(late=False)
-            return
-        with _LOCK:
-            _PENDING.append(check)
+        _queue(_PendingCheck(self._xp, slots))
+
+
+def assert_same_outputs(saved: tuple, again: tuple) -> None:
+    """The recomputed outputs (``again``) of an inference forward equal the result's (``saved``); ``None``
+    entries (no cell state) are skipped. NumPy: raises now; CuPy: queued like the weights' check."""
+    pairs = [(a, b) for a, b in zip(saved, again, strict=True) if a is not None]
+    xp = get_xp(pairs[0][0])
+    if xp is np:
+        if not all(np.array_equal(a, b, equal_nan=True) for a, b in pairs):
+            raise ValueError(_MESSAGE + _RECOMPUTED)
+        return
+    slots = xp.zeros(2, np.uint64)
+    for slot, arrays in enumerate(zip(*pairs, strict=True)):
+        for a in arrays:
+            fingerprint.accumulate(xp.ascontiguousarray(a).reshape(-1), slots, slot, xp)
+    _queue(_PendingCheck(xp, slots, _RECOMPUTED))
+
+
+_RECOMPUTED = (" (found by the backward of an inference forward, which recomputes the forward: its outputs "
+               "differ from the result's)")
+
+
+def _queue(check: _PendingCheck) -> None:
+    if os.environ.get("ARRAYRNN_SYNC_GUARD") == "1":
+        check.wait()
+        check.raise_if_changed(late=False)
+        return
+    with _LOCK:
+        _PENDING.append(check)
 
 
 def snapshot(data: Any, xp: Any) -> HostSnapshot | DeviceFingerprint:
@@ -81,8 +111,8 @@ def snapshot(data: Any, xp: Any) -> HostSnapshot | DeviceFingerprint:
 class _PendingCheck:
     """Both fingerprints on their way into pinned host memory, and the event that says they arrived."""
 
-    def __init__(self, xp: Any, slots: Any):
-        self._slots = slots  # alive until the copy has run
+    def __init__(self, xp: Any, slots: Any, detail: str = ""):
+        self._slots, self._detail = slots, detail  # the slots stay alive until the copy has run
         self._memory = xp.cuda.alloc_pinned_memory(16)
         self._host = np.frombuffer(self._memory, np.uint64, 2)
         stream = xp.cuda.get_current_stream()
@@ -101,7 +131,7 @@ class _PendingCheck:
     def raise_if_changed(self, late: bool) -> None:
         if self._host[0] != self._host[1]:
             raise ValueError(("an earlier rnn_backward (found after it ran, without waiting for the GPU): "
-                              if late else "") + _MESSAGE)
+                              if late else "") + _MESSAGE + self._detail)
 
 
 _PENDING: deque[_PendingCheck] = deque()
