@@ -125,6 +125,85 @@ def test_to_double_and_deepcopy_keep_one_buffer():
     torch.testing.assert_close(clone(x)[0], theirs.double()(x)[0])
 
 
+# -- nn.LSTM / nn.GRU / nn.RNN themselves ---------------------------------------------------------------
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+                                         ("GRU", {"bias": False, "batch_first": True}),
+                                         ("RNN", {"nonlinearity": "relu", "dropout": 0.5, "num_layers": 2})])
+def test_the_drop_ins_are_torchs_classes_with_their_attributes(mode, kwargs):
+    ours, theirs = pair(mode, 3, 4, **kwargs)
+    assert isinstance(ours, type(theirs)) and isinstance(ours, nn.RNNBase)
+    assert repr(ours) == repr(theirs) and ours.extra_repr() == theirs.extra_repr()
+    assert ours._flat_weights_names == theirs._flat_weights_names
+    assert ours._all_weights == theirs._all_weights
+    names = ours._flat_weights_names
+    assert all(w is getattr(ours, n) for w, n in zip(ours._flat_weights, names, strict=True))
+    assert [[id(w) for w in layer] for layer in ours.all_weights] == \
+        [[id(getattr(ours, n)) for n in names] for names in ours._all_weights]
+    for name in ("mode", "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout",
+                 "bidirectional", "proj_size"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    x = torch.randn(2, 5, 3) if ours.batch_first else torch.randn(5, 2, 3)
+    assert ours.get_expected_hidden_size(x, None) == theirs.get_expected_hidden_size(x, None)
+
+
+def test_code_that_dispatches_on_nn_lstm_reaches_the_drop_in():
+    """A weight initialiser in the style of many code bases: ``isinstance(m, nn.LSTM)`` picks the module;
+    its writes land in the one buffer."""
+    def init_recurrent(module):
+        if isinstance(module, nn.LSTM):
+            for name, weight in module.named_parameters():
+                if name.startswith("weight_hh"):
+                    nn.init.orthogonal_(weight)
+                elif name.startswith("bias"):
+                    nn.init.zeros_(weight)
+
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    for module in (ours, theirs):
+        torch.manual_seed(1)
+        nn.Sequential(module).apply(init_recurrent)
+    assert torch.equal(ours.bias_hh_l1, torch.zeros(16))
+    assert_one_buffer(weights(ours), ours.flat.numel())
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+
+
+def test_functional_call_runs_the_tensors_it_is_given():
+    ours, theirs = pair("GRU", 3, 4, num_layers=2)
+    new = {name: torch.randn_like(p) for name, p in theirs.named_parameters()}
+    x = torch.randn(5, 2, 3)
+    got = torch.func.functional_call(ours, new, (x,))
+    torch.testing.assert_close(got[0], torch.func.functional_call(theirs, new, (x,))[0])
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])  # the module's own weights are back
+    assert_one_buffer(weights(ours), ours.flat.numel())
+
+
+def test_setstate_of_a_pre_1_0_pickle_whose_all_weights_held_tensors():
+    """``nn.RNNBase.__setstate__`` rebuilds the weight names of a module pickled when ``all_weights``
+    held the Parameters themselves; the drop-in runs it."""
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    state = dict(ours.__dict__, all_weights=ours.all_weights)
+    del state["_flat_weights_names"], state["_all_weights"], state["proj_size"]
+    loaded = LSTM.__new__(LSTM)
+    loaded.__setstate__(state)
+    assert loaded._flat_weights_names == theirs._flat_weights_names and loaded.proj_size == 0
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(loaded(x)[0], theirs(x)[0])
+
+
+def test_torch_compile_breaks_the_graph_at_them_as_at_nn_lstm():
+    """Dynamo refuses every nn.LSTM / GRU / RNN (subclasses included) unless
+    ``torch._dynamo.config.allow_rnn``: the model compiles around the module, which runs eagerly; with
+    ``allow_rnn`` the drop-in compiles whole (the fullgraph tests below)."""
+    ours, theirs = pair("LSTM", 3, 4)
+    x = torch.randn(5, 2, 3)
+    for module in (ours, theirs):
+        model = nn.Sequential(nn.Linear(3, 3), module)
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="Attempted to wrap RNN, GRU, or LSTM"):
+            torch.compile(model, fullgraph=True, backend="eager")(x)
+        torch.compiler.reset()
+    torch.testing.assert_close(torch.compile(nn.Sequential(ours), backend="eager")(x)[0], theirs(x)[0])
+
+
 # -- torch's utilities on the weights ------------------------------------------------------------------
 def _same_training_step(ours, theirs, x, weights_of=lambda m: list(m.parameters())):  # noqa: B008
     for module in (ours, theirs):
@@ -274,6 +353,7 @@ def test_cpu_autocast_returns_torchs_dtypes_computed_in_float32(mode, kwargs, pa
 
 
 @pytest.mark.parametrize("mode,kwargs", [("LSTM", {}), ("LSTM", {"proj_size": 2}), ("GRU", {})])
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_under_cpu_autocast_equals_eager(mode, kwargs):
     ours, theirs = pair(mode, 3, 4, **kwargs)
     compiled = torch.compile(ours, fullgraph=True, backend="eager")
@@ -373,6 +453,7 @@ def test_torch_load_weights_only_then_flatten_parameters():
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_fullgraph_equals_eager(mode):
     ours, _ = pair(mode, 3, 4, num_layers=2, bidirectional=True)
     compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
@@ -389,6 +470,7 @@ def test_torch_compile_fullgraph_equals_eager(mode):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_fullgraph_of_modules_with_different_configurations():
     """The code is shared by every module: once a size or the dropout differs between compilations,
     torch.compile makes it symbolic; the options the custom op needs must stay constants."""
@@ -404,6 +486,7 @@ def test_torch_compile_fullgraph_of_modules_with_different_configurations():
         torch.testing.assert_close(compiled(x, seed=seed)[0], module(x, seed=seed)[0])
 
 
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_training_with_dropout_draws_new_masks_without_recompiling():
     """The seed is drawn by the graph (torch.randint on torch's generator, as eager draws it): every call
     has new masks, one compilation serves them all, and a call equals eager from the same torch seed."""
@@ -442,6 +525,7 @@ def test_torch_jit_trace_in_training_draws_new_masks_each_call():
     assert not torch.equal(traced(x)[0], traced(x)[0])
 
 
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_of_an_empty_batch_equals_torch():
     ours, theirs = pair("LSTM", 3, 4, num_layers=2, bidirectional=True)
     compiled = torch.compile(ours, fullgraph=True, backend="eager")

@@ -2,9 +2,8 @@
 ``ArrayRNN``.
 
 ``from arrayrnn.torch import LSTM`` is the whole change in a PyTorch program: :class:`LSTM`, :class:`GRU`
-and :class:`RNN` are ``torch.nn.RNNBase`` modules built exactly as ``nn.LSTM`` / ``GRU`` / ``RNN`` (the
-same constructor, attributes, parameters, ``state_dict``, input checks and error messages) with another
-forward (not subclasses of ``nn.LSTM``: ``torch.compile`` refuses to trace those). Their
+and :class:`RNN` are subclasses of ``nn.LSTM`` / ``GRU`` / ``RNN`` (the same constructor, attributes,
+methods, parameters, ``state_dict``, input checks and error messages) with another forward. Their
 per-weight ``nn.Parameter``\\ s (``weight_ih_l0``, ...) are views into ONE flat buffer in the canonical
 layout (PyTorch's parameter order), as PyTorch's own flattened cuDNN weights are, and a backward writes
 ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::
@@ -20,9 +19,11 @@ concatenated for the call instead (one copy per forward; gradients reach them th
 come back in the input's dtype; under CPU autocast the results come back in the dtypes ``nn.*`` returns
 there (:func:`_autocast_dtypes`). An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode,
 ``torch.func`` transforms and gradients of gradients run the differentiable torch-op path
-(:mod:`.torch_recurrence`); ``torch.compile``, ``torch.export`` and ``torch.jit.trace`` see the custom op
-``arrayrnn::rnn``; both ``torch.onnx.export`` exporters emit ONNX's ``LSTM`` / ``GRU`` / ``RNN``
-operators (:mod:`.torch_call`); ``torch.jit.script`` is refused with the alternatives.
+(:mod:`.torch_recurrence`); ``torch.compile`` (which breaks the graph at every ``nn.LSTM`` / ``GRU`` /
+``RNN``, these included, unless ``torch._dynamo.config.allow_rnn``), ``torch.export`` and
+``torch.jit.trace`` see the custom op ``arrayrnn::rnn``; both ``torch.onnx.export`` exporters emit ONNX's
+``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_call`); ``torch.jit.script`` is refused with the
+alternatives.
 
 Errors: the drop-in classes run ``nn.RNNBase``'s own input checks, so they raise what ``nn.LSTM``
 raises, with its messages. Everything arrayrnn itself refuses is :class:`InputError` (a
@@ -420,43 +421,21 @@ class _FlatWeights:
         return first.as_strided((total,), (1,), first.storage_offset())
 
 
-class LSTM(_FlatWeights, torch.nn.RNNBase):
-    """``torch.nn.LSTM`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+class LSTM(_FlatWeights, torch.nn.LSTM):
+    """``torch.nn.LSTM`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
     ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
     bidirectional=False, proj_size=0, device=None, dtype=None)``, positionally or by keyword, exactly as
-    ``nn.LSTM`` (both are ``nn.RNNBase``; ``isinstance(m, nn.LSTM)`` is False so that ``torch.compile``
-    traces the module, which it refuses to do for ``nn.LSTM`` and its subclasses).
+    ``nn.LSTM``, whose constructor, checks and methods it runs.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._set_variants(kwargs, "lstm")
-        super().__init__("LSTM", *args, **kwargs)
-
-    def get_expected_cell_size(self, input: torch.Tensor,
-                               batch_sizes: torch.Tensor | None) -> tuple[int, ...]:
-        """``(num_layers * num_directions, batch, hidden_size)``, the shape of ``c_0`` (as nn.LSTM)."""
-        batch = int(batch_sizes[0]) if batch_sizes is not None else input.size(0 if self.batch_first else 1)
-        return (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
-
-    def check_forward_args(self, input: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor],
-                           batch_sizes: torch.Tensor | None) -> None:
-        """nn.LSTM's check of ``input`` and ``(h_0, c_0)``."""
-        self.check_input(input, batch_sizes)
-        self.check_hidden_size(hidden[0], self.get_expected_hidden_size(input, batch_sizes),
-                               "Expected hidden[0] size {}, got {}")
-        self.check_hidden_size(hidden[1], self.get_expected_cell_size(input, batch_sizes),
-                               "Expected hidden[1] size {}, got {}")
-
-    def permute_hidden(self, hx: tuple[torch.Tensor, torch.Tensor],
-                       permutation: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if permutation is None:
-            return hx
-        return hx[0].index_select(1, permutation), hx[1].index_select(1, permutation)
+        super().__init__(*args, **kwargs)
 
 
-class GRU(_FlatWeights, torch.nn.RNNBase):
-    """``torch.nn.GRU`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+class GRU(_FlatWeights, torch.nn.GRU):
+    """``torch.nn.GRU`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
     ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
     bidirectional=False, device=None, dtype=None)``, exactly as ``nn.GRU`` (``proj_size`` is its
@@ -464,13 +443,12 @@ class GRU(_FlatWeights, torch.nn.RNNBase):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        _refuse_projection(kwargs)
         self._set_variants(kwargs, "gru")
-        super().__init__("GRU", *args, **kwargs)
+        super().__init__(*args, **kwargs)
 
 
-class RNN(_FlatWeights, torch.nn.RNNBase):
-    """``torch.nn.RNN`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+class RNN(_FlatWeights, torch.nn.RNN):
+    """``torch.nn.RNN`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
     ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
     dropout=0.0, bidirectional=False, device=None, dtype=None)``, exactly as ``nn.RNN`` (the fourth
@@ -478,17 +456,9 @@ class RNN(_FlatWeights, torch.nn.RNNBase):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        _refuse_projection(kwargs)
-        if len(args) > 3:
-            nonlinearity, args = args[3], args[:3] + args[4:]
-        else:
-            nonlinearity = kwargs.pop("nonlinearity", "tanh")
-        modes = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}
-        if nonlinearity not in modes:
-            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
-        self.nonlinearity = nonlinearity
-        self._set_variants(kwargs, f"rnn_{nonlinearity}")
-        super().__init__(modes[nonlinearity], *args, **kwargs)
+        nonlinearity = args[3] if len(args) > 3 else kwargs.get("nonlinearity", "tanh")
+        self._set_variants(kwargs, "rnn_relu" if nonlinearity == "relu" else "rnn_tanh")  # nn.RNN checks it
+        super().__init__(*args, **kwargs)
 
 
 def _refuse_scripting(name: str) -> RuntimeError:
@@ -497,11 +467,6 @@ def _refuse_scripting(name: str) -> RuntimeError:
                         "arrayrnn's engines from Python. Use torch.jit.trace instead (a saved trace calls "
                         "the custom op arrayrnn::rnn; import arrayrnn.torch before torch.jit.load), or "
                         "torch.compile / torch.export")
-
-
-def _refuse_projection(kwargs: dict[str, Any]) -> None:
-    if "proj_size" in kwargs:
-        raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
 
 
 @functools.lru_cache(maxsize=64)
