@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -59,35 +58,15 @@ import arrayrnn as ar
 from arrayrnn.core.interop import TORCH_MODES, torch_key
 
 from . import torch_call, torch_variants
+from .torch_buffer import OneBuffer
 from .torch_call import _ForwardOptions
+from .torch_cell import GRUCell, LSTMCell, RNNCell
+from .torch_errors import InputError, InputTypeError, as_torch_errors
 
-__all__ = ["GRU", "LSTM", "RNN", "ArrayRNN", "InputError", "InputTypeError"]
+__all__ = ["GRU", "LSTM", "RNN", "ArrayRNN", "GRUCell", "InputError", "InputTypeError", "LSTMCell", "RNNCell"]
 
 _MODE_ALIASES = {"rnn": "rnn_tanh", "rnn_tanh": "rnn_tanh", "rnn_relu": "rnn_relu", "lstm": "lstm",
                  "gru": "gru"}
-
-
-class InputError(RuntimeError, ValueError):
-    """A bad input shape or value: a ``RuntimeError`` (as ``nn.LSTM`` raises) and a ``ValueError`` (as
-    arrayrnn raises), so callers catching either see it."""
-
-
-class InputTypeError(RuntimeError, TypeError):
-    """A bad input type, dtype or device: a ``RuntimeError`` (as ``nn.LSTM`` raises) and a ``TypeError``
-    (as arrayrnn raises)."""
-
-
-@contextlib.contextmanager
-def _as_torch_errors() -> Iterator[None]:
-    """arrayrnn's ValueError / TypeError as the hybrid types above (same message)."""
-    try:
-        yield
-    except (InputError, InputTypeError):
-        raise
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    except TypeError as exc:
-        raise InputTypeError(str(exc)) from exc
 
 
 def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -179,7 +158,7 @@ _SPEC_ATTRIBUTES = ("mode", "input_size", "hidden_size", "num_layers", "bias", "
                     "dropout", *torch_variants.DEFAULTS)
 
 
-class _FlatWeights:
+class _FlatWeights(OneBuffer):
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -222,52 +201,8 @@ class _FlatWeights:
         if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1:
             self.__dict__["_spec_text"] = torch_call.spec_text(self._spec_dict(float(p)))
 
-    def flatten_parameters(self) -> None:
-        """Put the weights into one buffer (their views) if they are not there; a no-op when they are.
-
-        Called by the constructor and after ``module.to()`` / ``.double()`` / ``.cuda()``. Weights that
-        are not plain ``nn.Parameter``\\ s (``weight_norm``, pruning, ``parametrize``) stay as they are;
-        the forward concatenates them for each call.
-        """
-        weights = [getattr(self, name, None) for name in self._flat_weights_names]
-        if not all(isinstance(w, torch.nn.Parameter) for w in weights):
-            return
-        if len({(w.dtype, w.device) for w in weights}) != 1 or self._in_one_buffer(weights):
-            return
-        flat = torch.empty(sum(w.numel() for w in weights), dtype=weights[0].dtype, device=weights[0].device)
-        offset = 0
-        with torch.no_grad():
-            for w in weights:
-                view = flat[offset:offset + w.numel()].view(w.shape)
-                view.copy_(w)
-                w.data = view
-                offset += w.numel()
-
     def __prepare_scriptable__(self) -> Any:
         raise _refuse_scripting(type(self).__name__)
-
-    @property
-    def flat(self) -> torch.Tensor:
-        """The one weight buffer, canonical layout (a view sharing memory with the weights; no autograd)."""
-        weights = self._weights()
-        if not self._in_one_buffer(weights):
-            self.flatten_parameters()
-            weights = self._weights()
-        if not self._in_one_buffer(weights):
-            raise InputError("the weights are not views of one buffer (re-parametrised weights: weight_norm, "
-                             "pruning or parametrize); remove the re-parametrisation first")
-        return self._flat_from(weights[0].detach())
-
-    @property
-    def flat_grad(self) -> torch.Tensor | None:
-        """The one gradient buffer after a backward (every ``weight.grad`` is a view into it), or None
-        before one; a concatenated copy if the gradients were replaced by tensors of their own."""
-        grads = [getattr(w, "grad", None) for w in self._weights()]
-        if any(g is None for g in grads):
-            return None
-        if self._in_one_buffer(grads):
-            return self._flat_from(grads[0])
-        return torch.cat([g.reshape(-1) for g in grads])
 
     def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None, lengths: Any = None):
         """As ``nn.LSTM.forward`` (``nn.GRU``, ``nn.RNN``): ``output, (h_n, c_n)`` / ``output, h_n``.
@@ -378,13 +313,13 @@ class _FlatWeights:
                                            lengths, torch_call.seed_tensor(self.training, self._spec_text))
         spec = self._spec(dtype, p if p < 1 else 0.0)
         if compute == x.dtype and not capturing and self._in_one_buffer(weights):
-            inputs, split = weights, _split_of(spec)
+            inputs, split = weights, torch_call.split_of(spec)
         else:  # re-parametrised weights, or a computation in float32: one concatenation per call
             inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
         seed = _draw_seed(spec, self.training, None)
         opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
                                drop_all=p == 1)
-        with _as_torch_errors():
+        with as_torch_errors():
             return torch_call.run(opts, *states, inputs, lengths)
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
@@ -393,33 +328,10 @@ class _FlatWeights:
                 "bidirectional": self.bidirectional,
                 "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0, **self._variants()}
 
-    def _weights(self) -> list[torch.Tensor]:
-        return [getattr(self, name) for name in self._flat_weights_names]
-
     def _spec(self, dtype: str, dropout: float) -> ar.RNNSpec:
         return _spec_of(TORCH_MODES[self.mode], self.input_size, self.hidden_size, self.num_layers, self.bias,
                         self.bidirectional, self.proj_size, dropout, dtype,
                         tuple(sorted(self._variants().items())))
-
-    def _in_one_buffer(self, tensors: Sequence[Any]) -> bool:
-        """True when ``tensors`` are consecutive contiguous views of one storage, in weight order."""
-        first = tensors[0]
-        if not all(isinstance(t, torch.Tensor) and not torch_call.is_transformed(t) for t in tensors):
-            return False
-        if first.device.type == "meta":
-            return False
-        ptr, offset = first.untyped_storage().data_ptr(), first.storage_offset()
-        for t in tensors:
-            if (t.dtype != first.dtype or not t.is_contiguous() or t.untyped_storage().data_ptr() != ptr
-                    or t.storage_offset() != offset):
-                return False
-            offset += t.numel()
-        return True
-
-    def _flat_from(self, first: torch.Tensor) -> torch.Tensor:
-        total = sum(w.numel() for w in self._weights())
-        return first.as_strided((total,), (1,), first.storage_offset())
-
 
 class LSTM(_FlatWeights, torch.nn.LSTM):
     """``torch.nn.LSTM`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
@@ -475,9 +387,6 @@ def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias
     return ar.RNNSpec(mode=mode, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
                       bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout,
                       dtype=dtype, **dict(variants))
-
-
-_split_of = functools.lru_cache(maxsize=64)(torch_call._split_of)
 
 
 # -- ArrayRNN: one flat Parameter -------------------------------------------------------------------------
@@ -624,7 +533,7 @@ class ArrayRNN(torch.nn.Module):
                                            drawn)
         seed = _draw_seed(spec, self.training, seed)
         opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
-        with _as_torch_errors():
+        with as_torch_errors():
             return torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -700,4 +609,4 @@ def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_l
 
 
 # torch.save(module) / torch.load(path, weights_only=True): the classes a saved module's pickle names
-torch.serialization.add_safe_globals([LSTM, GRU, RNN, ArrayRNN, ar.RNNSpec])
+torch.serialization.add_safe_globals([LSTM, GRU, RNN, LSTMCell, GRUCell, RNNCell, ArrayRNN, ar.RNNSpec])
