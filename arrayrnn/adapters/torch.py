@@ -57,7 +57,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 import arrayrnn as ar
 from arrayrnn.core.interop import TORCH_MODES, torch_key
 
-from . import torch_call, torch_variants
+from . import torch_call, torch_onnx, torch_variants
 from .torch_buffer import OneBuffer
 from .torch_call import _ForwardOptions
 from .torch_cell import GRUCell, LSTMCell, RNNCell
@@ -218,6 +218,8 @@ class _FlatWeights(OneBuffer):
             if lengths is not None:
                 raise InputError("lengths was given with a PackedSequence input; a PackedSequence carries "
                                  "its own lengths")
+            if torch_onnx.legacy_export():
+                return self._export_packed(input, hx)
             x, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
             batched = True
         else:
@@ -241,6 +243,14 @@ class _FlatWeights(OneBuffer):
             y, h_n = y.squeeze(0 if self.batch_first else 1), h_n.squeeze(1)
             c_n = c_n.squeeze(1) if c_n is not None else None
         return (y, (h_n, c_n)) if self.mode == "LSTM" else (y, h_n)
+
+    def _export_packed(self, input: PackedSequence, hx: Any):
+        """A ``PackedSequence`` under the legacy ONNX exporter: :func:`.torch_onnx.export_packed`."""
+        h0, c0 = self._initial_states(hx, batched=True)
+        spec = torch_call.inference_spec(self._spec(str(input.data.dtype).removeprefix("torch."), 0.0))
+        flat = torch.cat([w.reshape(-1) for w in self._weights()])
+        output, h_n, c_n = torch_onnx.export_packed(spec, input, h0, c0, flat)
+        return (output, (h_n, c_n)) if self.mode == "LSTM" else (output, h_n)
 
     # -- pieces of the forward ------------------------------------------------------------------------
     def _check_dropout(self) -> None:
@@ -489,6 +499,10 @@ class ArrayRNN(torch.nn.Module):
             if lengths is not None:
                 raise InputError("lengths was given with a PackedSequence input; a PackedSequence "
                                  "carries its own lengths")
+            if torch_onnx.legacy_export():  # the weights enter as constants: see _compute
+                output, h_n, c_n = torch_onnx.export_packed(torch_call.inference_spec(self.spec), x,
+                                                            *self._split_hx(hx), self.flat.data)
+                return (output, (h_n, c_n)) if self._spec.mode == "lstm" else (output, h_n)
             source = x
             x, lengths = pad_packed_sequence(x, batch_first=self.batch_first)
         h0, c0 = self._split_hx(hx)

@@ -24,7 +24,8 @@ import torch
 
 import arrayrnn as ar
 from arrayrnn.engines import probe_call, select_engine
-from arrayrnn.engines.step import StepEngine, StepWeights, step_engine
+from arrayrnn.engines.step import StepEngine, StepWeights
+from arrayrnn.frontend.cell import step_engine
 
 from . import torch_call
 from .torch_buffer import OneBuffer

@@ -14,7 +14,7 @@ weight-gradient products (:func:`.stack._weight_grads`) for ``dparams``. Roughly
 :class:`StepEngine` works on any stack engine (reference, cupy, numba through its generic kernel);
 :class:`~.numba_step.NumbaStep` replaces the parts where per-call work dominates a step: it packs the
 weights once (:meth:`StepEngine.prepare`, which the caller keeps while the weights are unchanged) and
-calls the compiled loops directly. :func:`step_engine` picks one through :func:`select_engine`.
+calls the compiled loops directly. ``arrayrnn.frontend.cell.step_engine`` picks one.
 """
 
 from __future__ import annotations
@@ -173,19 +173,4 @@ class StepEngine:
         return f"{type(self).__name__}({self.name!r})"
 
 
-@functools.cache
-def step_engine(engine: Any) -> StepEngine:
-    """The step engine over ``engine`` (an :class:`~.base.Engine` that :func:`select_engine` chose):
-    :class:`~.numba_step.NumbaStep` for the numba engine, :class:`StepEngine` for the other stack engines;
-    ``ValueError`` for an engine that runs whole sequences only (cuDNN)."""
-    if engine.name == "numba":
-        from .numba_step import NumbaStep
-
-        return NumbaStep(engine)
-    if not isinstance(engine, StackEngine):
-        raise ValueError(f"engine = {engine.name!r} runs whole sequences only; a cell step runs on the "
-                         "numba, cupy or reference engine (or engine='auto')")
-    return StepEngine(engine)
-
-
-__all__ = ["StepEngine", "StepGrads", "StepWeights", "check_cell_spec", "step_engine"]
+__all__ = ["StepEngine", "StepGrads", "StepWeights", "check_cell_spec"]
