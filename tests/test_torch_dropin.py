@@ -100,6 +100,53 @@ def test_first_order_runs_the_fused_engines(monkeypatch):
     assert calls == [1] and dx.requires_grad
 
 
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+                                         ("GRU", {"num_layers": 3, "batch_first": True}),
+                                         ("RNN", {"nonlinearity": "relu", "bidirectional": True,
+                                                  "bias": False}),
+                                         ("LSTM", {"num_layers": 2, "dropout": 0.5})])
+def test_one_step_calls_run_one_fused_step_per_layer_direction_and_equal_torch(mode, kwargs, monkeypatch):
+    """T = 1 (online inference, a decoder feeding the module one step at a time): the fused cell step of
+    each layer-direction (arrayrnn.torch_step), not the sequence engines; values and gradients as nn's."""
+    from arrayrnn.engines.numba_step import NumbaStep
+
+    steps = []
+    real = NumbaStep.forward
+    monkeypatch.setattr(NumbaStep, "forward", lambda *a, **k: steps.append(1) or real(*a, **k))
+    monkeypatch.setattr(ar, "rnn_forward", lambda *a, **k: pytest.fail("the sequence engines ran"))
+    ours, theirs = pair(mode, 3, 4, dtype=torch.float64, **kwargs)
+    ours.eval(), theirs.eval()
+    x = torch.randn(2, 1, 3, dtype=torch.float64, requires_grad=True)  # T = 1 either way round
+    D = 2 if ours.bidirectional else 1
+    h0 = torch.randn(ours.num_layers * D, 2, ours.proj_size or 4, dtype=torch.float64, requires_grad=True)
+    hx = (h0, torch.randn(ours.num_layers * D, 2, 4, dtype=torch.float64)) if mode == "LSTM" else h0
+    results = []
+    for module in (ours, theirs):
+        x.grad = h0.grad = None
+        y, state = module(x if module.batch_first else x.transpose(0, 1), hx)
+        h_n = state[0] if mode == "LSTM" else state
+        (y.square().sum() + h_n.sum()).backward()
+        results.append([y.detach(), h_n.detach(), x.grad, h0.grad, *(p.grad for p in module.parameters())])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert len(steps) == ours.num_layers * D
+
+
+def test_one_step_calls_see_a_fused_optimizers_update_and_masks_take_the_sequence_engines(monkeypatch):
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2, dropout=0.5)
+    x = torch.randn(1, 2, 3)
+    for module in (ours, theirs):
+        module.eval()
+        module(x)[0].sum().backward()
+        torch.optim.SGD(module.parameters(), lr=0.5, fused=True).step()  # moves no version counter
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+    calls = []
+    real = ar.rnn_forward
+    monkeypatch.setattr(ar, "rnn_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ours.train()(x)  # training with inter-layer dropout: its masks come from the sequence engines
+    assert calls == [1]
+
+
 def test_flatten_parameters_restores_the_buffer_and_is_a_no_op_otherwise():
     ours, theirs = pair("GRU", 3, 4, num_layers=2)
     first = storage(ours.weight_ih_l0)

@@ -12,6 +12,8 @@ ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::
     res = ar.rnn_forward(PackedParams(spec, flat), x, lengths, h0, c0, training=..., seed=...)
     # backward: ar.rnn_backward(res, dy, dh_n, dc_n).dparams.data -> weight_ih_l0.grad, ... (views)
 
+A call of one time step (no lengths, dropout masks or cell variants) runs one fused cell step per
+layer-direction instead (:mod:`.torch_step`, the cells' step, its packed weights kept between calls).
 Weights that are not such views (``weight_norm``, ``parametrize``, pruning, a reassigned Parameter) are
 concatenated for the call instead (one copy per forward; gradients reach them through autograd);
 ``flatten_parameters()`` puts plain Parameters back into one buffer. ``module.to()`` / ``.double()`` /
@@ -57,7 +59,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 import arrayrnn as ar
 from arrayrnn.core.interop import TORCH_MODES, torch_key
 
-from . import torch_call, torch_onnx, torch_variants
+from . import torch_call, torch_onnx, torch_step, torch_variants
 from .torch_buffer import OneBuffer
 from .torch_call import _ForwardOptions
 from .torch_cell import GRUCell, LSTMCell, RNNCell
@@ -168,6 +170,11 @@ class _FlatWeights(OneBuffer):
         super().__setattr__(name, value)
         if name in _SPEC_ATTRIBUTES:
             self._refresh_spec_text()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_steps", None)  # packed copies, engine objects: rebuilt when called
+        return state
 
     def __setstate__(self, state: dict) -> None:
         for name, default in torch_variants.DEFAULTS.items():  # a module saved before the options existed
@@ -322,6 +329,10 @@ class _FlatWeights(OneBuffer):
             return torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
                                            lengths, torch_call.seed_tensor(self.training, self._spec_text))
         spec = self._spec(dtype, p if p < 1 else 0.0)
+        if not capturing and self._one_step(x, h0, c0, lengths, spec, compute):
+            out = self._step_layers(x, h0, c0, spec)
+            if out is not None:
+                return out
         if compute == x.dtype and not capturing and self._in_one_buffer(weights):
             inputs, split = weights, torch_call.split_of(spec)
         else:  # re-parametrised weights, or a computation in float32: one concatenation per call
@@ -331,6 +342,29 @@ class _FlatWeights(OneBuffer):
                                drop_all=p == 1)
         with as_torch_errors():
             return torch_call.run(opts, *states, inputs, lengths)
+
+    def _one_step(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any,
+                  spec: ar.RNNSpec, compute: torch.dtype) -> bool:
+        """Whether the call is one the fused step serves (:meth:`_step_layers`): one time step of every row
+        (no lengths), in float32 / float64 on CPU or CUDA, without dropout masks or cell variants."""
+        T, B = (x.shape[1], x.shape[0]) if self.batch_first else x.shape[:2]
+        masks = self.training and self.dropout > 0 and spec.num_layers > 1
+        return (T == 1 and B > 0 and lengths is None and compute == x.dtype and not masks
+                and not spec.variants and x.device.type in ("cpu", "cuda")
+                and not any(torch_call.is_transformed(t) for t in (x, h0, c0) if t is not None))
+
+    def _step_layers(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None,
+                     spec: ar.RNNSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """``(y, h_n, c_n)`` of a one-step call as one fused step per layer-direction
+        (:func:`.torch_step.run_layers`, its packed weights kept in ``_steps``), or None where the weights
+        are not tensors the step reads."""
+        weights = [[getattr(self, name) for name in names] for names in self._all_weights]
+        rows = x.reshape(x.shape[0] * x.shape[1], -1)  # (1, B, I) or (B, 1, I): the step's (B, I)
+        out = torch_step.run_layers(self.__dict__.setdefault("_steps", {}), spec, rows, h0, c0, weights)
+        if out is None:
+            return None
+        y, h_n, c_n = out
+        return y.unsqueeze(1 if self.batch_first else 0), h_n, c_n
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
         return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,

@@ -16,42 +16,24 @@ autocast, dtypes other than float32 / float64, devices other than CPU / CUDA, an
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-import arrayrnn as ar
-from arrayrnn.engines import probe_call, select_engine
-from arrayrnn.engines.step import StepEngine, StepWeights
-from arrayrnn.frontend.cell import step_engine
-
 from . import torch_call
 from .torch_buffer import OneBuffer
-from .torch_call import array_view, engine_stream, tensor_of
+from .torch_step import Step, cell_spec, prepared_step, run_step
 
 _Tensor = torch.Tensor
 _FUSED_DTYPES = (torch.float32, torch.float64)
 _NAMES = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
 
 
-@dataclass(frozen=True, eq=False)
-class _Step:
-    """One fused step's engine, its prepared weights and the step as a one-step sequence call (where each
-    weight input sits in the buffer, for the gradient split and the torch-op re-run)."""
-
-    stepper: StepEngine
-    weights: StepWeights
-    options: torch_call._ForwardOptions
-    inputs: list[_Tensor]  # the module's weights the step reads (the autograd node's inputs)
-
-
 class _FusedCell(OneBuffer):
     """The fused forward of a ``torch.nn.RNNCellBase`` subclass whose weights are views of one buffer."""
 
     def _init_buffer(self) -> None:
-        self.__dict__["_prepared"] = None  # (key, _Step) of the last call (:meth:`_prepare`)
+        self.__dict__["_prepared"] = {}  # the last call's fused step (:func:`.torch_step.prepared_step`)
         self.flatten_parameters()
 
     @property
@@ -68,7 +50,7 @@ class _FusedCell(OneBuffer):
         return module
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_prepared": None}  # packed copies, engine objects: rebuilt when called
+        return {**self.__dict__, "_prepared": {}}  # packed copies, engine objects: rebuilt when called
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -91,34 +73,20 @@ class _FusedCell(OneBuffer):
             states = [zeros, zeros] if lstm else [zeros]
         elif not batched:
             states = [s.unsqueeze(0) for s in states]
-        out = _run(step, x, *states)
+        out = run_step(step, x, *states)
         if not batched:
             out = tuple(t.squeeze(0) for t in out)
         return out if lstm else out[0]
 
-    def _prepare(self, input: _Tensor, states: list[_Tensor]) -> _Step | None:
-        """The fused step for this call: the last call's while it still holds (the same weight tensors and
-        memory and, where the engine keeps copies, values), else made anew; None where ``nn``'s forward
-        runs instead: what the step does not serve, and every input ``nn`` refuses (it raises its error)."""
+    def _prepare(self, input: _Tensor, states: list[_Tensor]) -> Step | None:
+        """The fused step for this call (:func:`.torch_step.prepared_step`), or None where ``nn``'s
+        forward runs instead: what the step does not serve, and every input ``nn`` refuses (it raises its
+        error)."""
         if not self._takes(input, states):
             return None
-        weights = self._weights()
-        device, dtype = input.device, input.dtype
-        try:
-            key = (device, dtype, self._mode, *((id(w), w.data_ptr()) for w in weights))
-        except RuntimeError:  # a weight without storage (a torch.func transform's)
-            return None
-        last = self.__dict__.get("_prepared")
-        if last is not None and last[0] == key:
-            step = last[1]
-            if step.stepper.holds(step.weights, step.weights.params.data):
-                return step
-        elif not all(w.device == device and w.dtype == dtype for w in weights):
-            return None
-        step = self._new_step(weights, device, dtype)
-        if self._in_one_buffer(weights):  # a concatenation (re-parametrised weights) is made per call
-            self.__dict__["_prepared"] = (key, step)
-        return step
+        spec = cell_spec(self._mode, self.input_size, self.hidden_size, self.bias,
+                         str(input.dtype).removeprefix("torch."))
+        return prepared_step(self.__dict__["_prepared"], 0, spec, self._weights(), input.device)
 
     def _takes(self, input: _Tensor, states: list[_Tensor]) -> bool:
         """Whether the fused step serves ``input`` and ``states`` (the weights: :meth:`_prepare`)."""
@@ -136,40 +104,6 @@ class _FusedCell(OneBuffer):
             t.shape == shape and t.dtype == dtype and t.device == device and not torch_call.is_transformed(t)
             for t in states)
 
-    def _new_step(self, weights: list[_Tensor], device: torch.device, dtype: torch.dtype) -> _Step:
-        spec = _cell_spec(self._mode, self.input_size, self.hidden_size, self.bias,
-                          str(dtype).removeprefix("torch."))
-        if self._in_one_buffer(weights):
-            flat = self._flat_from(weights[0].detach())
-        else:  # re-parametrised weights: one concatenation per call
-            flat = torch.cat([w.detach().reshape(-1) for w in weights])
-        data = array_view(flat, "weights")
-        index = device.index if device.type == "cuda" else None
-        stepper = step_engine(select_engine("auto", probe_call(spec, ar.get_xp(data), device=index)))
-        with engine_stream(flat):
-            prepared = stepper.prepare(spec, data)
-        options = torch_call._ForwardOptions(spec, None, False, False, None, "auto",
-                                             torch_call.split_of(spec))
-        return _Step(stepper, prepared, options, weights)
-
-
-def _run(step: _Step, x: _Tensor, h: _Tensor, c: _Tensor | None = None) -> tuple[_Tensor, ...]:
-    """``(h',)`` or ``(h', c')``: the fused step, as an autograd node when a gradient may follow."""
-    weights = step.inputs
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, h, c, *weights) if t is not None):
-        out = _StepFunction.apply(step, x, h, c, *weights)
-        return out if isinstance(out, tuple) else (out,)
-    with engine_stream(x):
-        fwd = step.stepper.forward(step.weights, _array(x), _array(h), _array(c), keep_cache=False)
-        return tuple(tensor_of(a) for a in (fwd.h_n, fwd.c_n) if a is not None)
-
-
-def _array(t: _Tensor | None) -> Any:
-    """``t``'s memory as NumPy (CPU) or CuPy (CUDA), no copy."""
-    if t is None:
-        return None
-    return t.detach().numpy() if t.is_cpu else array_view(t, "input")
-
 
 def _states(hx: Any, lstm: bool) -> list[_Tensor] | None:
     """``hx`` as a list of tensors (``[]`` for None), or None where it is not what the cell takes."""
@@ -182,59 +116,6 @@ def _states(hx: Any, lstm: bool) -> list[_Tensor] | None:
     else:
         states = [hx]
     return states if all(isinstance(s, _Tensor) for s in states) else None
-
-
-@functools.lru_cache(maxsize=64)
-def _cell_spec(mode: str, input_size: int, hidden_size: int, bias: bool, dtype: str) -> ar.RNNSpec:
-    return ar.RNNSpec(mode=mode, input_size=input_size, hidden_size=hidden_size, bias=bias, dtype=dtype)
-
-
-class _StepFunction(torch.autograd.Function):
-    """One fused step: the engine's step forward, its hand-written backward (a differentiable torch-op
-    re-run under ``create_graph=True``)."""
-
-    @staticmethod
-    def forward(ctx, step: _Step, x: _Tensor, h: _Tensor, c: _Tensor | None, *weights: _Tensor):
-        arrays = (_array(x), _array(h), _array(c))
-        with engine_stream(x):
-            fwd = step.stepper.forward(step.weights, *arrays, keep_cache=True)
-            out = tuple(tensor_of(a) for a in (fwd.h_n, fwd.c_n) if a is not None)
-        ctx.step, ctx.fwd, ctx.arrays = step, fwd, arrays
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, h, c, *weights)  # torch's version counters then catch in-place writes
-        return out if len(out) == 2 else out[0]
-
-    @staticmethod
-    def backward(ctx, dh: _Tensor | None, dc: _Tensor | None = None):
-        x, h, c, *weights = ctx.saved_tensors
-        needs = ctx.needs_input_grad[1:]
-        if dh is None and dc is None:
-            return (None,) * (1 + len(needs))
-        if torch.is_grad_enabled():  # create_graph=True: gradients that are themselves differentiable
-            return (None, *_differentiable_grads(ctx.step, x, h, c, weights, dh, dc, needs))
-        step, need_weights = ctx.step, any(needs[3:])
-        with engine_stream(x):
-            g = step.stepper.backward(step.weights, ctx.fwd, *ctx.arrays, _array(dh), _array(dc),
-                                      need_dx=needs[0], need_weights=need_weights)
-            grads = [tensor_of(a) if a is not None else None for a in (g.dx, g.dh, g.dc)]
-            weight_grads = _blocks_of(step, g.dflat) if need_weights else [None] * len(step.inputs)
-        return (None, *(t if need else None for t, need in zip((*grads, *weight_grads), needs, strict=True)))
-
-
-def _blocks_of(step: _Step, dflat: Any) -> list[_Tensor]:
-    """The weights' gradients in ``dflat`` (one buffer), each a tensor with a storage of its own over its
-    block: autograd sums a loop's steps into the first step's tensors in place (it adds in place only into
-    a storage no other tensor holds)."""
-    return [tensor_of(dflat[where].reshape(shape)) for where, shape in step.weights.blocks.values()]
-
-
-def _differentiable_grads(step: _Step, x: _Tensor, h: _Tensor, c: _Tensor | None, weights: list[_Tensor],
-                          dh: _Tensor | None, dc: _Tensor | None, needs: tuple[bool, ...]) -> tuple:
-    """The step's vector-Jacobian products, differentiable: the torch-op recurrence over one step."""
-    one_step = [t.unsqueeze(0) if t is not None else None for t in (x, h, c, dh, dc)]
-    grads = torch_call.differentiable_grads(step.options, *one_step[:3], weights, (None, *one_step[3:]),
-                                            needs)
-    return tuple(g.squeeze(0) if g is not None and k < 3 else g for k, g in enumerate(grads))
 
 
 class LSTMCell(_FusedCell, torch.nn.LSTMCell):
