@@ -49,7 +49,7 @@ class _StepSaved:
     h: Array
     c: Array | None
     fwd: DirectionForward  # its cache is None after an inference step
-    snapshot: guard.WeightSnapshot
+    weights_then: guard.HostSnapshot | guard.DeviceFingerprint | None  # None after an inference step
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +79,7 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
     """One step of the cell ``params`` from ``x (B, input_size)`` and the states ``h (B, H_out)``, ``c (B,
     hidden_size)`` (LSTM only; zeros when None). ``training=True`` keeps the residuals for
     :func:`cell_step_backward`. ``engine``: ``"auto"`` or an engine name (numba, cupy, reference)."""
+    guard.raise_pending()
     spec = _check_params(params)
     check_cell_spec(spec)
     if params.format != "canonical":
@@ -102,7 +103,7 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
         # the result owns what its backward reads: the caller may refill x, h, c
         saved = _StepSaved(stepper, weights, xp.array(x, copy=True), xp.array(h, copy=True),
                            xp.array(c, copy=True) if c is not None else None, fwd,
-                           guard.WeightSnapshot(params.data))
+                           guard.snapshot(params.data, xp) if training else None)
     return CellResult(fwd.h_n, fwd.c_n, params, training, stepper.name, saved)
 
 
@@ -111,16 +112,20 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
     ``res.h``) and ``dc`` (of ``res.c``; LSTM only); ``None`` means zeros."""
     if not isinstance(res, CellResult):
         raise TypeError(f"res has type {type(res).__name__}; expected the CellResult returned by cell_step")
+    guard.raise_pending()
     saved, spec = res._saved, res.params.spec
     dh = _check_cotangent("dh", dh, res.h, "res.h")
     if dc is not None and res.c is None:
         raise ValueError(f"dc was given but mode = {spec.mode!r} has no cell state; pass dc=None")
     dc = _check_cotangent("dc", dc, res.c, "res.c") if res.c is not None else None
-    saved.snapshot.assert_unchanged(res.params.data)
-    fwd = saved.fwd
-    if fwd.cache is None:  # an inference step: recompute it with the residuals
-        fwd = saved.engine.forward(saved.weights, saved.x, saved.h, saved.c, keep_cache=True)
-    g = saved.engine.backward(saved.weights, fwd, saved.x, saved.h, saved.c, dh, dc)
+    fwd, weights = saved.fwd, saved.weights
+    if fwd.cache is None:  # an inference step: recompute it with the residuals; other outputs = other weights
+        weights = saved.engine.prepare(spec, res.params.data)  # from the values the params hold now
+        fwd = saved.engine.forward(weights, saved.x, saved.h, saved.c, keep_cache=True)
+        guard.assert_same_outputs((res.h, res.c), (fwd.h_n, fwd.c_n))
+    else:
+        saved.weights_then.assert_unchanged(res.params.data)
+    g = saved.engine.backward(weights, fwd, saved.x, saved.h, saved.c, dh, dc)
     return CellGrads(g.dx, g.dh, g.dc, PackedParams(spec, g.dflat))
 
 
