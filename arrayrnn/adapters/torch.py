@@ -13,7 +13,8 @@ ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::
     # backward: ar.rnn_backward(res, dy, dh_n, dc_n).dparams.data -> weight_ih_l0.grad, ... (views)
 
 A call of one time step (no lengths, dropout masks or cell variants) runs one fused cell step per
-layer-direction instead (:mod:`.torch_step`, the cells' step, its packed weights kept between calls).
+layer-direction instead (:mod:`.torch_step`, the cells' step, its packed weights kept between calls; its
+weight gradients come per layer-direction, ``flat_grad`` concatenates them).
 Weights that are not such views (``weight_norm``, ``parametrize``, pruning, a reassigned Parameter) are
 concatenated for the call instead (one copy per forward; gradients reach them through autograd);
 ``flatten_parameters()`` puts plain Parameters back into one buffer. ``module.to()`` / ``.double()`` /
