@@ -11,12 +11,15 @@ from .core.io import load, save
 from .core.layout import Layout, layout_of
 from .core.params import PackedParams
 from .core.spec import RNNSpec
+from .frontend.cell import CellGrads, CellResult, cell_step, cell_step_backward
 from .frontend.dropout import cell_masks
 from .frontend.rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CellGrads",
+    "CellResult",
     "EngineUnavailableError",
     "Layout",
     "PackedParams",
@@ -27,6 +30,8 @@ __all__ = [
     "as_array",
     "bias_act",
     "cell_masks",
+    "cell_step",
+    "cell_step_backward",
     "dense_bias_act",
     "distributed",
     "grad",

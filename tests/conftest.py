@@ -43,3 +43,13 @@ def threads():
     before = numba.get_num_threads()
     yield numba.set_num_threads
     numba.set_num_threads(before)
+
+
+@pytest.fixture
+def dynamo_allow_rnn():
+    """``torch._dynamo.config.allow_rnn = True`` for the test: ``torch.compile`` then traces ``nn.LSTM`` /
+    ``GRU`` / ``RNN`` modules, the drop-ins (their subclasses) included, instead of breaking the graph."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(allow_rnn=True):
+        yield

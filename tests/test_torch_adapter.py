@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -512,6 +514,37 @@ def test_onnx_export_of_array_rnn_runs_in_onnxruntime_like_the_module(dynamo, tm
     y, (h, c) = module(x)
     for a, b in zip(got, (y, h, c), strict=True):
         np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_legacy_onnx_export_of_a_packed_sequence_through_array_rnn(mode):
+    """pack_padded_sequence -> ArrayRNN -> pad_packed_sequence exports with the pair kept around the ONNX
+    nodes (the lengths become sequence_lens), as nn.LSTM's does; unsorted lengths, initial states."""
+    ort = pytest.importorskip("onnxruntime")
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class Packed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = ArrayRNN(mode, 3, 4, num_layers=2, bidirectional=True, seed=0)
+
+        def forward(self, x, h0, lengths):
+            hx = (h0, h0 * 0.5) if mode == "lstm" else h0
+            y, state = self.rnn(pack_padded_sequence(x, lengths, enforce_sorted=False), hx)
+            h_n = state[0] if mode == "lstm" else state
+            return pad_packed_sequence(y)[0], h_n
+
+    model = Packed().eval()
+    x, h0, lengths = torch.randn(6, 3, 3), torch.randn(4, 3, 4), torch.tensor([4, 6, 2], dtype=torch.int32)
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (x, h0, lengths), buffer, dynamo=False, input_names=["x", "h0", "lengths"])
+    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x.numpy(), "h0": h0.numpy(), "lengths": lengths.numpy()})
+    with torch.no_grad():
+        want = model(x, h0, lengths)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")

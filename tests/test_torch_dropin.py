@@ -100,6 +100,53 @@ def test_first_order_runs_the_fused_engines(monkeypatch):
     assert calls == [1] and dx.requires_grad
 
 
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+                                         ("GRU", {"num_layers": 3, "batch_first": True}),
+                                         ("RNN", {"nonlinearity": "relu", "bidirectional": True,
+                                                  "bias": False}),
+                                         ("LSTM", {"num_layers": 2, "dropout": 0.5})])
+def test_one_step_calls_run_one_fused_step_per_layer_direction_and_equal_torch(mode, kwargs, monkeypatch):
+    """T = 1 (online inference, a decoder feeding the module one step at a time): the fused cell step of
+    each layer-direction (arrayrnn.torch_step), not the sequence engines; values and gradients as nn's."""
+    from arrayrnn.engines.numba_step import NumbaStep
+
+    steps = []
+    real = NumbaStep.forward
+    monkeypatch.setattr(NumbaStep, "forward", lambda *a, **k: steps.append(1) or real(*a, **k))
+    monkeypatch.setattr(ar, "rnn_forward", lambda *a, **k: pytest.fail("the sequence engines ran"))
+    ours, theirs = pair(mode, 3, 4, dtype=torch.float64, **kwargs)
+    ours.eval(), theirs.eval()
+    x = torch.randn(2, 1, 3, dtype=torch.float64, requires_grad=True)  # T = 1 either way round
+    D = 2 if ours.bidirectional else 1
+    h0 = torch.randn(ours.num_layers * D, 2, ours.proj_size or 4, dtype=torch.float64, requires_grad=True)
+    hx = (h0, torch.randn(ours.num_layers * D, 2, 4, dtype=torch.float64)) if mode == "LSTM" else h0
+    results = []
+    for module in (ours, theirs):
+        x.grad = h0.grad = None
+        y, state = module(x if module.batch_first else x.transpose(0, 1), hx)
+        h_n = state[0] if mode == "LSTM" else state
+        (y.square().sum() + h_n.sum()).backward()
+        results.append([y.detach(), h_n.detach(), x.grad, h0.grad, *(p.grad for p in module.parameters())])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert len(steps) == ours.num_layers * D
+
+
+def test_one_step_calls_see_a_fused_optimizers_update_and_masks_take_the_sequence_engines(monkeypatch):
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2, dropout=0.5)
+    x = torch.randn(1, 2, 3)
+    for module in (ours, theirs):
+        module.eval()
+        module(x)[0].sum().backward()
+        torch.optim.SGD(module.parameters(), lr=0.5, fused=True).step()  # moves no version counter
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+    calls = []
+    real = ar.rnn_forward
+    monkeypatch.setattr(ar, "rnn_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ours.train()(x)  # training with inter-layer dropout: its masks come from the sequence engines
+    assert calls == [1]
+
+
 def test_flatten_parameters_restores_the_buffer_and_is_a_no_op_otherwise():
     ours, theirs = pair("GRU", 3, 4, num_layers=2)
     first = storage(ours.weight_ih_l0)
@@ -123,6 +170,85 @@ def test_to_double_and_deepcopy_keep_one_buffer():
     assert storage(clone.flat) != storage(ours.flat)
     x = torch.randn(5, 2, 3, dtype=torch.float64)
     torch.testing.assert_close(clone(x)[0], theirs.double()(x)[0])
+
+
+# -- nn.LSTM / nn.GRU / nn.RNN themselves ---------------------------------------------------------------
+@pytest.mark.parametrize("mode,kwargs", [("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+                                         ("GRU", {"bias": False, "batch_first": True}),
+                                         ("RNN", {"nonlinearity": "relu", "dropout": 0.5, "num_layers": 2})])
+def test_the_drop_ins_are_torchs_classes_with_their_attributes(mode, kwargs):
+    ours, theirs = pair(mode, 3, 4, **kwargs)
+    assert isinstance(ours, type(theirs)) and isinstance(ours, nn.RNNBase)
+    assert repr(ours) == repr(theirs) and ours.extra_repr() == theirs.extra_repr()
+    assert ours._flat_weights_names == theirs._flat_weights_names
+    assert ours._all_weights == theirs._all_weights
+    names = ours._flat_weights_names
+    assert all(w is getattr(ours, n) for w, n in zip(ours._flat_weights, names, strict=True))
+    assert [[id(w) for w in layer] for layer in ours.all_weights] == \
+        [[id(getattr(ours, n)) for n in names] for names in ours._all_weights]
+    for name in ("mode", "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout",
+                 "bidirectional", "proj_size"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    x = torch.randn(2, 5, 3) if ours.batch_first else torch.randn(5, 2, 3)
+    assert ours.get_expected_hidden_size(x, None) == theirs.get_expected_hidden_size(x, None)
+
+
+def test_code_that_dispatches_on_nn_lstm_reaches_the_drop_in():
+    """A weight initialiser in the style of many code bases: ``isinstance(m, nn.LSTM)`` picks the module;
+    its writes land in the one buffer."""
+    def init_recurrent(module):
+        if isinstance(module, nn.LSTM):
+            for name, weight in module.named_parameters():
+                if name.startswith("weight_hh"):
+                    nn.init.orthogonal_(weight)
+                elif name.startswith("bias"):
+                    nn.init.zeros_(weight)
+
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    for module in (ours, theirs):
+        torch.manual_seed(1)
+        nn.Sequential(module).apply(init_recurrent)
+    assert torch.equal(ours.bias_hh_l1, torch.zeros(16))
+    assert_one_buffer(weights(ours), ours.flat.numel())
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])
+
+
+def test_functional_call_runs_the_tensors_it_is_given():
+    ours, theirs = pair("GRU", 3, 4, num_layers=2)
+    new = {name: torch.randn_like(p) for name, p in theirs.named_parameters()}
+    x = torch.randn(5, 2, 3)
+    got = torch.func.functional_call(ours, new, (x,))
+    torch.testing.assert_close(got[0], torch.func.functional_call(theirs, new, (x,))[0])
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0])  # the module's own weights are back
+    assert_one_buffer(weights(ours), ours.flat.numel())
+
+
+def test_setstate_of_a_pre_1_0_pickle_whose_all_weights_held_tensors():
+    """``nn.RNNBase.__setstate__`` rebuilds the weight names of a module pickled when ``all_weights``
+    held the Parameters themselves; the drop-in runs it."""
+    ours, theirs = pair("LSTM", 3, 4, num_layers=2)
+    state = dict(ours.__dict__, all_weights=ours.all_weights)
+    del state["_flat_weights_names"], state["_all_weights"], state["proj_size"]
+    loaded = LSTM.__new__(LSTM)
+    loaded.__setstate__(state)
+    assert loaded._flat_weights_names == theirs._flat_weights_names and loaded.proj_size == 0
+    x = torch.randn(5, 2, 3)
+    torch.testing.assert_close(loaded(x)[0], theirs(x)[0])
+
+
+def test_torch_compile_breaks_the_graph_at_them_as_at_nn_lstm():
+    """Dynamo refuses every nn.LSTM / GRU / RNN (subclasses included) unless
+    ``torch._dynamo.config.allow_rnn``: the model compiles around the module, which runs eagerly; with
+    ``allow_rnn`` the drop-in compiles whole (the fullgraph tests below)."""
+    ours, theirs = pair("LSTM", 3, 4)
+    x = torch.randn(5, 2, 3)
+    for module in (ours, theirs):
+        model = nn.Sequential(nn.Linear(3, 3), module)
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="Attempted to wrap RNN, GRU, or LSTM"):
+            torch.compile(model, fullgraph=True, backend="eager")(x)
+        torch.compiler.reset()
+    torch.testing.assert_close(torch.compile(nn.Sequential(ours), backend="eager")(x)[0], theirs(x)[0])
 
 
 # -- torch's utilities on the weights ------------------------------------------------------------------
@@ -274,6 +400,7 @@ def test_cpu_autocast_returns_torchs_dtypes_computed_in_float32(mode, kwargs, pa
 
 
 @pytest.mark.parametrize("mode,kwargs", [("LSTM", {}), ("LSTM", {"proj_size": 2}), ("GRU", {})])
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_under_cpu_autocast_equals_eager(mode, kwargs):
     ours, theirs = pair(mode, 3, 4, **kwargs)
     compiled = torch.compile(ours, fullgraph=True, backend="eager")
@@ -373,6 +500,7 @@ def test_torch_load_weights_only_then_flatten_parameters():
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_fullgraph_equals_eager(mode):
     ours, _ = pair(mode, 3, 4, num_layers=2, bidirectional=True)
     compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
@@ -389,6 +517,7 @@ def test_torch_compile_fullgraph_equals_eager(mode):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_fullgraph_of_modules_with_different_configurations():
     """The code is shared by every module: once a size or the dropout differs between compilations,
     torch.compile makes it symbolic; the options the custom op needs must stay constants."""
@@ -404,6 +533,7 @@ def test_torch_compile_fullgraph_of_modules_with_different_configurations():
         torch.testing.assert_close(compiled(x, seed=seed)[0], module(x, seed=seed)[0])
 
 
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_training_with_dropout_draws_new_masks_without_recompiling():
     """The seed is drawn by the graph (torch.randint on torch's generator, as eager draws it): every call
     has new masks, one compilation serves them all, and a call equals eager from the same torch seed."""
@@ -442,6 +572,7 @@ def test_torch_jit_trace_in_training_draws_new_masks_each_call():
     assert not torch.equal(traced(x)[0], traced(x)[0])
 
 
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_of_an_empty_batch_equals_torch():
     ours, theirs = pair("LSTM", 3, 4, num_layers=2, bidirectional=True)
     compiled = torch.compile(ours, fullgraph=True, backend="eager")

@@ -17,12 +17,17 @@ on CPU, the CPU halves of the CUDA-only test_RNN_cudnn_weight_norm, test_partial
 test_cudnn_weight_format (a weight moved out of the one buffer), test_cudnn_weight_tying (a tied reverse
 bias) and test_rnn_fused (CUDA's fused cells against the CPU path: here nn.* on CPU against ours).
 
-Not ported (CUDA-only: multi-GPU device checks, CUDA-side packing, an LSTMCell on CUDA):
-test_cudnn_rnn_dropout_states_device, test_rnn_check_device, test_projections_lstm_check_device,
-test_pack_sequence_batch_sizes_throw, test_lstmcell_backward_only_one_output_grad. Not applicable (they test
-the cell modules nn.RNNCell, nn.GRUCell, nn.LSTMCell, which arrayrnn.torch does not replace): test_RNN_cell,
+The cell tests, against ``arrayrnn.torch.LSTMCell`` / ``GRUCell`` / ``RNNCell``: test_RNN_cell,
 test_RNN_cell_forward_zero_hidden_size, test_RNN_cell_no_broadcasting, test_LSTM_cell,
-test_LSTM_cell_forward_input_size, test_LSTM_cell_forward_hidden_size.
+test_LSTM_cell_forward_input_size, test_LSTM_cell_forward_hidden_size and the CPU half of the CUDA-only
+test_lstmcell_backward_only_one_output_grad (TestNNDeviceType); the smoke tests among them also compare
+with ``nn``'s cells. From torch/testing/_internal/common_modules.py, the cells' ModuleInfo samples:
+their error inputs (module_error_inputs_torch_nn_RNN_GRU_Cell / _LSTMCell: exception types and messages)
+and their no-batch-dimension inputs (module_inputs_torch_nn_RNN_GRU_Cell / _LSTMCell, checked as
+no_batch_dim_reference_fn checks them).
+
+Not ported (CUDA-only: multi-GPU device checks, CUDA-side packing): test_cudnn_rnn_dropout_states_device,
+test_rnn_check_device, test_projections_lstm_check_device, test_pack_sequence_batch_sizes_throw.
 """
 
 from __future__ import annotations
@@ -37,10 +42,12 @@ import torch
 import torch.nn.utils.rnn as rnn_utils
 from torch import nn
 
-from arrayrnn.torch import GRU, LSTM, RNN
+from arrayrnn.torch import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 OURS = {"RNN": RNN, "GRU": GRU, "LSTM": LSTM}
 THEIRS = {"RNN": nn.RNN, "GRU": nn.GRU, "LSTM": nn.LSTM}
+OUR_CELLS = {"RNNCell": RNNCell, "GRUCell": GRUCell, "LSTMCell": LSTMCell}
+THEIR_CELLS = {"RNNCell": nn.RNNCell, "GRUCell": nn.GRUCell, "LSTMCell": nn.LSTMCell}
 
 
 def test_RNN_nonlinearity():
@@ -536,3 +543,148 @@ def test_ports_run_our_classes():
         assert cls.__module__ == "arrayrnn.adapters.torch" and cls is not THEIRS[name]
         assert isinstance(cls(2, 3), nn.RNNBase)
     assert copy.deepcopy(LSTM(2, 3)).mode == "LSTM"
+
+
+# -- the cells ----------------------------------------------------------------------------------------------
+def _cell_pair(name, *args, **kwargs):
+    torch.manual_seed(0)
+    ours = OUR_CELLS[name](*args, **kwargs)
+    torch.manual_seed(0)
+    return ours, THEIR_CELLS[name](*args, **kwargs)
+
+
+def test_RNN_cell():
+    for name in ("RNNCell", "GRUCell"):
+        for bias in (True, False):
+            x, hx = torch.randn(3, 10), torch.randn(3, 20)
+            grads = []
+            for cell in _cell_pair(name, 10, 20, bias=bias):
+                h = hx
+                for _ in range(6):
+                    h = cell(x, h)
+                h.sum().backward()
+                grads.append([h.detach(), *(p.grad for p in cell.parameters())])
+            for a, b in zip(*grads, strict=True):  # the original is a smoke test; nn's cell is the oracle
+                torch.testing.assert_close(a, b)
+
+
+def test_RNN_cell_forward_zero_hidden_size():
+    x, hx = torch.randn(3, 10), torch.randn(3, 0)
+    for cell in (RNNCell(10, 0, nonlinearity="relu"), RNNCell(10, 0, nonlinearity="tanh"), GRUCell(10, 0)):
+        assert cell(x, hx).shape == torch.Size([3, 0])
+
+
+def test_RNN_cell_no_broadcasting():
+    def check(name, x, hx):
+        with pytest.raises(RuntimeError):
+            OUR_CELLS[name](10, 20)(x, hx)
+
+    def check_all(bad_hx, good_hx, x):
+        check("RNNCell", x, bad_hx)
+        check("GRUCell", x, bad_hx)
+        check("LSTMCell", x, (bad_hx, good_hx))
+        check("LSTMCell", x, (good_hx, bad_hx))
+
+    x, good_hx = torch.randn(3, 10), torch.randn(3, 20)
+    check_all(torch.randn(1, 20), good_hx, x)  # hidden / input batch size broadcasting
+    check_all(torch.randn(3, 1), good_hx, x)   # hx's hidden_size against the module's
+    check_all(good_hx, good_hx, torch.randn(3, 1))  # input's input_size against the module's
+
+
+def test_LSTM_cell():
+    for bias in (True, False):
+        x, hx, cx = torch.randn(3, 10), torch.randn(3, 20), torch.randn(3, 20)
+        grads = []
+        for cell in _cell_pair("LSTMCell", 10, 20, bias=bias):
+            h, c = hx, cx
+            for _ in range(6):
+                h, c = cell(x, (h, c))
+            (h + c).sum().backward()
+            grads.append([h.detach(), c.detach(), *(p.grad for p in cell.parameters())])
+        for a, b in zip(*grads, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_LSTM_cell_forward_input_size():
+    with pytest.raises(Exception):  # noqa: B017 - the original asserts Exception
+        LSTMCell(10, 20)(torch.randn(3, 11), (torch.randn(3, 20), torch.randn(3, 20)))
+
+
+def test_LSTM_cell_forward_hidden_size():
+    x, hx, cx = torch.randn(3, 10), torch.randn(3, 21), torch.randn(3, 20)
+    lstm = LSTMCell(10, 20)
+    with pytest.raises(Exception):  # noqa: B017
+        lstm(x, (hx, cx))
+    with pytest.raises(Exception):  # noqa: B017
+        lstm(x, (cx, hx))
+
+
+def test_lstmcell_backward_only_one_output_grad():
+    """Undefined gradients (one output unused) do not hamper the backward (pytorch#11872); CPU, float64."""
+    cell = LSTMCell(2, 3).double()
+    s = torch.randn(1, 2, dtype=torch.double, requires_grad=True)
+    for i in range(2):
+        out = cell(s)[i]
+        out.sum().backward()
+        assert s.grad is None or s.grad.abs().sum().item() != 0
+        s.grad = None
+
+
+_BAD_CELL_INPUTS = [  # (cell, constructor args, input shape, state shapes, error type, message)
+    ("RNNCell", (10, 20), (3, 11), [(3, 20)], RuntimeError,
+     "input has inconsistent input_size: got 11 expected 10"),
+    ("RNNCell", (10, 20), (3, 10), [(3, 21)], RuntimeError,
+     "hidden0 has inconsistent hidden_size: got 21, expected 20"),
+    ("RNNCell", (10, 20), (3, 10), [(5, 20)], RuntimeError,
+     "Input batch size 3 doesn't match hidden0 batch size 5"),
+    ("RNNCell", (10, 20), (3, 10), [(3, 1, 1, 20)], ValueError,
+     "Expected hidden to be 1D or 2D, got 4D instead"),
+    ("RNNCell", (10, 20, True, "relu"), (3, 10), [(3, 21)], RuntimeError,
+     "hidden0 has inconsistent hidden_size: got 21, expected 20"),
+    ("LSTMCell", (10, 20), (3, 11), [(3, 20), (3, 20)], RuntimeError,
+     "input has inconsistent input_size: got 11 expected 10"),
+    ("LSTMCell", (10, 20), (3, 10), [(3, 21), (3, 21)], RuntimeError,
+     "hidden0 has inconsistent hidden_size: got 21, expected 20"),
+    ("LSTMCell", (10, 20), (3, 10), [(5, 20), (5, 20)], RuntimeError,
+     "Input batch size 3 doesn't match hidden0 batch size 5"),
+    ("LSTMCell", (10, 20), (3, 10), [(3, 1, 1, 20), (3, 1, 1, 20)], ValueError,
+     r"Expected hx\[0\] to be 1D or 2D, got 4D instead"),
+]
+
+
+@pytest.mark.parametrize("name, args, x_shape, state_shapes, error, message",
+                         _BAD_CELL_INPUTS + [("GRUCell", *case[1:]) for case in _BAD_CELL_INPUTS[:4]])
+def test_cell_module_error_inputs(name, args, x_shape, state_shapes, error, message):
+    """common_modules' module_error_inputs_torch_nn_RNN_GRU_Cell (RNNCell, GRUCell) and _LSTMCell."""
+    states = [torch.randn(shape) for shape in state_shapes]
+    with pytest.raises(error, match=message):
+        OUR_CELLS[name](*args)(torch.randn(x_shape), tuple(states) if name == "LSTMCell" else states[0])
+
+
+@pytest.mark.parametrize("name, kwargs", [("RNNCell", {}), ("RNNCell", {"bias": True}),
+                                          ("RNNCell", {"bias": True, "nonlinearity": "relu"}),
+                                          ("GRUCell", {}), ("GRUCell", {"bias": True}),
+                                          ("LSTMCell", {}), ("LSTMCell", {"bias": True})])
+def test_cell_no_batch_dim_inputs(name, kwargs):
+    """common_modules' module_inputs_torch_nn_RNN_GRU_Cell / _LSTMCell: an unbatched input equals the
+    batched module on it with a batch of one, squeezed (no_batch_dim_reference_fn), gradients included."""
+    cell = OUR_CELLS[name](5, 10, **kwargs).double()
+    x = torch.randn(5, dtype=torch.double, requires_grad=True)
+    n_states = 2 if name == "LSTMCell" else 1
+    state = [torch.randn(10, dtype=torch.double, requires_grad=True) for _ in range(n_states)]
+    hx = tuple(state) if name == "LSTMCell" else state[0]
+    got = cell(x, hx)
+    batched_hx = tuple(s.unsqueeze(0) for s in state) if name == "LSTMCell" else state[0].unsqueeze(0)
+    want = cell(x.unsqueeze(0), batched_hx)
+    got, want = (o if isinstance(o, tuple) else (o,) for o in (got, want))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b.squeeze(0))
+    grads = [torch.autograd.grad(sum(o.sum() for o in outs), [x, *state]) for outs in (got, want)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_cell_ports_run_our_classes():
+    for name, cls in OUR_CELLS.items():
+        assert cls.__module__ == "arrayrnn.adapters.torch_cell" and cls is not THEIR_CELLS[name]
+        assert isinstance(cls(2, 3), THEIR_CELLS[name])

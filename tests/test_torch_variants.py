@@ -245,6 +245,7 @@ def test_array_rnn_takes_the_options_and_draws_its_seed_from_torch():
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.usefixtures("dynamo_allow_rnn")
 def test_torch_compile_runs_the_variants(training):
     """torch.compile sees the custom op (fullgraph: no graph break); the same seed gives the eager result and
     gradients (its backward op recomputes the forward: in eval mode with zoneout, as inference)."""

@@ -1,14 +1,15 @@
 """The shared engine-parametrized suites of ``tests/`` on the cupy engine, end to end on CPU.
 
 The same test bodies as ``tests/test_rnn_semantics.py``, ``test_rnn_gradcheck.py``,
-``test_rnn_properties.py``, ``test_cell_variants.py`` and the engine-parametrized test of
-``test_engine_seam.py``, collected here again with this directory's ``engine`` fixture: ``engine="cupy"``
-through the public ``rnn_forward`` /
-``rnn_backward`` on CuPy stand-in arrays (tests/support/fake_cupy.py), so the engine's CuPy branch runs —
-``CupyEngine.check``, the kernels' arguments packed from ``__cuda_array_interface__``, every time loop
-captured into a graph at its first call and replayed (the stand-in refuses allocation, host reads and
-synchronisation inside a capture), the launches on CuPy's current stream, ``cupy.matmul(out=)`` — with its
-kernels in numba's simulator (tests/support/cupy_sim.py).
+``test_rnn_properties.py``, ``test_cell_variants.py``, the engine-parametrized test of
+``test_engine_seam.py`` and those of ``test_cell_step.py`` (a cell step on the cupy engine's kernels),
+collected here again with this directory's ``engine`` fixture: ``engine="cupy"`` through the public
+``rnn_forward`` / ``rnn_backward`` (``cell_step`` / ``cell_step_backward``) on CuPy stand-in arrays
+(tests/support/fake_cupy.py), so the engine's CuPy branch runs — ``CupyEngine.check``, the kernels'
+arguments packed from ``__cuda_array_interface__``, every time loop captured into a graph at its first
+call and replayed (the stand-in refuses allocation, host reads and synchronisation inside a capture), the
+launches on CuPy's current stream, ``cupy.matmul(out=)`` — with its kernels in numba's simulator
+(tests/support/cupy_sim.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from __future__ import annotations
 import numpy as np
 from support import fake_cupy
 from support.rnn_cases import forward_backward, host, make_case
+from test_cell_step import (  # noqa: F401 - collected here with this directory's engine fixture
+    test_a_backward_after_an_inference_step_recomputes_it,
+    test_a_step_equals_a_one_step_sequence,
+    test_every_step_gradient_entry_equals_central_differences,
+)
 from test_cell_variants import (  # noqa: F401 - collected here with this directory's engine fixture
     test_all_states_of_a_plain_stack_are_its_layers_outputs,
     test_each_variant_changes_the_result_and_dropouts_only_in_training,

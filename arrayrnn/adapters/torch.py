@@ -2,9 +2,8 @@
 ``ArrayRNN``.
 
 ``from arrayrnn.torch import LSTM`` is the whole change in a PyTorch program: :class:`LSTM`, :class:`GRU`
-and :class:`RNN` are ``torch.nn.RNNBase`` modules built exactly as ``nn.LSTM`` / ``GRU`` / ``RNN`` (the
-same constructor, attributes, parameters, ``state_dict``, input checks and error messages) with another
-forward (not subclasses of ``nn.LSTM``: ``torch.compile`` refuses to trace those). Their
+and :class:`RNN` are subclasses of ``nn.LSTM`` / ``GRU`` / ``RNN`` (the same constructor, attributes,
+methods, parameters, ``state_dict``, input checks and error messages) with another forward. Their
 per-weight ``nn.Parameter``\\ s (``weight_ih_l0``, ...) are views into ONE flat buffer in the canonical
 layout (PyTorch's parameter order), as PyTorch's own flattened cuDNN weights are, and a backward writes
 ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::
@@ -13,6 +12,9 @@ ONE flat gradient buffer of which every ``weight.grad`` is a view. Roughly::
     res = ar.rnn_forward(PackedParams(spec, flat), x, lengths, h0, c0, training=..., seed=...)
     # backward: ar.rnn_backward(res, dy, dh_n, dc_n).dparams.data -> weight_ih_l0.grad, ... (views)
 
+A call of one time step (no lengths, dropout masks or cell variants) runs one fused cell step per
+layer-direction instead (:mod:`.torch_step`, the cells' step, its packed weights kept between calls; its
+weight gradients come per layer-direction, ``flat_grad`` concatenates them).
 Weights that are not such views (``weight_norm``, ``parametrize``, pruning, a reassigned Parameter) are
 concatenated for the call instead (one copy per forward; gradients reach them through autograd);
 ``flatten_parameters()`` puts plain Parameters back into one buffer. ``module.to()`` / ``.double()`` /
@@ -20,9 +22,11 @@ concatenated for the call instead (one copy per forward; gradients reach them th
 come back in the input's dtype; under CPU autocast the results come back in the dtypes ``nn.*`` returns
 there (:func:`_autocast_dtypes`). An empty batch, ``meta`` tensors, ``dropout = 1`` in training mode,
 ``torch.func`` transforms and gradients of gradients run the differentiable torch-op path
-(:mod:`.torch_recurrence`); ``torch.compile``, ``torch.export`` and ``torch.jit.trace`` see the custom op
-``arrayrnn::rnn``; both ``torch.onnx.export`` exporters emit ONNX's ``LSTM`` / ``GRU`` / ``RNN``
-operators (:mod:`.torch_call`); ``torch.jit.script`` is refused with the alternatives.
+(:mod:`.torch_recurrence`); ``torch.compile`` (which breaks the graph at every ``nn.LSTM`` / ``GRU`` /
+``RNN``, these included, unless ``torch._dynamo.config.allow_rnn``), ``torch.export`` and
+``torch.jit.trace`` see the custom op ``arrayrnn::rnn``; both ``torch.onnx.export`` exporters emit ONNX's
+``LSTM`` / ``GRU`` / ``RNN`` operators (:mod:`.torch_call`); ``torch.jit.script`` is refused with the
+alternatives.
 
 Errors: the drop-in classes run ``nn.RNNBase``'s own input checks, so they raise what ``nn.LSTM``
 raises, with its messages. Everything arrayrnn itself refuses is :class:`InputError` (a
@@ -48,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -57,36 +60,16 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 import arrayrnn as ar
 from arrayrnn.core.interop import TORCH_MODES, torch_key
 
-from . import torch_call, torch_variants
+from . import torch_call, torch_onnx, torch_step, torch_variants
+from .torch_buffer import OneBuffer
 from .torch_call import _ForwardOptions
+from .torch_cell import GRUCell, LSTMCell, RNNCell
+from .torch_errors import InputError, InputTypeError, as_torch_errors
 
-__all__ = ["GRU", "LSTM", "RNN", "ArrayRNN", "InputError", "InputTypeError"]
+__all__ = ["GRU", "LSTM", "RNN", "ArrayRNN", "GRUCell", "InputError", "InputTypeError", "LSTMCell", "RNNCell"]
 
 _MODE_ALIASES = {"rnn": "rnn_tanh", "rnn_tanh": "rnn_tanh", "rnn_relu": "rnn_relu", "lstm": "lstm",
                  "gru": "gru"}
-
-
-class InputError(RuntimeError, ValueError):
-    """A bad input shape or value: a ``RuntimeError`` (as ``nn.LSTM`` raises) and a ``ValueError`` (as
-    arrayrnn raises), so callers catching either see it."""
-
-
-class InputTypeError(RuntimeError, TypeError):
-    """A bad input type, dtype or device: a ``RuntimeError`` (as ``nn.LSTM`` raises) and a ``TypeError``
-    (as arrayrnn raises)."""
-
-
-@contextlib.contextmanager
-def _as_torch_errors() -> Iterator[None]:
-    """arrayrnn's ValueError / TypeError as the hybrid types above (same message)."""
-    try:
-        yield
-    except (InputError, InputTypeError):
-        raise
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    except TypeError as exc:
-        raise InputTypeError(str(exc)) from exc
 
 
 def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -178,7 +161,7 @@ _SPEC_ATTRIBUTES = ("mode", "input_size", "hidden_size", "num_layers", "bias", "
                     "dropout", *torch_variants.DEFAULTS)
 
 
-class _FlatWeights:
+class _FlatWeights(OneBuffer):
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -188,6 +171,11 @@ class _FlatWeights:
         super().__setattr__(name, value)
         if name in _SPEC_ATTRIBUTES:
             self._refresh_spec_text()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_steps", None)  # packed copies, engine objects: rebuilt when called
+        return state
 
     def __setstate__(self, state: dict) -> None:
         for name, default in torch_variants.DEFAULTS.items():  # a module saved before the options existed
@@ -221,52 +209,8 @@ class _FlatWeights:
         if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1:
             self.__dict__["_spec_text"] = torch_call.spec_text(self._spec_dict(float(p)))
 
-    def flatten_parameters(self) -> None:
-        """Put the weights into one buffer (their views) if they are not there; a no-op when they are.
-
-        Called by the constructor and after ``module.to()`` / ``.double()`` / ``.cuda()``. Weights that
-        are not plain ``nn.Parameter``\\ s (``weight_norm``, pruning, ``parametrize``) stay as they are;
-        the forward concatenates them for each call.
-        """
-        weights = [getattr(self, name, None) for name in self._flat_weights_names]
-        if not all(isinstance(w, torch.nn.Parameter) for w in weights):
-            return
-        if len({(w.dtype, w.device) for w in weights}) != 1 or self._in_one_buffer(weights):
-            return
-        flat = torch.empty(sum(w.numel() for w in weights), dtype=weights[0].dtype, device=weights[0].device)
-        offset = 0
-        with torch.no_grad():
-            for w in weights:
-                view = flat[offset:offset + w.numel()].view(w.shape)
-                view.copy_(w)
-                w.data = view
-                offset += w.numel()
-
     def __prepare_scriptable__(self) -> Any:
         raise _refuse_scripting(type(self).__name__)
-
-    @property
-    def flat(self) -> torch.Tensor:
-        """The one weight buffer, canonical layout (a view sharing memory with the weights; no autograd)."""
-        weights = self._weights()
-        if not self._in_one_buffer(weights):
-            self.flatten_parameters()
-            weights = self._weights()
-        if not self._in_one_buffer(weights):
-            raise InputError("the weights are not views of one buffer (re-parametrised weights: weight_norm, "
-                             "pruning or parametrize); remove the re-parametrisation first")
-        return self._flat_from(weights[0].detach())
-
-    @property
-    def flat_grad(self) -> torch.Tensor | None:
-        """The one gradient buffer after a backward (every ``weight.grad`` is a view into it), or None
-        before one; a concatenated copy if the gradients were replaced by tensors of their own."""
-        grads = [getattr(w, "grad", None) for w in self._weights()]
-        if any(g is None for g in grads):
-            return None
-        if self._in_one_buffer(grads):
-            return self._flat_from(grads[0])
-        return torch.cat([g.reshape(-1) for g in grads])
 
     def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None, lengths: Any = None):
         """As ``nn.LSTM.forward`` (``nn.GRU``, ``nn.RNN``): ``output, (h_n, c_n)`` / ``output, h_n``.
@@ -282,6 +226,8 @@ class _FlatWeights:
             if lengths is not None:
                 raise InputError("lengths was given with a PackedSequence input; a PackedSequence carries "
                                  "its own lengths")
+            if torch_onnx.legacy_export():
+                return self._export_packed(input, hx)
             x, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
             batched = True
         else:
@@ -305,6 +251,14 @@ class _FlatWeights:
             y, h_n = y.squeeze(0 if self.batch_first else 1), h_n.squeeze(1)
             c_n = c_n.squeeze(1) if c_n is not None else None
         return (y, (h_n, c_n)) if self.mode == "LSTM" else (y, h_n)
+
+    def _export_packed(self, input: PackedSequence, hx: Any):
+        """A ``PackedSequence`` under the legacy ONNX exporter: :func:`.torch_onnx.export_packed`."""
+        h0, c0 = self._initial_states(hx, batched=True)
+        spec = torch_call.inference_spec(self._spec(str(input.data.dtype).removeprefix("torch."), 0.0))
+        flat = torch.cat([w.reshape(-1) for w in self._weights()])
+        output, h_n, c_n = torch_onnx.export_packed(spec, input, h0, c0, flat)
+        return (output, (h_n, c_n)) if self.mode == "LSTM" else (output, h_n)
 
     # -- pieces of the forward ------------------------------------------------------------------------
     def _check_dropout(self) -> None:
@@ -376,15 +330,42 @@ class _FlatWeights:
             return torch_call.run_compiled(options, has_cell, *states, [w.to(compute) for w in weights],
                                            lengths, torch_call.seed_tensor(self.training, self._spec_text))
         spec = self._spec(dtype, p if p < 1 else 0.0)
+        if not capturing and self._one_step(x, h0, c0, lengths, spec, compute):
+            out = self._step_layers(x, h0, c0, spec)
+            if out is not None:
+                return out
         if compute == x.dtype and not capturing and self._in_one_buffer(weights):
-            inputs, split = weights, _split_of(spec)
+            inputs, split = weights, torch_call.split_of(spec)
         else:  # re-parametrised weights, or a computation in float32: one concatenation per call
             inputs, split = (torch.cat([w.reshape(-1) for w in weights]).to(compute),), None
         seed = _draw_seed(spec, self.training, None)
         opts = _ForwardOptions(spec, None, self.batch_first, self.training, seed, "auto", split,
                                drop_all=p == 1)
-        with _as_torch_errors():
+        with as_torch_errors():
             return torch_call.run(opts, *states, inputs, lengths)
+
+    def _one_step(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, lengths: Any,
+                  spec: ar.RNNSpec, compute: torch.dtype) -> bool:
+        """Whether the call is one the fused step serves (:meth:`_step_layers`): one time step of every row
+        (no lengths), in float32 / float64 on CPU or CUDA, without dropout masks or cell variants."""
+        T, B = (x.shape[1], x.shape[0]) if self.batch_first else x.shape[:2]
+        masks = self.training and self.dropout > 0 and spec.num_layers > 1
+        return (T == 1 and B > 0 and lengths is None and compute == x.dtype and not masks
+                and not spec.variants and x.device.type in ("cpu", "cuda")
+                and not any(torch_call.is_transformed(t) for t in (x, h0, c0) if t is not None))
+
+    def _step_layers(self, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None,
+                     spec: ar.RNNSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """``(y, h_n, c_n)`` of a one-step call as one fused step per layer-direction
+        (:func:`.torch_step.run_layers`, its packed weights kept in ``_steps``), or None where the weights
+        are not tensors the step reads."""
+        weights = [[getattr(self, name) for name in names] for names in self._all_weights]
+        rows = x.reshape(x.shape[0] * x.shape[1], -1)  # (1, B, I) or (B, 1, I): the step's (B, I)
+        out = torch_step.run_layers(self.__dict__.setdefault("_steps", {}), spec, rows, h0, c0, weights)
+        if out is None:
+            return None
+        y, h_n, c_n = out
+        return y.unsqueeze(1 if self.batch_first else 0), h_n, c_n
 
     def _spec_dict(self, dropout: float) -> dict[str, Any]:
         return {"mode": TORCH_MODES[self.mode], "input_size": self.input_size,
@@ -392,71 +373,26 @@ class _FlatWeights:
                 "bidirectional": self.bidirectional,
                 "proj_size": self.proj_size, "dropout": dropout if dropout < 1 else 0.0, **self._variants()}
 
-    def _weights(self) -> list[torch.Tensor]:
-        return [getattr(self, name) for name in self._flat_weights_names]
-
     def _spec(self, dtype: str, dropout: float) -> ar.RNNSpec:
         return _spec_of(TORCH_MODES[self.mode], self.input_size, self.hidden_size, self.num_layers, self.bias,
                         self.bidirectional, self.proj_size, dropout, dtype,
                         tuple(sorted(self._variants().items())))
 
-    def _in_one_buffer(self, tensors: Sequence[Any]) -> bool:
-        """True when ``tensors`` are consecutive contiguous views of one storage, in weight order."""
-        first = tensors[0]
-        if not all(isinstance(t, torch.Tensor) and not torch_call.is_transformed(t) for t in tensors):
-            return False
-        if first.device.type == "meta":
-            return False
-        ptr, offset = first.untyped_storage().data_ptr(), first.storage_offset()
-        for t in tensors:
-            if (t.dtype != first.dtype or not t.is_contiguous() or t.untyped_storage().data_ptr() != ptr
-                    or t.storage_offset() != offset):
-                return False
-            offset += t.numel()
-        return True
-
-    def _flat_from(self, first: torch.Tensor) -> torch.Tensor:
-        total = sum(w.numel() for w in self._weights())
-        return first.as_strided((total,), (1,), first.storage_offset())
-
-
-class LSTM(_FlatWeights, torch.nn.RNNBase):
-    """``torch.nn.LSTM`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+class LSTM(_FlatWeights, torch.nn.LSTM):
+    """``torch.nn.LSTM`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
     ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
     bidirectional=False, proj_size=0, device=None, dtype=None)``, positionally or by keyword, exactly as
-    ``nn.LSTM`` (both are ``nn.RNNBase``; ``isinstance(m, nn.LSTM)`` is False so that ``torch.compile``
-    traces the module, which it refuses to do for ``nn.LSTM`` and its subclasses).
+    ``nn.LSTM``, whose constructor, checks and methods it runs.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._set_variants(kwargs, "lstm")
-        super().__init__("LSTM", *args, **kwargs)
-
-    def get_expected_cell_size(self, input: torch.Tensor,
-                               batch_sizes: torch.Tensor | None) -> tuple[int, ...]:
-        """``(num_layers * num_directions, batch, hidden_size)``, the shape of ``c_0`` (as nn.LSTM)."""
-        batch = int(batch_sizes[0]) if batch_sizes is not None else input.size(0 if self.batch_first else 1)
-        return (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
-
-    def check_forward_args(self, input: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor],
-                           batch_sizes: torch.Tensor | None) -> None:
-        """nn.LSTM's check of ``input`` and ``(h_0, c_0)``."""
-        self.check_input(input, batch_sizes)
-        self.check_hidden_size(hidden[0], self.get_expected_hidden_size(input, batch_sizes),
-                               "Expected hidden[0] size {}, got {}")
-        self.check_hidden_size(hidden[1], self.get_expected_cell_size(input, batch_sizes),
-                               "Expected hidden[1] size {}, got {}")
-
-    def permute_hidden(self, hx: tuple[torch.Tensor, torch.Tensor],
-                       permutation: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if permutation is None:
-            return hx
-        return hx[0].index_select(1, permutation), hx[1].index_select(1, permutation)
+        super().__init__(*args, **kwargs)
 
 
-class GRU(_FlatWeights, torch.nn.RNNBase):
-    """``torch.nn.GRU`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+class GRU(_FlatWeights, torch.nn.GRU):
+    """``torch.nn.GRU`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
     ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
     bidirectional=False, device=None, dtype=None)``, exactly as ``nn.GRU`` (``proj_size`` is its
@@ -464,13 +400,12 @@ class GRU(_FlatWeights, torch.nn.RNNBase):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        _refuse_projection(kwargs)
         self._set_variants(kwargs, "gru")
-        super().__init__("GRU", *args, **kwargs)
+        super().__init__(*args, **kwargs)
 
 
-class RNN(_FlatWeights, torch.nn.RNNBase):
-    """``torch.nn.RNN`` on arrayrnn's fused engines; the weights are views of one flat buffer.
+class RNN(_FlatWeights, torch.nn.RNN):
+    """``torch.nn.RNN`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
     ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
     dropout=0.0, bidirectional=False, device=None, dtype=None)``, exactly as ``nn.RNN`` (the fourth
@@ -478,17 +413,9 @@ class RNN(_FlatWeights, torch.nn.RNNBase):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        _refuse_projection(kwargs)
-        if len(args) > 3:
-            nonlinearity, args = args[3], args[:3] + args[4:]
-        else:
-            nonlinearity = kwargs.pop("nonlinearity", "tanh")
-        modes = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}
-        if nonlinearity not in modes:
-            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
-        self.nonlinearity = nonlinearity
-        self._set_variants(kwargs, f"rnn_{nonlinearity}")
-        super().__init__(modes[nonlinearity], *args, **kwargs)
+        nonlinearity = args[3] if len(args) > 3 else kwargs.get("nonlinearity", "tanh")
+        self._set_variants(kwargs, "rnn_relu" if nonlinearity == "relu" else "rnn_tanh")  # nn.RNN checks it
+        super().__init__(*args, **kwargs)
 
 
 def _refuse_scripting(name: str) -> RuntimeError:
@@ -499,20 +426,12 @@ def _refuse_scripting(name: str) -> RuntimeError:
                         "torch.compile / torch.export")
 
 
-def _refuse_projection(kwargs: dict[str, Any]) -> None:
-    if "proj_size" in kwargs:
-        raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
-
-
 @functools.lru_cache(maxsize=64)
 def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias: bool, bidirectional: bool,
              proj_size: int, dropout: float, dtype: str, variants: tuple[tuple[str, Any], ...]) -> ar.RNNSpec:
     return ar.RNNSpec(mode=mode, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
                       bias=bias, bidirectional=bidirectional, proj_size=proj_size, dropout=dropout,
                       dtype=dtype, **dict(variants))
-
-
-_split_of = functools.lru_cache(maxsize=64)(torch_call._split_of)
 
 
 # -- ArrayRNN: one flat Parameter -------------------------------------------------------------------------
@@ -615,6 +534,10 @@ class ArrayRNN(torch.nn.Module):
             if lengths is not None:
                 raise InputError("lengths was given with a PackedSequence input; a PackedSequence "
                                  "carries its own lengths")
+            if torch_onnx.legacy_export():  # the weights enter as constants: see _compute
+                output, h_n, c_n = torch_onnx.export_packed(torch_call.inference_spec(self.spec), x,
+                                                            *self._split_hx(hx), self.flat.data)
+                return (output, (h_n, c_n)) if self._spec.mode == "lstm" else (output, h_n)
             source = x
             x, lengths = pad_packed_sequence(x, batch_first=self.batch_first)
         h0, c0 = self._split_hx(hx)
@@ -659,7 +582,7 @@ class ArrayRNN(torch.nn.Module):
                                            drawn)
         seed = _draw_seed(spec, self.training, seed)
         opts = _ForwardOptions(self.spec, None, self.batch_first, self.training, seed, engine)
-        with _as_torch_errors():
+        with as_torch_errors():
             return torch_call.run(opts, *states, (self.flat.to(compute),), lengths)
 
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -735,4 +658,4 @@ def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_l
 
 
 # torch.save(module) / torch.load(path, weights_only=True): the classes a saved module's pickle names
-torch.serialization.add_safe_globals([LSTM, GRU, RNN, ArrayRNN, ar.RNNSpec])
+torch.serialization.add_safe_globals([LSTM, GRU, RNN, LSTMCell, GRUCell, RNNCell, ArrayRNN, ar.RNNSpec])

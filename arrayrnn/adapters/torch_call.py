@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -178,10 +179,10 @@ class _RNNFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, opts: _ForwardOptions, x, h0, c0, *weights):
         flat = _flat_view(opts, weights)
-        with _engine_stream(flat):  # the results are wrapped on the stream they were computed on
+        with engine_stream(flat):  # the results are wrapped on the stream they were computed on
             res = _engine_forward(opts, flat, x, h0, c0, opts.keep_cache)
-            y, h_n = _tensor(res.y), _tensor(res.h_n)
-            c_n = _tensor(res.c_n) if res.c_n is not None else None
+            y, h_n = tensor_of(res.y), tensor_of(res.h_n)
+            c_n = tensor_of(res.c_n) if res.c_n is not None else None
         ctx.res, ctx.opts = res, opts
         ctx.set_materialize_grads(False)
         # saved so that torch's version counters catch an in-place change before the backward (an optimizer
@@ -220,19 +221,20 @@ def _engine_forward(opts: _ForwardOptions, flat: _Tensor, x: _Tensor, h0: _Tenso
     spec = opts.spec if opts.training else inference_spec(opts.spec)
     zoneout = bool(spec.zoneout or spec.zoneout_cell)
     training = opts.training or (keep_cache and not zoneout)
-    params = ar.PackedParams(spec, ar.as_array(flat, "flat"))
-    return ar.rnn_forward(params, _view(x, "x"), opts.lengths, _view(h0, "h0"), _view(c0, "c0"),
-                          batch_first=opts.batch_first, training=training, seed=opts.seed, engine=opts.engine)
+    params = ar.PackedParams(spec, array_view(flat, "flat"))
+    return ar.rnn_forward(params, array_view(x, "x"), opts.lengths, array_view(h0, "h0"),
+                          array_view(c0, "c0"), batch_first=opts.batch_first, training=training,
+                          seed=opts.seed, engine=opts.engine)
 
 
 def _engine_grads(opts: _ForwardOptions, res: ar.RNNResult, cotangents: Sequence[_Tensor | None],
                   needs: Sequence[bool], like: _Tensor) -> tuple[_Tensor | None, ...]:
     dy, dh_n, dc_n = cotangents
-    with _engine_stream(like):
-        g = ar.rnn_backward(res, _view(dy, "dy"), _view(dh_n, "dh_n"), _view(dc_n, "dc_n"))
-        dflat = _tensor(g.dparams.data) if any(needs[3:]) else None
-        return (_tensor(g.dx) if needs[0] else None, _tensor(g.dh0) if needs[1] else None,
-                _tensor(g.dc0) if needs[2] and g.dc0 is not None else None, *split_grad(opts, dflat))
+    with engine_stream(like):
+        g = ar.rnn_backward(res, array_view(dy, "dy"), array_view(dh_n, "dh_n"), array_view(dc_n, "dc_n"))
+        dflat = tensor_of(g.dparams.data) if any(needs[3:]) else None
+        return (tensor_of(g.dx) if needs[0] else None, tensor_of(g.dh0) if needs[1] else None,
+                tensor_of(g.dc0) if needs[2] and g.dc0 is not None else None, *split_grad(opts, dflat))
 
 
 def split_grad(opts: _ForwardOptions, dflat: _Tensor | None) -> tuple[_Tensor | None, ...]:
@@ -241,7 +243,14 @@ def split_grad(opts: _ForwardOptions, dflat: _Tensor | None) -> tuple[_Tensor | 
         return (dflat,)
     if dflat is None:
         return (None,) * len(opts.split)
-    return tuple(dflat[offset:offset + math.prod(shape)].view(shape) for offset, shape in opts.split)
+    start = dflat.storage_offset()  # one as_strided per weight: half the cost of a slice and a view
+    return tuple(dflat.as_strided(shape, _row_major(shape), start + offset) for offset, shape in opts.split)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
 
 
 def differentiable_grads(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
@@ -290,7 +299,7 @@ def options_text(spec: str, dtype: str, batch_first: bool, training: bool, engin
     ``spec``: :func:`spec_text` of the stack, computed in ``dtype``; ``per_weight``: the weights come one per
     block (else as the one flat buffer). The seed is the op's tensor argument (:func:`seed_tensor`)."""
     spec = ar.RNNSpec.from_dict({**json.loads(spec), "dtype": dtype})
-    split = _split_of(spec) if per_weight else None
+    split = split_of(spec) if per_weight else None
     return _encode(_ForwardOptions(spec, None, batch_first, training, None, engine, split))
 
 
@@ -301,7 +310,8 @@ def spec_text(fields: dict[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
-def _split_of(spec: ar.RNNSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
+@functools.lru_cache(maxsize=64)
+def split_of(spec: ar.RNNSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """Offset and shape of every block of ``spec`` in the flat buffer (the weight inputs' ``split``)."""
     return tuple((b.offset, b.shape) for b in ar.layout_of(spec).blocks)
 
@@ -328,10 +338,10 @@ def _rnn_op(x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, weights: list[_T
         return _forward_outputs(x, options, torch.zeros)
     opts = _decode(options, lengths, seed)
     flat = _contiguous_flat(opts, weights)
-    with _engine_stream(flat):
+    with engine_stream(flat):
         res = _engine_forward(opts, flat, x, h0, c0, keep_cache=False)
-        c_n = _tensor(res.c_n) if res.c_n is not None else x.new_empty(0)
-        return _tensor(res.y).clone(), _tensor(res.h_n).clone(), c_n.clone()
+        c_n = tensor_of(res.c_n) if res.c_n is not None else x.new_empty(0)
+        return tensor_of(res.y).clone(), tensor_of(res.h_n).clone(), c_n.clone()
 
 
 @_rnn_op.register_fake
@@ -391,12 +401,12 @@ def _rnn_backward_op(x: _Tensor, h0: _Tensor | None, c0: _Tensor | None, weights
         return _backward_outputs(x, weights, options, torch.zeros)
     opts = _decode(options, lengths, seed)
     flat = _contiguous_flat(opts, weights)
-    with _engine_stream(flat):
+    with engine_stream(flat):
         res = _engine_forward(opts, flat, x, h0, c0, keep_cache=True)
-        g = ar.rnn_backward(res, _view(dy, "dy"), _view(dh_n, "dh_n"), _view(dc_n, "dc_n"))
-        dflat = _tensor(g.dparams.data).clone()
-        dc0 = _tensor(g.dc0).clone() if g.dc0 is not None else x.new_zeros(0)
-        grads = [_tensor(g.dx).clone(), _tensor(g.dh0).clone(), dc0]
+        g = ar.rnn_backward(res, array_view(dy, "dy"), array_view(dh_n, "dh_n"), array_view(dc_n, "dc_n"))
+        dflat = tensor_of(g.dparams.data).clone()
+        dc0 = tensor_of(g.dc0).clone() if g.dc0 is not None else x.new_zeros(0)
+        grads = [tensor_of(g.dx).clone(), tensor_of(g.dh0).clone(), dc0]
     return grads + [g.clone() for g in split_grad(opts, dflat)]
 
 
@@ -420,21 +430,27 @@ def _contiguous_flat(opts: _ForwardOptions, weights: Sequence[_Tensor]) -> _Tens
 
 
 # -- zero-copy exchange with the engines ----------------------------------------------------------------
-def _view(t: _Tensor | None, name: str) -> Any:
-    """A NumPy / CuPy view of ``t`` through DLPack (no copy), or None."""
+def array_view(t: _Tensor | None, name: str) -> Any:
+    """A NumPy / CuPy view of ``t`` (no copy; a CPU tensor through ``Tensor.numpy``, the shortest way, else
+    DLPack), or None."""
     if t is None:
         return None
+    if t.is_cpu and t.dtype in _NUMPY_DTYPES:
+        return t.detach().numpy()
     return ar.as_array(t.detach(), name)
 
 
-def _tensor(a: Any) -> _Tensor:
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def tensor_of(a: Any) -> _Tensor:
     """A torch tensor sharing ``a``'s memory (NumPy or CuPy)."""
     if isinstance(a, np.ndarray):
         return torch.from_numpy(a if a.flags.writeable else a.copy())
     return torch.from_dlpack(a)
 
 
-def _engine_stream(like: _Tensor) -> contextlib.AbstractContextManager:
+def engine_stream(like: _Tensor) -> contextlib.AbstractContextManager:
     """For CUDA tensors: CuPy's current device and stream = the tensor's device and torch's current stream
     there, so the engines' kernels are ordered with torch's work and DLPack exchanges need no sync."""
     if not like.is_cuda:

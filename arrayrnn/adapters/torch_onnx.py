@@ -12,6 +12,12 @@ What ONNX's operators cannot express (an LSTM projection, cell clipping) is expo
 recurrence in elementary operators instead (:mod:`.torch_recurrence`, unrolled over the traced
 sequence length). Inference only: a module in
 training mode exports without dropout.
+
+A ``PackedSequence`` input under the legacy exporter (:func:`export_packed`) is exported as ``nn.LSTM``
+exports it: the layers' nodes take the packed data and its ``batch_sizes`` as ``sequence_lens``, each
+followed by a ``Squeeze`` (one direction) or a ``Transpose`` and ``Reshape`` (two), and the exporter's
+peephole pass moves the ``pack_padded_sequence`` / ``pad_packed_sequence`` pair around them (the padded
+input goes in, the lengths become ``sequence_lens``): the pair the user's code makes is kept a pair.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
 import arrayrnn as ar
 from arrayrnn.core.layout import PEEPHOLE_GATES
@@ -52,9 +59,7 @@ def emit(spec: ar.RNNSpec, batch_first: bool, x: _Tensor, h0: _Tensor | None, c0
         inputs = [inp, W, R, bias, seq, h0[rows] if h0 is not None else None]
         if spec.has_cell:
             inputs.append(c0[rows] if c0 is not None else None)
-        if spec.peepholes:  # the LSTM node's input P [D, 3*H], rows in ONNX's order i, o, f
-            order = [PEEPHOLE_GATES.index(g) for g in ("i", "o", "f")]
-            inputs.append(torch.stack([views[(layer, d, "P")][order].reshape(-1) for d in range(D)]))
+        inputs.extend(_peepholes(spec, views, layer))
         if torch.jit.is_tracing():  # the legacy exporter
             outputs = _LegacyLayer.apply(spec, *inputs)
         else:
@@ -77,6 +82,54 @@ def _initial_where_empty(final: _Tensor, initial: _Tensor | None, seq: _Tensor |
     return torch.where((seq == 0)[None, :, None], initial, final)
 
 
+def legacy_export() -> bool:
+    """True while the legacy TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) traces."""
+    return torch.onnx.is_in_onnx_export() and torch.jit.is_tracing()
+
+
+def export_packed(spec: ar.RNNSpec, input: PackedSequence, h0: _Tensor | None, c0: _Tensor | None,
+                  flat: _Tensor) -> tuple[PackedSequence, _Tensor, _Tensor | None]:
+    """``(output, h_n, c_n)`` for a ``PackedSequence`` under the legacy exporter, in the steps of
+    ``nn.LSTM``'s forward (the initial states made from ``batch_sizes[0]`` or put in the packed order, the
+    final ones back in the caller's), each layer a node of :class:`_LegacyPackedLayer`."""
+    try:
+        onnx_graph.check_exportable(spec)
+    except ValueError as err:
+        raise ValueError(f"{err}; nor can a PackedSequence through it be exported by the legacy exporter "
+                         "(nn.LSTM's is refused too): export the padded batch with lengths=, or use "
+                         "torch.onnx.export(..., dynamo=True)") from None
+    data, batch_sizes, sorted_indices, unsorted_indices = input
+    if h0 is None:  # as nn.LSTM: zeros of the packed batch's size
+        rows, like = batch_sizes[0], {"dtype": data.dtype, "device": data.device}
+        layers = spec.num_layers * spec.num_directions
+        h0 = torch.zeros(layers, rows, spec.output_size, **like)
+        c0 = torch.zeros(layers, rows, spec.hidden_size, **like) if spec.has_cell else None
+    elif sorted_indices is not None:
+        h0, c0 = (s.index_select(1, sorted_indices) if s is not None else None for s in (h0, c0))
+    views, D = block_views(spec, flat), spec.num_directions
+    hs, cs, inp = [], [], data
+    for layer in range(spec.num_layers):
+        W, R, bias = onnx_graph.layer_weights(spec, layer, lambda *key: views.get(key), torch)
+        rows = slice(layer * D, (layer + 1) * D)
+        states = [h0[rows]] + ([c0[rows]] if spec.has_cell else [])
+        inp, *finals = _LegacyPackedLayer.apply(spec, inp, W, R, bias, batch_sizes, *states,
+                                                *_peepholes(spec, views, layer))
+        hs.append(finals[0])
+        cs.extend(finals[1:])
+    h_n, c_n = torch.cat(hs), (torch.cat(cs) if spec.has_cell else None)
+    if unsorted_indices is not None:
+        h_n, c_n = (s.index_select(1, unsorted_indices) if s is not None else None for s in (h_n, c_n))
+    return PackedSequence(inp, batch_sizes, sorted_indices, unsorted_indices), h_n, c_n
+
+
+def _peepholes(spec: ar.RNNSpec, views: dict, layer: int) -> list[_Tensor]:
+    """The LSTM node's input ``P [D, 3*H]`` (rows in ONNX's order i, o, f), or nothing."""
+    if not spec.peepholes:
+        return []
+    order = [PEEPHOLE_GATES.index(g) for g in ("i", "o", "f")]
+    return [torch.stack([views[(layer, d, "P")][order].reshape(-1) for d in range(spec.num_directions)])]
+
+
 class _LegacyLayer(torch.autograd.Function):
     """One layer's ONNX node for the legacy TorchScript exporter (``dynamo=False``).
 
@@ -92,9 +145,38 @@ class _LegacyLayer(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, spec: ar.RNNSpec, *inputs):
-        attrs = {_legacy_attribute_name(k, v): v for k, v in onnx_graph.node_attributes(spec).items()}
-        inputs = [i if i is not None else _absent(g) for i in inputs]
-        return g.op(onnx_graph.OPERATORS[spec.mode], *inputs, outputs=3 if spec.has_cell else 2, **attrs)
+        return _rnn_node(g, spec, inputs)
+
+
+class _LegacyPackedLayer(torch.autograd.Function):
+    """One layer's ONNX node over packed data for the legacy exporter (:func:`export_packed`): the node
+    with ``batch_sizes`` as ``sequence_lens``, then ``nn.LSTM``'s ``Squeeze`` or ``Transpose`` and
+    ``Reshape`` (the pattern the exporter's peephole pass moves the packing around). The forward gives the
+    tracer zeros of the packed output's shapes."""
+
+    @staticmethod
+    def forward(ctx, spec: ar.RNNSpec, data: _Tensor, *inputs: _Tensor | None) -> tuple[_Tensor, ...]:
+        D, H, rows = spec.num_directions, spec.hidden_size, inputs[4].shape[1]
+        states = [data.new_zeros(D, rows, H) for _ in range(2 if spec.has_cell else 1)]
+        return (data.new_zeros(data.shape[0], D * H), *states)
+
+    @staticmethod
+    def symbolic(g, spec: ar.RNNSpec, *inputs):
+        y, *finals = _rnn_node(g, spec, inputs)
+        if spec.num_directions == 1:
+            y = (g.op("Squeeze", y, g.op("Constant", value_t=torch.tensor([1]))) if g.opset >= 13
+                 else g.op("Squeeze", y, axes_i=[1]))
+        else:  # [T, D, B, H] -> [T, B, D*H]
+            y = g.op("Transpose", y, perm_i=[0, 2, 1, 3])
+            y = g.op("Reshape", y, g.op("Constant", value_t=torch.tensor([0, 0, -1])))
+        return (y, *finals)
+
+
+def _rnn_node(g, spec: ar.RNNSpec, inputs: tuple) -> Any:
+    """The ONNX ``LSTM`` / ``GRU`` / ``RNN`` node of one layer, as the legacy ``g.op`` writes it."""
+    attrs = {_legacy_attribute_name(k, v): v for k, v in onnx_graph.node_attributes(spec).items()}
+    inputs = [i if i is not None else _absent(g) for i in inputs]
+    return g.op(onnx_graph.OPERATORS[spec.mode], *inputs, outputs=3 if spec.has_cell else 2, **attrs)
 
 
 def _legacy_attribute_name(name: str, value: Any) -> str:

@@ -148,6 +148,16 @@ def _require_cupy(name: str) -> ModuleType:
     return cp
 
 
+def same_memory(a: Any, b: Any) -> bool:
+    """Whether arrays ``a`` and ``b`` are the same region of memory (same address, shape and dtype)."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and _address(a) == _address(b))
+
+
+def _address(a: Any) -> int:
+    interface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+    return int(interface["data"][0])
+
+
 def to_host(a: Any) -> np.ndarray:
     """A NumPy array with the contents of ``a`` (a copy only when ``a`` is on a GPU)."""
     return a.get() if is_cupy_array(a) else np.asarray(a)

@@ -1,0 +1,176 @@
+"""One time step of one cell (a single-layer, one-direction stack): what a cell module or a decoder loop
+calls once per step, on the direction kernel of a stack engine.
+
+A step is a sequence of length one through the stack driver's pieces, without the driver:
+``direction_weights`` for the views, the input projection, ``kernel.forward`` / ``kernel.backward`` for
+the recurrent product and the gate math (and their hand-written backward), and the driver's
+weight-gradient products (:func:`.stack._weight_grads`) for ``dparams``. Roughly::
+
+    xw = x @ W_ih.T + input_bias                        # (1, B, G*H)
+    fwd = kernel.forward(spec, w, xw, [B], h, c)        # h', c' and the residuals
+    g = kernel.backward(spec, w, fwd, h, c, 0, dh', dc')  # dpre (1, B, G*H), dh, dc
+    dW_ih = dpre.T @ x;  dW_hh = dpre.T @ h;  db = dpre.sum(0);  dx = dpre @ W_ih
+
+:class:`StepEngine` works on any stack engine (reference, cupy, numba through its generic kernel);
+:class:`~.numba_step.NumbaStep` replaces the parts where per-call work dominates a step: it packs the
+weights once (:meth:`StepEngine.prepare`, which the caller keeps while the weights are unchanged) and
+calls the compiled loops directly. ``arrayrnn.frontend.cell.step_engine`` picks one.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..core.backend import get_xp, same_memory
+from ..core.params import PackedParams
+from ..core.spec import RNNSpec
+from .base import DirectionForward, DirectionGrads, DirectionWeights
+from .stack import StackEngine, _weight_grads, direction_weights
+
+Array = Any
+
+
+@dataclass(frozen=True, eq=False)
+class StepWeights:
+    """The weights of one cell as a step engine reads them: ``params`` (canonical, one layer, one
+    direction), their views and whatever the engine prepared from them (``packed``: the numba engine's
+    packed matrices, filled on first use, and ``snapshot``, the values they were packed from)."""
+
+    params: PackedParams
+    w: DirectionWeights
+    packed: dict[str, np.ndarray]
+    snapshot: Array | None = None
+
+    @property
+    def spec(self) -> RNNSpec:
+        return self.params.spec
+
+    @functools.cached_property
+    def xp(self) -> ModuleType:
+        """The array module of the weights (NumPy or CuPy)."""
+        return get_xp(self.params.data)
+
+    @functools.cached_property
+    def blocks(self) -> dict[str, tuple[slice, tuple[int, ...]]]:
+        """Where each block sits in the buffer: ``{name: (slice, shape)}``."""
+        return {b.name: (slice(b.offset, b.stop), b.shape) for b in self.params.layout.blocks}
+
+
+class _GradBlocks:
+    """A flat gradient buffer with ``PackedParams.view``'s access to its blocks (the one layer-direction of
+    a cell), for the stack driver's weight-gradient code."""
+
+    def __init__(self, data: Array, blocks: dict[str, tuple[slice, tuple[int, ...]]]):
+        self.data, self._blocks = data, blocks
+
+    def view(self, layer: int, direction: int, name: str) -> Array:
+        where, shape = self._blocks[name]
+        return self.data[where].reshape(shape)
+
+
+@dataclass(frozen=True, eq=False)
+class StepGrads:
+    """Gradients of one step: ``dx (B, I)``, ``dh (B, H_out)``, ``dc (B, H)`` (LSTM, else None) and
+    ``dflat``, the weights' gradient in the canonical layout (one buffer)."""
+
+    dx: Array | None
+    dh: Array
+    dc: Array | None
+    dflat: Array | None
+
+
+def check_cell_spec(spec: RNNSpec) -> None:
+    """A cell is one layer, one direction, without cell variants (they need whole sequences: masks per
+    step, zoneout); ``ValueError`` naming what is not."""
+    if spec.num_layers != 1 or spec.bidirectional:
+        raise ValueError(f"spec has num_layers = {spec.num_layers}, bidirectional = {spec.bidirectional}; a "
+                         "cell step runs one layer in one direction (num_layers=1, bidirectional=False)")
+    if spec.variants or spec.dropout:
+        raise ValueError(f"spec has {spec.variants or ('dropout',)}; a cell step runs plain cells (use "
+                         "rnn_forward for dropout and the cell variants)")
+
+
+class StepEngine:
+    """One cell step on ``engine``'s direction kernel (any :class:`~.stack.StackEngine`)."""
+
+    def __init__(self, engine: StackEngine):
+        self.engine = engine
+        self.name = engine.name
+
+    def prepare(self, spec: RNNSpec, data: Array, previous: StepWeights | None = None) -> StepWeights:
+        """The weights ``data`` (the canonical buffer of the cell ``spec``) for :meth:`forward` /
+        :meth:`backward`. ``previous``, weights this engine prepared before, comes back as it is while it
+        still holds for ``data``: the same spec and memory (and values, where the engine keeps copies)."""
+        if previous is not None and previous.spec == spec and self.holds(previous, data):
+            return previous
+        params = PackedParams(spec, data)
+        return StepWeights(params, direction_weights(params, 0, 0), {})
+
+    def holds(self, sw: StepWeights, data: Array) -> bool:
+        """Whether ``sw`` still holds for ``data``: views of the same memory read its values as they are."""
+        return same_memory(sw.params.data, data)
+
+    # -- forward --------------------------------------------------------------------------------------
+    def forward(self, sw: StepWeights, x: Array, h: Array, c: Array | None,
+                keep_cache: bool) -> DirectionForward:
+        """One step from ``x (B, I)``, ``h (B, H_out)``, ``c (B, H)``: ``h_n``, ``c_n`` are the new states
+        (new arrays; the inputs are not written), ``cache`` the residuals when ``keep_cache``."""
+        xw = self.project(sw, x)
+        return self.run_forward(sw, xw, h, c, keep_cache)
+
+    def project(self, sw: StepWeights, x: Array) -> Array:
+        """``x @ W_ih.T + input_bias`` as ``(1, B, G*H)``."""
+        return self.engine.project_input(x[None], sw.w)
+
+    def run_forward(self, sw: StepWeights, xw: Array, h: Array, c: Array | None, keep_cache: bool):
+        return self.engine.kernel.forward(sw.spec, sw.w, xw, self._batch_sizes(xw), h, c, False, keep_cache)
+
+    # -- backward -------------------------------------------------------------------------------------
+    def backward(self, sw: StepWeights, fwd: DirectionForward, x: Array, h: Array, c: Array | None,
+                 dh: Array | None, dc: Array | None, need_dx: bool = True,
+                 need_weights: bool = True) -> StepGrads:
+        """The step's hand-written backward for the cotangents ``dh`` (of ``fwd.h_n``) and ``dc`` (of
+        ``fwd.c_n``, LSTM only), None meaning zeros; ``x``, ``h``, ``c``: the forward's inputs. ``dx`` /
+        ``dflat`` are None where not ``need_dx`` / ``need_weights``."""
+        spec, xp = sw.spec, sw.xp
+        dh = dh if dh is not None else xp.zeros_like(fwd.h_n)
+        if spec.has_cell and dc is None:
+            dc = xp.zeros_like(fwd.c_n)
+        g = self.run_backward(sw, fwd, h, c, dh, dc)
+        dflat = None
+        if need_weights:
+            grads = _GradBlocks(xp.empty_like(sw.params.data), sw.blocks)  # every block is written below
+            _weight_grads(self.matmul, spec, grads, 0, 0, sw.w, g, fwd, x[None], h[None],
+                          c[None] if c is not None else None)
+            dflat = grads.data
+        dx = self.input_grad(sw, g.dpre_in[0]) if need_dx else None
+        return StepGrads(dx, g.dh0, g.dc0, dflat)
+
+    def run_backward(self, sw: StepWeights, fwd: DirectionForward, h: Array, c: Array | None, dh: Array,
+                     dc: Array | None) -> DirectionGrads:
+        dy = sw.xp.zeros_like(fwd.y)
+        return self.engine.kernel.backward(sw.spec, sw.w, fwd, h[None], c[None] if c is not None else None,
+                                           dy, dh, dc, self._batch_sizes(fwd.y), False)
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        """``a @ b`` for the weight gradients' products."""
+        return self.engine.matmul(a, b)
+
+    def input_grad(self, sw: StepWeights, dpre: Array) -> Array:
+        """``dx = dpre @ W_ih`` (``dpre``: ``(B, G*H)``)."""
+        return self.engine.matmul(dpre, sw.w.W_ih)
+
+    @staticmethod
+    def _batch_sizes(stack: Array) -> np.ndarray:
+        return np.array([stack.shape[1]], dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+__all__ = ["StepEngine", "StepGrads", "StepWeights", "check_cell_spec"]

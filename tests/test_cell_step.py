@@ -1,0 +1,254 @@
+"""``cell_step`` / ``cell_step_backward`` (one step of one cell) and the step engines behind them, on every
+engine: a step equals a one-step sequence through ``rnn_forward`` / ``rnn_backward`` (reference engine),
+PyTorch's cells (the oracle for the modes they have) and float64 central differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
+from support.rnn_cases import host, make_case, on_device, xp_of
+
+import arrayrnn as ar
+from arrayrnn import RNNSpec
+from arrayrnn.engines import load_engine
+from arrayrnn.engines.base import Engine
+from arrayrnn.engines.step import StepEngine
+from arrayrnn.frontend.cell import step_engine
+
+# conftest's engines that step (cuDNN runs whole sequences only: test_cell_step_on_cudnn_is_refused...)
+engine = engine_fixture([*(EngineOnDevice(name, np) for name in cpu_engines()),
+                         *(case for case in gpu_cases() if str(case) != "cudnn")])
+
+SPECS = {
+    "lstm": {"mode": "lstm"},
+    "lstm-proj": {"mode": "lstm", "proj_size": 2},
+    "lstm-clip-nobias": {"mode": "lstm", "cell_clip": 0.4, "bias": False},
+    "gru": {"mode": "gru"},
+    "gru-reset-before": {"mode": "gru", "reset_after": False},
+    "gru-single-rec": {"mode": "gru", "bias": "single_rec"},
+    "rnn-tanh-single-inp": {"mode": "rnn_tanh", "bias": "single_inp"},
+    "rnn-relu": {"mode": "rnn_relu"},
+}
+
+
+def cell_case(name: str, B: int = 3, dtype: str = "float64", seed: int = 0):
+    spec = RNNSpec(input_size=4, hidden_size=5, dtype=dtype, **SPECS[name])
+    return make_case(spec, 1, B, seed=seed, lengths="full", scale=1.5)
+
+
+def step(case, engine, training=True):
+    """``cell_step`` of the case's one step on the engine's device, and its backward with the case's
+    cotangents of ``h_n`` / ``c_n``."""
+    dev = on_device(case, engine)
+    res = ar.cell_step(dev.params, dev.x[0], dev.h0[0], dev.c0[0] if dev.c0 is not None else None,
+                       training=training, engine=engine)
+    return res, ar.cell_step_backward(res, dev.dh_n[0], dev.dc_n[0] if dev.dc_n is not None else None)
+
+
+def one_step_sequence(case):
+    """The oracle: the same step as a sequence of length one on the reference engine."""
+    res = ar.rnn_forward(case.params, case.x, h0=case.h0, c0=case.c0, training=True, engine="reference")
+    return res, ar.rnn_backward(res, np.zeros_like(res.y), case.dh_n, case.dc_n)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_a_step_equals_a_one_step_sequence(name, engine):
+    case = cell_case(name)
+    res, g = step(case, engine)
+    want, want_g = one_step_sequence(case)
+    tol = {"rtol": 1e-10, "atol": 1e-12}
+    np.testing.assert_allclose(host(res.h), want.h_n[0], **tol)
+    np.testing.assert_allclose(host(g.dx), want_g.dx[0], **tol)
+    np.testing.assert_allclose(host(g.dh), want_g.dh0[0], **tol)
+    np.testing.assert_allclose(host(g.dparams.data), want_g.dparams.data, **tol)
+    if case.spec.has_cell:
+        np.testing.assert_allclose(host(res.c), want.c_n[0], **tol)
+        np.testing.assert_allclose(host(g.dc), want_g.dc0[0], **tol)
+    assert res.engine == str(engine) and g.dparams.spec == case.spec
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru-reset-before", "lstm-proj", "rnn-relu"])
+def test_every_step_gradient_entry_equals_central_differences(name, engine):
+    case = cell_case(name, B=2, seed=3)
+    res, g = step(case, engine)
+    inputs = {"params": case.params.data, "x": case.x[0], "h": case.h0[0]}
+    grads = {"params": g.dparams.data, "x": g.dx, "h": g.dh}
+    if case.spec.has_cell:
+        inputs["c"], grads["c"] = case.c0[0], g.dc
+    for name_, value in inputs.items():
+        numeric = _central_differences(case, engine, name_, value)
+        np.testing.assert_allclose(host(grads[name_]), numeric, rtol=1e-6, atol=1e-8, err_msg=name_)
+
+
+def _central_differences(case, engine, name, value, eps=1e-6):
+    def loss(changed):
+        args = {"params": case.params.data, "x": case.x[0], "h": case.h0[0],
+                "c": case.c0[0] if case.c0 is not None else None, name: changed}
+        dev = on_device(case.with_(params=ar.PackedParams(case.spec, args["params"])), engine)
+        xp = xp_of(engine)
+        res = ar.cell_step(dev.params, xp.asarray(args["x"]), xp.asarray(args["h"]),
+                           xp.asarray(args["c"]) if args["c"] is not None else None, engine=engine)
+        total = np.sum(host(res.h) * case.dh_n[0])
+        return total + (np.sum(host(res.c) * case.dc_n[0]) if res.c is not None else 0.0)
+
+    flat = value.reshape(-1)
+    grad = np.empty_like(flat)
+    for i in range(flat.size):
+        up, down = flat.copy(), flat.copy()
+        up[i] += eps
+        down[i] -= eps
+        grad[i] = (loss(up.reshape(value.shape)) - loss(down.reshape(value.shape))) / (2 * eps)
+    return grad.reshape(value.shape)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_a_step_equals_torchs_cell(mode):
+    torch = pytest.importorskip("torch")
+    cls = {"lstm": torch.nn.LSTMCell, "gru": torch.nn.GRUCell}.get(mode, torch.nn.RNNCell)
+    kwargs = {"nonlinearity": mode[4:]} if mode.startswith("rnn") else {}
+    cell = cls(4, 5, dtype=torch.float64, **kwargs)
+    params = _params_of(cell, mode)
+    rng = np.random.default_rng(0)
+    x, h, c, dh, dc = (rng.standard_normal((3, n)) for n in (4, 5, 5, 5, 5))
+    xt, ht, ct = (torch.tensor(a, requires_grad=True) for a in (x, h, c))
+    out = cell(xt, (ht, ct)) if mode == "lstm" else (cell(xt, ht),)
+    torch.autograd.backward(out, [torch.tensor(dh), torch.tensor(dc)][:len(out)])
+    res = ar.cell_step(params, x, h, c if mode == "lstm" else None, training=True)
+    g = ar.cell_step_backward(res, dh, dc if mode == "lstm" else None)
+    np.testing.assert_allclose(res.h, out[0].detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(g.dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(g.dh, ht.grad.numpy(), rtol=1e-12, atol=1e-12)
+    torch_grads = np.concatenate([p.grad.numpy().reshape(-1) for p in cell.parameters()])
+    np.testing.assert_allclose(g.dparams.data, torch_grads, rtol=1e-12, atol=1e-12)
+    if mode == "lstm":
+        np.testing.assert_allclose(res.c, out[1].detach().numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(g.dc, ct.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def _params_of(cell, mode):
+    """A torch cell's parameters in its order (W_ih, W_hh, b_ih, b_hh): the canonical layout of the cell."""
+    spec = RNNSpec(mode=mode, input_size=cell.input_size, hidden_size=cell.hidden_size, dtype="float64")
+    return ar.PackedParams(spec, np.concatenate([p.detach().numpy().reshape(-1) for p in cell.parameters()]))
+
+
+def test_a_backward_after_an_inference_step_recomputes_it(engine):
+    case = cell_case("lstm")
+    trained, after_inference = (step(case, engine, training=t)[1] for t in (True, False))
+    np.testing.assert_array_equal(host(after_inference.dparams.data), host(trained.dparams.data))
+    np.testing.assert_array_equal(host(after_inference.dx), host(trained.dx))
+
+
+def test_zero_states_by_default_and_the_inputs_are_not_written():
+    case = cell_case("lstm")
+    x, h, c = case.x[0].copy(), np.zeros((3, 5)), np.zeros((3, 5))
+    res = ar.cell_step(case.params, x, training=True)
+    explicit = ar.cell_step(case.params, x, h, c)
+    np.testing.assert_array_equal(res.h, explicit.h)
+    np.testing.assert_array_equal(res.c, explicit.c)
+    np.testing.assert_array_equal(x, case.x[0])
+    assert not np.shares_memory(res.h, x)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_weight_change_between_step_and_backward_raises(training):
+    case = cell_case("gru", dtype="float32")
+    params = case.params.copy()
+    res = ar.cell_step(params, case.x[0], case.h0[0], training=training)
+    params.data[0] += 1.0  # an optimizer step before the backward
+    with pytest.raises(ValueError, match="modified in place between|changed between"):
+        ar.cell_step_backward(res, case.dh_n[0])
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda a: a.update(params=ar.PackedParams.init(RNNSpec(mode="lstm", input_size=4, hidden_size=5,
+                                                            num_layers=2, dtype="float64"))),
+     ValueError, "num_layers = 2.*one layer in one direction"),
+    (lambda a: a.update(params=ar.PackedParams.init(RNNSpec(mode="lstm", input_size=4, hidden_size=5,
+                                                            zoneout=0.1, dtype="float64"))),
+     ValueError, r"\('zoneout',\); a cell step runs plain cells"),
+    (lambda a: a.update(x=np.zeros((1, 3, 4))), ValueError, r"x has shape \(1, 3, 4\); expected a 2-D array"),
+    (lambda a: a.update(x=np.zeros((3, 7))), ValueError, r"input_size = 4"),
+    (lambda a: a.update(x=np.zeros((0, 4))), ValueError, "at least one row"),
+    (lambda a: a.update(x=np.zeros((3, 4), np.float32)), TypeError, "x .*dtype float32.* different dtypes"),
+    (lambda a: a.update(h=np.zeros((2, 5))), ValueError, r"h has shape \(2, 5\); expected \(B, H_out\)"),
+    (lambda a: a.update(c=np.zeros((3, 4))), ValueError, r"c has shape \(3, 4\); expected \(B, hidden_size"),
+    (lambda a: a.update(training=1), TypeError, "training = 1; expected True or False"),
+    (lambda a: a.update(params="weights"), TypeError, "params has type str; expected an arrayrnn.Packed"),
+])
+def test_bad_arguments_are_clear_errors(mutate, error, match):
+    case = cell_case("lstm")
+    args = {"params": case.params, "x": case.x[0], "h": case.h0[0], "c": case.c0[0], "training": False}
+    mutate(args)
+    with pytest.raises(error, match=match):
+        ar.cell_step(args.pop("params"), args.pop("x"), **args)
+
+
+def test_a_cell_state_for_a_cell_without_one_and_float16_are_refused():
+    case = cell_case("gru")
+    with pytest.raises(ValueError, match="c was given but mode = 'gru' has no cell state"):
+        ar.cell_step(case.params, case.x[0], case.h0[0], np.zeros((3, 5)))
+    res = ar.cell_step(case.params, case.x[0], case.h0[0], training=True)
+    with pytest.raises(ValueError, match="dc was given but mode = 'gru'"):
+        ar.cell_step_backward(res, case.dh_n[0], np.zeros((3, 5)))
+    half = ar.PackedParams(case.spec.replace(dtype="float16"), case.params.data.astype(np.float16))
+    with pytest.raises(TypeError, match="a cell step runs float32 and float64"):
+        ar.cell_step(half, case.x[0].astype(np.float16))
+    with pytest.raises(TypeError, match="expected the CellResult returned by cell_step"):
+        ar.cell_step_backward(ar.rnn_forward(case.params, case.x))
+
+
+def test_the_numba_step_keeps_its_packed_weights_until_a_value_changes():
+    pytest.importorskip("numba")
+    case = cell_case("lstm", dtype="float32")
+    stepper = step_engine(load_engine("numba"))
+    data = case.params.data.copy()
+    sw = stepper.prepare(case.spec, data)
+    stepper.forward(sw, case.x[0], case.h0[0], case.c0[0], keep_cache=False)
+    assert sw.packed and stepper.prepare(case.spec, data, sw) is sw
+    data[-1] += 1.0  # a write no version counter sees
+    renewed = stepper.prepare(case.spec, data, sw)
+    assert renewed is not sw
+    h_new = stepper.forward(renewed, case.x[0], case.h0[0], case.c0[0], keep_cache=False).h_n
+    want = ar.cell_step(ar.PackedParams(case.spec, data), case.x[0], case.h0[0], case.c0[0])
+    np.testing.assert_allclose(h_new, want.h, rtol=1e-6, atol=1e-7)
+    other = data.copy()
+    assert stepper.prepare(case.spec, other, renewed) is not renewed  # same values, other memory
+
+
+def test_the_generic_step_engine_reuses_views_of_the_same_memory():
+    case = cell_case("gru")
+    stepper = step_engine(load_engine("reference"))
+    assert type(stepper) is StepEngine
+    sw = stepper.prepare(case.spec, case.params.data)
+    assert stepper.prepare(case.spec, case.params.data, sw) is sw
+    assert stepper.prepare(case.spec.replace(reset_after=False), case.params.data, sw) is not sw
+
+
+class _WholeSequences(Engine):
+    """An engine that is not a stack engine (as cuDNN's): it has no direction kernel to step."""
+
+    name = "whole-sequences"
+
+    def check(self, call):
+        return None
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError("not called")
+
+    def backward(self, *args, **kwargs):
+        raise AssertionError("not called")
+
+
+def test_an_engine_of_whole_sequences_has_no_step():
+    with pytest.raises(ValueError, match="engine = 'whole-sequences' runs whole sequences only; a cell step "
+                                         "runs on the numba, cupy or reference engine"):
+        step_engine(_WholeSequences())
+
+
+@pytest.mark.parametrize("cudnn", [case for case in (*gpu_cases(), *dry_run_cases()) if str(case) == "cudnn"])
+def test_cell_step_on_cudnn_is_refused_with_the_engines_that_step(cudnn):
+    with cudnn.activate():
+        case = on_device(cell_case("lstm", dtype="float32"), cudnn)
+        with pytest.raises(ValueError, match="engine = 'cudnn' runs whole sequences only"):
+            ar.cell_step(case.params, case.x[0], engine="cudnn")

@@ -1,0 +1,281 @@
+"""arrayrnn.torch.LSTMCell / GRUCell / RNNCell as drop-ins for nn.LSTMCell / GRUCell / RNNCell (the oracle):
+nn's type, signatures and weights in one buffer, one fused step forward and its hand-written backward,
+the weights' values followed however they change, and nn's own forward for what the step does not serve.
+PyTorch's own cell tests are ported in test_torch_nn_ported.py."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from arrayrnn.torch import GRUCell, LSTMCell, RNNCell
+
+PAIRS = {"LSTMCell": (LSTMCell, nn.LSTMCell), "GRUCell": (GRUCell, nn.GRUCell),
+         "RNNCell": (RNNCell, nn.RNNCell)}
+CASES = [("LSTMCell", {}), ("LSTMCell", {"bias": False}), ("GRUCell", {}), ("GRUCell", {"bias": False}),
+         ("RNNCell", {}), ("RNNCell", {"nonlinearity": "relu", "bias": False})]
+
+
+def pair(name, *args, **kwargs):
+    """(ours, theirs) with the same weights: the constructors draw them alike from torch's generator."""
+    ours_cls, their_cls = PAIRS[name]
+    torch.manual_seed(0)
+    ours = ours_cls(*args, **kwargs)
+    torch.manual_seed(0)
+    return ours, their_cls(*args, **kwargs)
+
+
+def run_loop(cell, xs, state):
+    """Every step of ``xs`` through ``cell`` from ``state``; the outputs of every step."""
+    outs = []
+    for x in xs:
+        out = cell(x, state)
+        state = out
+        outs.append(out if isinstance(out, tuple) else (out,))
+    return outs
+
+
+def loss_of(outs):
+    return sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)).sum()
+               for step in outs for o in step)
+
+
+def assert_one_buffer(tensors):
+    """Consecutive contiguous views of one storage, in nn's parameter order."""
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    offset = tensors[0].storage_offset()
+    for t in tensors:
+        assert t.is_contiguous() and t.storage_offset() == offset
+        offset += t.numel()
+
+
+def states(name, B, H, dtype=torch.float64):
+    torch.manual_seed(5)
+    h = torch.randn(B, H, dtype=dtype)
+    return (h, torch.randn(B, H, dtype=dtype)) if name == "LSTMCell" else h
+
+
+@pytest.mark.parametrize("name, kwargs", CASES)
+def test_the_cells_are_torchs_classes_with_its_weights(name, kwargs):
+    ours, theirs = pair(name, 3, 4, **kwargs)
+    assert isinstance(ours, type(theirs)) and isinstance(ours, nn.RNNCellBase)
+    assert repr(ours) == repr(theirs)
+    named = [[(n, p.shape) for n, p in m.named_parameters()] for m in (ours, theirs)]
+    assert named[0] == named[1]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(a, b)  # nn's initialisation, bit for bit
+    assert_one_buffer(list(ours.parameters()))
+    assert ours.flat.numel() == sum(p.numel() for p in theirs.parameters())
+
+
+@pytest.mark.parametrize("name, kwargs", CASES)
+def test_a_loop_of_steps_and_its_backward_equal_torch(name, kwargs):
+    ours, theirs = pair(name, 3, 4, dtype=torch.float64, **kwargs)
+    xs = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    results = []
+    for cell in (ours, theirs):
+        xs.grad = None
+        state = tuple(s.requires_grad_() for s in states(name, 2, 4)) if name == "LSTMCell" else \
+            states(name, 2, 4).requires_grad_()
+        outs = run_loop(cell, xs, state)
+        loss_of(outs).backward()
+        start = state if isinstance(state, tuple) else (state,)
+        results.append([o.detach() for step in outs for o in step] + [xs.grad, *(s.grad for s in start)]
+                       + [p.grad for p in cell.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.flat_grad, torch.cat([p.grad.reshape(-1) for p in theirs.parameters()]),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_gradcheck_and_gradgradcheck_in_float64(name):
+    ours = PAIRS[name][0](3, 4, dtype=torch.float64)
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    hx = states(name, 2, 4)
+    hx = tuple(s.requires_grad_() for s in hx) if isinstance(hx, tuple) else hx.requires_grad_()
+    weights = list(ours.parameters())
+    names = [n for n, _ in ours.named_parameters()]
+
+    def step(x, *args):
+        n_states = 2 if name == "LSTMCell" else 1
+        state = args[:n_states] if n_states == 2 else args[0]
+        params = dict(zip(names, args[n_states:], strict=True))
+        out = torch.func.functional_call(ours, params, (x, state))
+        return out if isinstance(out, tuple) else (out,)
+
+    inputs = (x, *(hx if isinstance(hx, tuple) else (hx,)), *weights)
+    assert torch.autograd.gradcheck(step, inputs)
+    assert torch.autograd.gradgradcheck(step, inputs)
+
+
+def test_first_order_runs_the_fused_step(monkeypatch):
+    from arrayrnn.engines.numba_step import NumbaStep
+
+    calls = []
+    real = NumbaStep.backward
+    monkeypatch.setattr(NumbaStep, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cell = LSTMCell(3, 4)
+    x = torch.randn(2, 3, requires_grad=True)
+    cell(x)[0].sum().backward()
+    assert calls == [1]
+    (dx,) = torch.autograd.grad(cell(x)[0].sum(), x, create_graph=True)  # the differentiable path
+    assert calls == [1] and dx.requires_grad
+
+
+@pytest.mark.parametrize("update", ["fused optimizer", "data copy", "numpy write", "load_state_dict",
+                                    "foreach optimizer"])
+def test_every_way_of_changing_the_weights_is_seen_by_the_next_step(update):
+    """The numba step keeps its weights packed between calls; a fused optimizer step, a write through
+    ``.data`` and a NumPy write move no version counter, and the next step still sees them."""
+    ours, theirs = pair("LSTMCell", 3, 4)
+    x, hx = torch.randn(2, 3), states("LSTMCell", 2, 4, torch.float32)
+    for cell in (ours, theirs):
+        cell(x, hx)[0].square().sum().backward()
+        if update in ("fused optimizer", "foreach optimizer"):
+            torch.optim.Adam(cell.parameters(), lr=0.1, **{update.split()[0]: True}).step()
+        elif update == "data copy":
+            cell.weight_hh.data.copy_(torch.full_like(cell.weight_hh, 0.01))
+        elif update == "numpy write":
+            cell.weight_hh.detach().numpy()[0, 0] = 3.0
+        else:
+            cell.load_state_dict({k: v * 0.5 for k, v in cell.state_dict().items()})
+    torch.testing.assert_close(ours(x, hx), theirs(x, hx))
+
+
+@pytest.mark.parametrize("name, inputs", [
+    ("LSTMCell", lambda: (torch.randn(3),)),                                        # unbatched, no state
+    ("LSTMCell", lambda: (torch.randn(3), (torch.randn(4), torch.randn(4)))),       # unbatched
+    ("GRUCell", lambda: (torch.randn(2, 3),)),                                      # zero state
+    ("RNNCell", lambda: (torch.randn(3), torch.randn(4))),
+])
+def test_unbatched_input_and_default_states_equal_torch(name, inputs):
+    ours, theirs = pair(name, 3, 4)
+    args = inputs()
+    torch.testing.assert_close(ours(*args), theirs(*args))
+
+
+def test_re_parametrised_weights_equal_torch():
+    ours, theirs = pair("GRUCell", 3, 4)
+    for cell in (ours, theirs):
+        nn.utils.parametrizations.weight_norm(cell, "weight_hh")
+    x = torch.randn(2, 3)
+    for cell in (ours, theirs):
+        cell(x).square().sum().backward()
+    torch.testing.assert_close(ours(x), theirs(x))
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_to_double_deepcopy_and_save_load_keep_one_buffer():
+    ours, theirs = pair("LSTMCell", 3, 4)
+    x = torch.randn(2, 3)
+    ours(x)  # packs the float32 weights
+    ours.double()
+    assert_one_buffer(list(ours.parameters()))
+    torch.testing.assert_close(ours(x.double()), theirs.double()(x.double()))
+    clone = copy.deepcopy(ours)
+    assert_one_buffer(list(clone.parameters()))
+    buffer = io.BytesIO()
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    assert type(loaded) is LSTMCell
+    for module in (clone, loaded):
+        torch.testing.assert_close(module(x.double()), theirs(x.double()))
+
+
+def test_a_nonlinearity_changed_after_construction_is_followed_like_torch():
+    ours, theirs = pair("RNNCell", 3, 4)
+    x = torch.randn(2, 3)
+    ours(x)
+    for cell in (ours, theirs):
+        cell.nonlinearity = "relu"
+    torch.testing.assert_close(ours(x), theirs(x))
+    for cell in (ours, theirs):
+        cell.nonlinearity = "sigmoid"
+    for cell in (ours, theirs):
+        with pytest.raises(RuntimeError, match="Unknown nonlinearity: sigmoid"):
+            cell(x)
+
+
+@pytest.mark.parametrize("context", ["bfloat16 input", "cpu autocast", "meta", "empty batch"])
+def test_what_the_step_does_not_serve_runs_torchs_forward(context, monkeypatch):
+    from arrayrnn.engines.numba_step import NumbaStep
+
+    monkeypatch.setattr(NumbaStep, "forward", lambda *a, **k: pytest.fail("the fused step ran"))
+    ours, theirs = pair("LSTMCell", 3, 4)
+    x = torch.randn(2, 3)
+    if context == "bfloat16 input":
+        ours, theirs, x = ours.bfloat16(), theirs.bfloat16(), x.bfloat16()
+    elif context == "meta":
+        ours, theirs, x = ours.to("meta"), theirs.to("meta"), x.to("meta")
+    elif context == "empty batch":
+        x = torch.randn(0, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=context == "cpu autocast"):
+        got, want = ours(x), theirs(x)
+    assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in want]
+    if context != "meta":
+        torch.testing.assert_close(got, want)
+
+
+def test_torch_func_transforms_and_vmap_equal_torch():
+    ours, theirs = pair("GRUCell", 3, 4)
+    x, h = torch.randn(5, 2, 3), torch.randn(5, 2, 4)
+    for transform in (lambda f: torch.func.vmap(f), lambda f: torch.func.vmap(torch.func.grad(
+            lambda x, h: f(x, h).square().sum()))):
+        got = transform(lambda x, h: ours(x, h))(x, h)
+        torch.testing.assert_close(got, transform(lambda x, h: theirs(x, h))(x, h))
+
+
+def test_torch_compile_and_jit_trace_of_a_decoder_loop_equal_eager():
+    ours, _ = pair("LSTMCell", 3, 4)
+    xs = torch.randn(4, 2, 3)
+
+    def decode(xs):
+        return run_loop(ours, xs, None)[-1][0]
+
+    want = decode(xs)
+    torch.testing.assert_close(torch.compile(decode, fullgraph=True, backend="eager")(xs), want)
+    traced = torch.jit.trace(ours, (xs[0],))
+    torch.testing.assert_close(traced(xs[0]), ours(xs[0]))
+    torch.compiler.reset()
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
+def test_onnx_export_of_a_cell_runs_in_onnxruntime_like_torch(dynamo, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    ours, theirs = pair("GRUCell", 3, 4)
+    x, h = torch.randn(2, 3), torch.randn(2, 4)
+    path = str(tmp_path / "cell.onnx")
+    if dynamo:
+        torch.onnx.export(ours, (x, h), dynamo=True, verbose=False).save(path)
+    else:
+        torch.onnx.export(ours, (x, h), path, dynamo=False, input_names=["x", "h"])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    feeds = dict(zip([i.name for i in session.get_inputs()], (x.numpy(), h.numpy()), strict=True))
+    (got,) = session.run(None, feeds)
+    torch.testing.assert_close(torch.from_numpy(got), theirs(x, h), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_cuda_cell_loop_equals_torch():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    pytest.importorskip("cupy")
+    ours, theirs = (m.cuda() for m in pair("LSTMCell", 8, 16))
+    xs = torch.randn(6, 4, 8, device="cuda")
+    results = []
+    for cell in (ours, theirs):
+        outs = run_loop(cell, xs, None)
+        loss_of(outs).backward()
+        results.append([outs[-1][0].detach(), *(p.grad for p in cell.parameters())])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
