@@ -13,10 +13,7 @@ from test_workers import ROOT, run_child
 
 import arrayrnn as ar
 
-NOT_YET = "issue 34: no arrayrnn.set_num_threads before the fix"
 
-
-@pytest.mark.xfail(reason="issue 34: numba's OpenMP layer reset torch's pool", strict=True)
 @pytest.mark.parametrize("setting, env", [("omp", {"OMP_NUM_THREADS": "1"}), ("torch.set_num_threads", {}),
                                           ("explicit", {})])
 def test_the_drop_in_leaves_the_hosts_thread_settings_and_respects_them(setting, env):
@@ -24,7 +21,6 @@ def test_the_drop_in_leaves_the_hosts_thread_settings_and_respects_them(setting,
     run_child("host-threads", setting, threads=None, timeout=180, **env)
 
 
-@pytest.mark.xfail(reason=NOT_YET, strict=True)
 def test_set_num_threads_is_the_knob(threads):
     threads(3)
     assert ar.get_num_threads() == 3
@@ -32,7 +28,6 @@ def test_set_num_threads_is_the_knob(threads):
     assert ar.get_num_threads() == 1
 
 
-@pytest.mark.xfail(reason=NOT_YET, strict=True)
 @pytest.mark.parametrize("n, exc, message", [
     (0, ValueError, r"n = 0; expected an int >= 1"),
     (-2, ValueError, r"n = -2; expected an int >= 1"),
@@ -55,7 +50,6 @@ def _default_in_child(**env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.mark.xfail(reason=NOT_YET, strict=True)
 @pytest.mark.parametrize("env, expected", [
     ({}, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
     ({"ARRAYRNN_NUM_THREADS": "3"}, 3),
@@ -70,7 +64,6 @@ def test_the_default_follows_the_documented_variables(env, expected):
     assert int(proc.stdout) == expected
 
 
-@pytest.mark.xfail(reason=NOT_YET, strict=True)
 @pytest.mark.parametrize("value", ["0", "two", "1.5", ""])
 def test_a_bad_variable_is_a_clear_error_naming_it(value):
     proc = _default_in_child(ARRAYRNN_NUM_THREADS=value)

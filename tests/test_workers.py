@@ -19,7 +19,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "support" / "engine_threads_child.py"
-ISSUE = "issue 34: hangs before the fix"
 
 
 def run_child(*args: str, threads: int | None = 2, timeout: float = 240, **env: str) -> str:
@@ -40,32 +39,27 @@ def run_child(*args: str, threads: int | None = 2, timeout: float = 240, **env: 
     return proc.stdout
 
 
-@pytest.mark.xfail(reason=ISSUE, strict=False)   # hangs in most runs, not all: see the next test
 @pytest.mark.parametrize("threads", [3, 4])
 @pytest.mark.parametrize("callers", [2, 3, 4])
 def test_callers_at_once_never_wait_on_each_others_workers(threads, callers):
     run_child("callers", str(callers), "60", threads=threads)
 
 
-@pytest.mark.xfail(reason=ISSUE, strict=True)
 def test_a_column_split_beside_a_busy_worker_runs_on_the_threads_it_has():
     run_child("busy-worker", threads=3, timeout=120)
 
 
-@pytest.mark.xfail(reason=ISSUE, strict=True)
 @pytest.mark.parametrize("case", ["lstm-columns", "gru-columns", "rows", "pipeline", "directions"])
 def test_an_interrupt_at_any_line_of_a_hand_off_leaves_the_engine_usable(case):
     out = run_child("interrupts", case)
     assert f"{case}: " in out
 
 
-@pytest.mark.xfail(reason=ISSUE, strict=True)
 @pytest.mark.parametrize("case", ["lstm-columns", "pipeline"])
 def test_an_interrupt_at_any_bytecode_of_a_hand_off_leaves_the_engine_usable(case):
     run_child("interrupts", case, "--opcodes", timeout=400)
 
 
-@pytest.mark.xfail(reason=ISSUE, strict=True)
 @pytest.mark.skipif(sys.platform != "linux", reason="os.fork with threads: Linux")
 def test_fork_while_another_thread_calls_waits_for_the_call_and_the_child_can_call():
     run_child("fork", timeout=180)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 import arrayrnn as ar
+from arrayrnn.engines import thread_count
 from arrayrnn.frontend.dropout import dropout_masks
 
 from . import torch_recurrence
@@ -451,10 +452,12 @@ def tensor_of(a: Any) -> _Tensor:
 
 
 def engine_stream(like: _Tensor) -> contextlib.AbstractContextManager:
-    """For CUDA tensors: CuPy's current device and stream = the tensor's device and torch's current stream
-    there, so the engines' kernels are ordered with torch's work and DLPack exchanges need no sync."""
+    """Where the engines run for torch's tensors. CUDA: CuPy's current device and stream = the tensor's
+    device and torch's current stream there, so the engines' kernels are ordered with torch's work and
+    DLPack exchanges need no sync. CPU: at most ``torch.get_num_threads()`` threads unless
+    ``arrayrnn.set_num_threads`` says otherwise (a host that limits torch to one thread gets one)."""
     if not like.is_cuda:
-        return contextlib.nullcontext()
+        return thread_count.at_most(torch.get_num_threads())
     import cupy
 
     device = like.device.index if like.device.index is not None else torch.cuda.current_device()

@@ -15,6 +15,7 @@ every result equalled the one computed by a single caller first; a hang is the w
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import threading
@@ -31,9 +32,9 @@ import arrayrnn as ar  # noqa: E402
 # shapes whose calls hand parts to the engine's workers (at 2 threads and more)
 CASES = {
     # 12 rows, 3.1M multiply-adds per step: the LSTM's units split, a barrier per step
-    "lstm-columns": (ar.RNNSpec("lstm", 8, 256), 2, 12),
-    # 12 rows, 3.7M: the reset-after GRU's units split
-    "gru-columns": (ar.RNNSpec("gru", 8, 320), 2, 12),
+    "lstm-columns": (ar.RNNSpec("lstm", 8, 256), 1, 12),
+    # 12 rows, 3.0M: the reset-after GRU's units split
+    "gru-columns": (ar.RNNSpec("gru", 8, 290), 1, 12),
     # 16 rows: the rows split between the threads
     "rows": (ar.RNNSpec("lstm", 8, 32), 6, 16),
     # 8 rows, 2 layers: the layers pipelined over chunks of time
@@ -162,19 +163,21 @@ def _traced(call: Callable[[], object], tracer: Interrupter) -> bool:
 
 
 def run_interrupts(case: str, opcodes: bool) -> None:
+    """A ``KeyboardInterrupt`` at event 1, 2, ... of a call, each followed by a correct call, until a call
+    has fewer events than that (the count varies a little with the workers' timing)."""
     call = make_call(case)
     expected = call()
     files = _traced_files()
-    counter = Interrupter(files, None, opcodes)
-    _traced(call, counter)
-    assert counter.seen > 0, "no event in the engine's thread modules"
-    interrupted = 0
-    for at in range(1, counter.seen + 1):
-        interrupted += _traced(call, Interrupter(files, at, opcodes))
-        check(call(), expected, f"{case}: the call after an interrupt at event {at} of {counter.seen}")
-    assert interrupted == counter.seen, f"{counter.seen - interrupted} interrupts did not reach the caller"
+    for at in itertools.count(1):
+        tracer = Interrupter(files, at, opcodes)
+        interrupted = _traced(call, tracer)
+        check(call(), expected, f"{case}: the call after an interrupt at event {at}")
+        if not interrupted:
+            assert tracer.seen < at, f"{case}: the interrupt at event {at} did not reach the caller"
+            break
+    assert at > 1, "no event in the engine's thread modules"
     _check_no_worker_lost()
-    print(f"{case}: {counter.seen} interrupts")
+    print(f"{case}: {at - 1} interrupts")
 
 
 def _check_no_worker_lost() -> None:
