@@ -85,7 +85,6 @@ def test_the_host_loop_draws_the_bits_of_the_array_formula(key, start):
                                   dropout.uniform_arrays(np, key, start, 1031))
 
 
-@pytest.mark.xfail(reason="issue 34: a float size was truncated, a negative one NumPy's error", strict=True)
 @pytest.mark.parametrize(("batch", "seq_len", "exc", "message"), [
     (3, 2.5, TypeError, r"seq_len = 2\.5 has type float; expected a non-negative int"),
     (3.0, 5, TypeError, r"batch = 3\.0 has type float; expected a non-negative int"),
