@@ -93,14 +93,12 @@ def _check_resumed_everywhere(stdout: str) -> None:
         assert json.loads(line.split("hyperparameters ", 1)[1]) == RESUMED, (rank, stdout)
 
 
-@pytest.mark.xfail(reason="issue 34: only the root had the loaded hyperparameters", strict=True)
 def test_mpi_resume_broadcasts_every_optimizer_hyperparameter():
     res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "resume"], timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_resumed_everywhere(res.stdout)
 
 
-@pytest.mark.xfail(reason="issue 34: only the root had the loaded hyperparameters", strict=True)
 def test_gloo_resume_broadcasts_every_optimizer_hyperparameter(tmp_path):
     pytest.importorskip("torch.distributed")
     res = run_job([sys.executable, str(WORKER), "torch", "resume", "--out", str(tmp_path)], timeout=TIMEOUT)

@@ -348,9 +348,10 @@ def _gradient_buffers(grads: Any, backend: _Backend) -> list[tuple[str, Any]]:
 def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
     """Overwrite ``tree`` on every rank with rank ``root``'s values, in place, so all ranks start equal.
 
-    ``tree``: a PackedParams, an array, an ``ar.optim`` optimizer (its parameters, its state buffers and
-    its step count), or a list/tuple of them. Call it once after building the model and optimizer (and
-    after loading a checkpoint on ``root``)::
+    ``tree``: a PackedParams, an array, an ``ar.optim`` optimizer (its parameters, its state buffers, its
+    step count and every hyperparameter: ``lr``, ``betas``, ...), or a list/tuple of them. Call it once
+    after building the model and optimizer (and after loading a checkpoint on ``root``: ``Optimizer.load``
+    there restores its hyperparameters too, which reach every rank)::
 
         for item in flatten(tree):
             item[...] = item on rank root
@@ -359,18 +360,19 @@ def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
     ``allreduce_mean``.
     """
     backend = _backend_for(comm)
-    counters: list[tuple[Optimizer, Any]] = []
+    received: list[tuple[Optimizer, Any, Any]] = []
 
     def plan() -> tuple[list[str], list[Any]]:
         _check_root(root, backend.size(comm))
         named, found = _broadcast_plan(tree, backend)
-        counters.extend(found)
+        received.extend(found)
         return _unzip(named)
 
     for buf in _agreed("broadcast_from_root", backend, comm, plan, root):
         backend.broadcast(comm, buf, root)
-    for opt, counter in counters:
-        opt.step_count = int(counter.get()[0] if is_cupy_array(counter) else counter[0])
+    for opt, counter, hyperparameters in received:
+        opt.step_count = int(_on_host(counter)[0])
+        opt._load_hyperparameter_vector(_on_host(hyperparameters), f"rank {root}'s optimizer")
 
 
 def _check_root(root: Any, size: int) -> None:
@@ -378,12 +380,13 @@ def _check_root(root: Any, size: int) -> None:
         raise ValueError(f"root = {root!r}; expected a rank in 0..{size - 1} (an int)")
 
 
-def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]], list[tuple[Any, Any]]]:
-    """Every ``(name, buffer)`` to broadcast; ``(optimizer, its one-element step-count buffer)`` each."""
+def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]], list[tuple[Any, Any, Any]]]:
+    """Every ``(name, buffer)`` to broadcast; ``(optimizer, its step-count buffer, its hyperparameters
+    buffer)`` each (:meth:`Optimizer._hyperparameter_vector`)."""
     is_list = isinstance(tree, (list, tuple))
     items = list(tree) if is_list else [tree]
     named: list[tuple[str, Any]] = []
-    counters: list[tuple[Optimizer, Any]] = []
+    received: list[tuple[Optimizer, Any, Any]] = []
     for i, item in enumerate(items):
         where = f"tree[{i}]" if is_list else "tree"
         if not isinstance(item, Optimizer):
@@ -395,13 +398,23 @@ def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]]
                 name = f"{where}.state[{j}][{key!r}]"
                 _check_reducible(name, state[key], backend)
                 named.append((name, state[key]))
-        counter = np.array([item.step_count], dtype=np.int64)
-        if backend.buffer_kind == "cupy":
-            import cupy
-            counter = cupy.asarray(counter)
-        named.append((f"{where}.step_count", counter))
-        counters.append((item, counter))
-    return named, counters
+        counter = _on_device(np.array([item.step_count], dtype=np.int64), backend)
+        hyperparameters = _on_device(item._hyperparameter_vector(), backend)
+        named += [(f"{where}.step_count", counter), (f"{where}.hyperparameters", hyperparameters)]
+        received.append((item, counter, hyperparameters))
+    return named, received
+
+
+def _on_device(host: np.ndarray, backend: _Backend) -> Any:
+    """``host`` where ``backend`` reduces (a CuPy copy for NCCL)."""
+    if backend.buffer_kind != "cupy":
+        return host
+    import cupy
+    return cupy.asarray(host)
+
+
+def _on_host(buf: Any) -> np.ndarray:
+    return buf.get() if is_cupy_array(buf) else buf
 
 
 @contextlib.contextmanager
