@@ -59,6 +59,12 @@ def _uneven(rank: int, comm: Any) -> None:
             allreduce_mean(np.ones(2), comm)
 
 
+def _uneven_abort(rank: int, comm: Any) -> None:
+    """``_uneven`` inside ``abort_on_error`` (the README's pattern): the error ends the whole job."""
+    with abort_on_error(comm):
+        _uneven(rank, comm)
+
+
 def _raising(rank: int, comm: Any) -> None:
     """Rank 1 fails after its first all-reduce inside ``join``; rank 0 goes on to a second."""
     from arrayrnn.distributed import join
@@ -95,7 +101,7 @@ def _resume(rank: int, comm: Any) -> None:
 
 CASES: dict[str, Callable[[int, Any], None]] = {
     "count": _count, "shape": _shape, "dtype": _dtype, "refused": _refused, "root": _root, "call": _call,
-    "uneven": _uneven, "raising": _raising, "resume": _resume}
+    "uneven": _uneven, "uneven-abort": _uneven_abort, "raising": _raising, "resume": _resume}
 
 
 def say(line: str) -> None:
