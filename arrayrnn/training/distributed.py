@@ -466,19 +466,22 @@ def join(comm: Any) -> Iterator[None]:
         raise
     uneven = _leave(backend, comm, scope, by_exception=False)
     if uneven is not None:
-        raise uneven
+        raise ValueError(uneven)
 
 
-def _leave(backend: _Backend, comm: Any, scope: _JoinScope, by_exception: bool) -> ValueError | None:
-    """Answer the other ranks' calls as "join" until every rank has left; the first error it caused."""
+def _leave(backend: _Backend, comm: Any, scope: _JoinScope, by_exception: bool) -> str | None:
+    """Answer the other ranks' calls as "join" until every rank has left; the message of the first error
+    it caused (the text, not the exception: one kept here would hold this frame, and the communicator's
+    tensors in it, in a reference cycle until some garbage collection, which a torch.distributed process
+    group destroyed meanwhile did not survive: an abort at exit, ~1 run in 10 with gloo)."""
     del _joins[id(comm)]
-    first: ValueError | None = None
+    first: str | None = None
     while True:
         try:
             agree("join", [], [], _collectives(backend, comm), joined=(scope.calls, by_exception))
             return first
         except ValueError as err:
-            first = first or err
+            first = first or str(err)
 
 
 @contextlib.contextmanager
