@@ -822,18 +822,30 @@ def test_onnx_export_in_training_mode_refuses_the_training_only_options(make, op
     export(torch.onnx.TrainingMode.EVAL)   # the eval-mode graph is what ONNX can hold
 
 
+class _Packing(nn.Module):
+    """``pack_padded_sequence`` / ``pad_packed_sequence`` around a module, as the legacy exporter takes it."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        y, _ = self.inner(pack_padded_sequence(x, lengths))
+        return pad_packed_sequence(y)[0]
+
+
 @LEGACY_ONNX
 @pytest.mark.parametrize("make", [lambda: LSTM(3, 4, num_layers=2, dropout=0.5),
                                   lambda: ArrayRNN(ar.RNNSpec("lstm", 3, 4, num_layers=2, dropout=0.5))],
                          ids=["LSTM", "ArrayRNN"])
 def test_legacy_onnx_export_of_a_packed_sequence_in_training_mode_refuses_dropout(make):
-    module = make().train()
-    packed = pack_padded_sequence(torch.randn(5, 2, 3), torch.tensor([5, 3]))
+    model = _Packing(make()).train()
+    inputs = (torch.randn(5, 2, 3), torch.tensor([5, 3]))
     with pytest.raises(Exception) as info:
-        torch.onnx.export(module, (packed,), io.BytesIO(), dynamo=False,
+        torch.onnx.export(model, inputs, io.BytesIO(), dynamo=False,
                           training=torch.onnx.TrainingMode.TRAINING)
     assert "dropout = 0.5 in training mode" in _messages(info.value)
-    torch.onnx.export(module.eval(), (packed,), io.BytesIO(), dynamo=False)
+    torch.onnx.export(model.eval(), inputs, io.BytesIO(), dynamo=False)
 
 
 @pytest.mark.parametrize("bucket_view", [False, True])
