@@ -11,6 +11,7 @@ from .core.io import load, save
 from .core.layout import Layout, layout_of
 from .core.params import PackedParams
 from .core.spec import RNNSpec
+from .engines.thread_count import get_num_threads, set_num_threads
 from .frontend.cell import CellGrads, CellResult, cell_step, cell_step_backward
 from .frontend.dropout import cell_masks
 from .frontend.rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
@@ -45,6 +46,8 @@ __all__ = [
     "save",
     "to_torch_state_dict",
     "get_xp",
+    "get_num_threads",
+    "set_num_threads",
     "layout_of",
     "rnn_backward",
     "rnn_forward",

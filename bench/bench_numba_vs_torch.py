@@ -5,7 +5,7 @@ JSON object ``{"S1 lstm fwd": [ours_ms, torch_ms], ...}``. Run it once in each o
 two versions of the engine (same machine, back to back)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 \
-        NUMBA_NUM_THREADS=2 PYTHONPATH=. python bench/bench_numba_vs_torch.py --rounds 7
+        ARRAYRNN_NUM_THREADS=2 PYTHONPATH=. python bench/bench_numba_vs_torch.py --rounds 7
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ For LSTM shapes from batch 1 to 64, a forward and a training step (forward + bac
 settings, alternated per round in one process (medians of ``--rounds``; a 50 ms pause and two untimed
 calls before each timed one, so every setting starts from the same idle second core):
 
-- ``1 thread``: ``numba.set_num_threads(1)``: the loops on the calling thread, BLAS with its own threads;
+- ``1 thread``: ``arrayrnn.set_num_threads(1)``: the loops on the calling thread, BLAS with its own threads;
 - ``rows``: 2 threads, the column split switched off (``COLUMN_SPLIT_MIN_ROWS`` above every batch): from
   16 rows the loops split the batch rows; below, they run on one thread;
 - ``columns``: 2 threads, the column split switched on for every batch below 16 rows: the plain LSTM
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numba
 import numpy as np
 
 import arrayrnn as ar
@@ -55,15 +54,15 @@ def measure(T: int, B: int, I: int, H: int, phase: str, rounds: int) -> dict[str
     params = ar.PackedParams.init(ar.RNNSpec("lstm", I, H), seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
     times: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    saved = (numba.get_num_threads(), loop_threads.COLUMN_SPLIT_MIN_ROWS)
+    saved = (ar.get_num_threads(), loop_threads.COLUMN_SPLIT_MIN_ROWS)
     try:
         for _ in range(rounds):
             for name, (threads, column_min) in SETTINGS.items():
-                numba.set_num_threads(threads)
+                ar.set_num_threads(threads)
                 loop_threads.COLUMN_SPLIT_MIN_ROWS = column_min
                 times[name].append(time_call(params, x, phase))
     finally:
-        numba.set_num_threads(saved[0])
+        ar.set_num_threads(saved[0])
         loop_threads.COLUMN_SPLIT_MIN_ROWS = saved[1]
     return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
 
@@ -72,8 +71,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args(argv)
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        raise SystemExit("bench_threads needs 2 numba threads (NUMBA_NUM_THREADS >= 2)")
     print("| T, B, I, H | phase | 1 thread ms | rows ms | columns ms | rows / 1 thread "
           "| columns / 1 thread |")
     print("|---|---|---|---|---|---|---|")

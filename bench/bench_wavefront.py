@@ -7,7 +7,7 @@ the two directions of each layer side by side) from batch 1 to 64, a forward and
 three settings alternated per round in one process (medians of ``--rounds``; a 50 ms pause and two untimed
 calls before each timed one):
 
-- ``1 thread``: ``numba.set_num_threads(1)``;
+- ``1 thread``: ``arrayrnn.set_num_threads(1)``;
 - ``layers``: 2 threads, no wavefront: layer by layer, each loop with the threads its rows allow (the
   rows split from 16 rows, the LSTM column split at 8-15 rows with large steps);
 - ``wavefront``: 2 threads, the stack's wavefront forced on at every batch (the engine's default: the
@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,13 +54,13 @@ def _forced(setting: str) -> Callable[..., str | None]:
 
 @contextmanager
 def _setting(name: str) -> Iterator[None]:
-    saved = numba.get_num_threads(), wavefront.plan
-    numba.set_num_threads(1 if name == "1 thread" else 2)
+    saved = ar.get_num_threads(), wavefront.plan
+    ar.set_num_threads(1 if name == "1 thread" else 2)
     wavefront.plan = _forced(name)
     try:
         yield
     finally:
-        numba.set_num_threads(saved[0])
+        ar.set_num_threads(saved[0])
         wavefront.plan = saved[1]
 
 
@@ -81,8 +80,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--modes", default="lstm,gru")
     args = parser.parse_args(argv)
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        raise SystemExit("bench_wavefront needs 2 numba threads (NUMBA_NUM_THREADS >= 2)")
     print("| stack | T, B, I, H | phase | 1 thread ms | layers ms | wavefront ms | layers / 1 thread "
           "| wavefront / 1 thread | wavefront / layers |")
     print("|---|---|---|---|---|---|---|---|---|")

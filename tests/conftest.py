@@ -11,12 +11,12 @@ moves a case's arrays to ``engine.xp`` and keeps the results there.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
 from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
 
-from arrayrnn.engines import forget_choices
+import arrayrnn as ar
+from arrayrnn.engines import forget_choices, thread_count
 
 ENGINES = cpu_engines()
 ENGINE_CASES = (*(EngineOnDevice(name, np) for name in ENGINES), *gpu_cases(), *dry_run_cases())
@@ -38,11 +38,11 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture
-def threads():
-    """Sets numba's thread count for the test (the engines read it per call); restores it after."""
-    before = numba.get_num_threads()
-    yield numba.set_num_threads
-    numba.set_num_threads(before)
+def threads(monkeypatch):
+    """Sets the engine's thread count for the test (``arrayrnn.set_num_threads``; the engines read it per
+    call); restores what was set before, or the default, after."""
+    monkeypatch.setattr(thread_count, "_explicit", thread_count._explicit)
+    return ar.set_num_threads
 
 
 @pytest.fixture

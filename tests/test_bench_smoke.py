@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.threads import needs_two_threads
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_rnn.py"
 QUICK = ["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm", "--shapes", "Q2"]
@@ -96,11 +95,7 @@ def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
     assert direct > 0 and flipped > 0
 
 
-
-@needs_two_threads
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
-    import numba
-
     import arrayrnn as ar
     from arrayrnn.engines import wavefront
 
@@ -111,9 +106,9 @@ def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypat
         assert wavefront.plan(bi, 1, 2) == wavefront.plan(bi, 64, 2, backward=True) == "directions"
         assert wavefront.plan(deep, 64, 2) == "layers" and wavefront.plan(deep, 1, 2, backward=True) is None
     with bench._setting("layers"):
-        assert wavefront.plan(bi, 8, 2) is None and numba.get_num_threads() == 2
+        assert wavefront.plan(bi, 8, 2) is None and ar.get_num_threads() == 2
     with bench._setting("1 thread"):
-        assert numba.get_num_threads() == 1
+        assert ar.get_num_threads() == 1
     assert wavefront.plan(bi, 8, 2) == "directions"  # restored
     monkeypatch.setattr(bench, "CASES", ((5, 2, 3, 4),))
     bench.main(["--rounds", "1", "--modes", "gru"])

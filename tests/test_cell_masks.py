@@ -83,3 +83,23 @@ def test_the_host_loop_draws_the_bits_of_the_array_formula(key, start):
 
     np.testing.assert_array_equal(dropout.uniform(np, key, start, 1031),
                                   dropout.uniform_arrays(np, key, start, 1031))
+
+
+@pytest.mark.parametrize(("batch", "seq_len", "exc", "message"), [
+    (3, 2.5, TypeError, r"seq_len = 2\.5 has type float; expected a non-negative int"),
+    (3.0, 5, TypeError, r"batch = 3\.0 has type float; expected a non-negative int"),
+    (True, 5, TypeError, r"batch = True has type bool; expected a non-negative int"),
+    ("3", 5, TypeError, r"batch = '3' has type str; expected a non-negative int"),
+    (-1, 5, ValueError, r"batch = -1; expected a non-negative int"),
+    (3, -2, ValueError, r"seq_len = -2; expected a non-negative int"),
+])
+def test_sizes_that_are_not_non_negative_ints_are_named(batch, seq_len, exc, message):
+    with pytest.raises(exc, match=message):
+        ar.cell_masks(SPEC, 1, batch, seq_len)
+
+
+def test_numpy_integer_sizes_are_sizes():
+    expected = ar.cell_masks(SPEC, 1, 3, 5)
+    got = ar.cell_masks(SPEC, 1, np.int64(3), np.uint8(5))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)

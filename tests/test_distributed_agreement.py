@@ -9,6 +9,7 @@ internal error or a gloo SIGABRT, and MPI before ``Init``/after ``Finalize`` end
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -45,6 +46,14 @@ EXPECTED = {
     "root": (r"root = 0 on rank 0, root = 1 on rank 1", r"root = 1 on rank 1, root = 0 on rank 0"),
     "call": (r"rank 0 calls allreduce_mean, rank 1 calls broadcast_from_root",
              r"rank 1 calls broadcast_from_root, rank 0 calls allreduce_mean"),
+    # inside join(comm): one call more on rank 1 (it hung forever, abort_on_error or not), a rank raising
+    "uneven": (re.escape("ValueError: join(comm): rank 1 made collective call 4 after rank 0 (this one) "
+                         "left join(comm) after 3 calls"),
+               re.escape("ValueError: allreduce_mean: rank 0 has left join(comm) after 3 calls; this is "
+                         "call 4 on rank 1")),
+    "raising": (re.escape("ValueError: allreduce_mean: rank 1 has left join(comm) by an exception after 1 "
+                          "call; this is call 2 on rank 0"),
+                r"RuntimeError: rank 1 fails on purpose"),
 }
 
 
@@ -55,19 +64,52 @@ def _check_every_rank_raised(case: str, stdout: str) -> None:
         assert f"rank {rank}: afterwards 0.5" in stdout, stdout     # the communicator still works
 
 
-@pytest.mark.parametrize("case", ["count", "shape", "dtype", "refused", "root", "call"])
+@pytest.mark.parametrize("case", ["count", "shape", "dtype", "refused", "root", "call", "uneven", "raising"])
 def test_mpi_ranks_that_disagree_all_raise(case):
     res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", case], timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_every_rank_raised(case, res.stdout)
 
 
-@pytest.mark.parametrize("case", ["count", "shape", "dtype", "refused"])
+@pytest.mark.parametrize("case", ["count", "shape", "dtype", "refused", "uneven", "raising"])
 def test_gloo_ranks_that_disagree_all_raise(tmp_path, case):
     pytest.importorskip("torch.distributed")
     res = run_job([sys.executable, str(WORKER), "torch", case, "--out", str(tmp_path)], timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_every_rank_raised(case, res.stdout)
+
+
+def test_mpi_uneven_calls_inside_abort_on_error_and_join_end_the_job_naming_the_rank_and_count():
+    """The README's pattern: before join(comm), one more all-reduce on one rank waited forever even inside
+    abort_on_error."""
+    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "uneven-abort"],
+                  timeout=TIMEOUT)
+    assert res.returncode != 0
+    said = "rank 0 has left join(comm) after 3 calls; this is call 4 on rank 1"
+    assert said in res.stderr, res.stderr[-3000:]
+
+
+RESUMED = {"Adam": {"betas": [0.5, 0.75], "eps": 0.001, "lr": 0.25, "weight_decay": 0.125},
+           "SGD": {"dampening": 0.0, "lr": 0.5, "momentum": 0.25, "nesterov": True, "weight_decay": 0.375}}
+
+
+def _check_resumed_everywhere(stdout: str) -> None:
+    for rank in (0, 1):
+        line = next(line for line in stdout.splitlines() if line.startswith(f"rank {rank}: hyperparameters "))
+        assert json.loads(line.split("hyperparameters ", 1)[1]) == RESUMED, (rank, stdout)
+
+
+def test_mpi_resume_broadcasts_every_optimizer_hyperparameter():
+    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "resume"], timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_resumed_everywhere(res.stdout)
+
+
+def test_gloo_resume_broadcasts_every_optimizer_hyperparameter(tmp_path):
+    pytest.importorskip("torch.distributed")
+    res = run_job([sys.executable, str(WORKER), "torch", "resume", "--out", str(tmp_path)], timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_resumed_everywhere(res.stdout)
 
 
 def test_mpi_before_init_after_finalize_and_comm_null_raise():
@@ -141,6 +183,22 @@ def test_three_ranks_one_differs_in_the_last_dimension():
     assert f"b has {narrow} on rank 0, {wide} on rank 2" in str(errors[0])
     assert f"b has {narrow} on rank 1, {wide} on rank 2" in str(errors[1])
     assert f"b has {wide} on rank 2, {narrow} on rank 0" in str(errors[2])
+
+
+def test_a_rank_that_left_join_and_two_that_call_on_all_raise_naming_the_counts():
+    def body(rank: int, comm: Collectives) -> None:
+        if rank == 0:
+            agree("join", [], [], comm, joined=(2, False))
+        else:
+            agree("allreduce_mean", ["g"], [np.zeros(2)], comm, joined=(2, False))
+    errors = ThreadWorld(3).run(body)
+    assert ("join(comm): rank 1 made collective call 3 after rank 0 (this one) left join(comm) after 2 calls"
+            in str(errors[0]))
+    for rank in (1, 2):
+        assert (f"allreduce_mean: rank 0 has left join(comm) after 2 calls; this is call 3 on rank {rank}"
+                in str(errors[rank]))
+    every_rank_left = ThreadWorld(3).run(lambda rank, comm: agree("join", [], [], comm, joined=(rank, False)))
+    assert every_rank_left == [None] * 3     # the counts are told, not compared: the join ends
 
 
 def test_different_ndim_and_an_empty_call_are_named():

@@ -1,6 +1,10 @@
 import json
 import os
+import signal
+import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,3 +262,138 @@ def test_a_header_written_before_the_cell_variants_existed_still_loads(saved):
     assert set(header["spec"]) == set(old_fields)  # a plain spec writes exactly the old header
     loaded = ar.load(path)
     assert loaded.spec == params.spec and loaded.spec.variants == ()
+
+
+# -- links, devices, pipes and killed writers (issue 34) -------------------------------------------------
+
+
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute-link", "relative-link"])
+def test_save_through_a_symlink_writes_its_target_like_np_savez(tmp_path, relative):
+    """``ar.save`` replaced the link with a file and left the target with the old weights."""
+    target = tmp_path / "store" / "model.npz"
+    target.parent.mkdir()
+    old, new = ar.PackedParams.init(SMALL, seed=0), ar.PackedParams.init(SMALL, seed=1)
+    ar.save(target, old)
+    link = tmp_path / "latest.npz"
+    link.symlink_to(Path("store") / "model.npz" if relative else target)
+    ar.save(link, new)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert ar.load(target).data.tobytes() == new.data.tobytes()
+    opt = optim.Adam(new, lr=0.25)
+    opt.save(link)
+    assert link.is_symlink()
+    restored = optim.Adam(ar.PackedParams.init(SMALL))
+    restored.load(target)
+    assert restored.lr == 0.25
+    assert sorted(os.listdir(tmp_path)) == ["latest.npz", "store"]
+    assert os.listdir(target.parent) == ["model.npz"]
+
+
+def test_save_through_a_dangling_symlink_creates_its_target(tmp_path):
+    target = tmp_path / "model.npz"
+    link = tmp_path / "latest.npz"
+    link.symlink_to(target)
+    params = ar.PackedParams.init(SMALL, seed=2)
+    ar.save(link, params)
+    assert link.is_symlink() and ar.load(target).data.tobytes() == params.data.tobytes()
+
+
+_LOAD_IN_A_BOUNDED_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))   # a read that never ends fails here, not the host
+sys.path.insert(0, {root!r})
+import numpy as np
+import arrayrnn as ar
+from arrayrnn import optim
+
+for load in (ar.load, optim.Adam(np.ones(3)).load):
+    try:
+        load({path!r})
+    except ValueError as err:
+        print("ValueError:", err)
+"""
+
+
+def _load_in_a_bounded_child(path: Path) -> str:
+    """``ar.load`` and ``Optimizer.load`` of ``path`` in a child with 2 GiB of address space and a minute:
+    /dev/zero was read until the machine ran out of memory; opening a FIFO waits for a writer."""
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        code = _LOAD_IN_A_BOUNDED_CHILD.format(root=root, path=str(path))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {path} did not end within 60 s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "pipe.npz"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make, kind", [(lambda _: Path("/dev/zero"), "a character device"),
+                                        (_fifo, "a FIFO")], ids=["dev-zero", "fifo"])
+def test_load_refuses_what_is_not_a_regular_file_before_reading_it(tmp_path, make, kind):
+    path = make(tmp_path)
+    said = _load_in_a_bounded_child(path).splitlines()
+    assert said == [f"ValueError: {path}: is not a regular file ({kind}); expected an .npz {what} file"
+                    for what in ("arrayrnn.PackedParams", "arrayrnn-optimizer")], said
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import numpy as np
+from arrayrnn.core import npzfile
+
+def write_half_then_die(f):
+    f.write(b"PK" + bytes(1 << 20))
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)     # kill -9 in the middle of the save
+
+npzfile.atomic_write({path!r}, write_half_then_die)
+"""
+
+
+def _killed_save(path: Path) -> None:
+    """A process killed (SIGKILL) half-way through a save of ``path``."""
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(root=root, path=str(path))],
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_the_next_save_removes_the_temporary_files_of_killed_saves(tmp_path):
+    """Each kill -9 during a save left a hidden temporary file of the model's size; nothing removed them."""
+    path = tmp_path / "model.npz"
+    params = ar.PackedParams.init(SMALL, seed=0)
+    ar.save(path, params)
+    for _ in range(2):
+        _killed_save(path)
+    assert len(os.listdir(tmp_path)) >= 2          # a killed save's temporary is there ...
+    ar.save(path, params)
+    assert os.listdir(tmp_path) == ["model.npz"]   # ... until the next save of the same file
+    assert ar.load(path).data.tobytes() == params.data.tobytes()
+
+
+def test_a_save_leaves_the_temporary_file_of_a_save_in_progress_alone(tmp_path):
+    """Two processes saving the same file: the second save must not remove the first one's temporary."""
+    from arrayrnn.core import npzfile
+
+    path = tmp_path / "model.npz"
+    params = ar.PackedParams.init(SMALL, seed=0)
+    seen = []
+
+    def write_meanwhile(f):
+        f.write(b"partial")
+        seen.extend(os.listdir(tmp_path))
+        ar.save(path, params)       # another save of the same file while this one is half-way
+        assert set(seen) <= set(os.listdir(tmp_path)) | {"model.npz"}, "the first save's temporary is gone"
+        f.seek(0)
+        f.truncate()
+        np.savez(f, header=np.frombuffer(b"{}", np.uint8))
+
+    npzfile.atomic_write(path, write_meanwhile)
+    assert os.listdir(tmp_path) == ["model.npz"]

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import threading
 
 import numba
 import numpy as np
 import pytest
-from support.threads import needs_two_threads
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads, numba_engine, wavefront
-from arrayrnn.engines.spin_barrier import barrier, new_sync
-
-pytestmark = needs_two_threads
+from arrayrnn.engines import loop_threads, numba_engine, wavefront, workers
+from arrayrnn.engines.spin_barrier import barrier, cancel_barrier, new_sync
 
 
 # -- row ranges -----------------------------------------------------------------------------------
@@ -171,9 +169,53 @@ def test_the_barrier_holds_every_thread_at_each_step(threads):
                     wrong[part] += 1
             barrier(sync, parts)
 
-    loop_threads.in_parallel(lambda part, _: meet(part, 2, sync, seen, wrong, steps), [(0, 1), (1, 2)])
+    granted = []
+
+    def plan(n):
+        granted.append(n)
+        return [lambda part=part: meet(part, n, sync, seen, wrong, steps) for part in range(n)]
+
+    workers.in_parallel(plan, 2)
+    assert granted == [2]
     assert wrong.tolist() == [0, 0] and seen.tolist() == [steps - 1] * 2
     assert sync[0] == 0 and sync[8] == 2 * steps
+
+
+@numba.njit(nogil=True)
+def _meet(sync, parties, steps):
+    """``steps`` barriers; False as soon as one is cancelled."""
+    for _ in range(steps):
+        if not barrier(sync, parties):
+            return False
+    return True
+
+
+def test_a_cancelled_barrier_releases_its_waiter_now_and_later():
+    sync, said = new_sync(), []
+    waiter = threading.Thread(target=lambda: said.append(_meet(sync, 2, 1)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()           # waiting for its partner
+    cancel_barrier(sync)
+    waiter.join(30)
+    assert said == [False] and not _meet(sync, 2, 1)
+
+
+def test_a_failing_part_of_a_column_split_releases_the_parts_at_the_barrier(threads):
+    """The column split's parts meet at a barrier each step: one that fails before it arrives used to leave
+    the others spinning for good."""
+    threads(2)
+    returned = []
+
+    def loop(part, parts, sync, scratch):
+        assert parts == 2
+        if part == 1:
+            raise RuntimeError("part 1 failed")
+        returned.append(_meet(sync, parts, 1000))
+
+    with pytest.raises(RuntimeError, match="part 1 failed"):
+        loop_threads.run_columns(loop, 2, np.float32)
+    assert returned == [False] and workers.busy_helpers() == 0
 
 
 def test_the_split_is_used(threads, monkeypatch):
@@ -241,3 +283,19 @@ def test_split_matmul_equals_matmul_and_blas_is_held_to_one_thread_only_inside(t
     assert loop_threads.gemm_threads() == 1
     with loop_threads.engine_threads(loop_threads.COLUMN_SPLIT_MIN_ROWS - 1) as n:  # loops stay on one
         assert n == 1 and [lib.num_threads for lib in blas.lib_controllers] == before
+
+
+def test_float32_results_change_with_the_thread_count_only_by_the_documented_rounding(threads):
+    """README, "CPU speed": the hoisted products split their rows over the threads a call gets, and
+    OpenBLAS rounds a product of fewer rows differently (issue 34 saw ~1e-8 in y, ~2e-6 in dparams); the
+    same thread count gives the same bits run to run."""
+    spec = ar.RNNSpec(mode="gru", input_size=64, hidden_size=128)
+    threads(1)
+    one = _run("numba", spec, B=32)
+    threads(2)
+    two, again = _run("numba", spec, B=32), _run("numba", spec, B=32)
+    for name, value in one.items():
+        if value is None:
+            continue
+        assert two[name].tobytes() == again[name].tobytes(), name
+        np.testing.assert_allclose(two[name], value, rtol=0, atol=1e-5 * np.abs(value).max(), err_msg=name)

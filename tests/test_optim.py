@@ -301,3 +301,27 @@ def test_state_dict_entries_and_step_range_are_checked():
         opt.load_state_dict({**state, "step": 2**70})
     opt.load_state_dict({**state, "step": 2**63 - 1})
     assert opt.step_count == 2**63 - 1
+
+
+@pytest.mark.parametrize("cls, kwargs", [(optim.SGD, {"lr": 0.5, "momentum": 0.25, "nesterov": True}),
+                                         (optim.Adam, {"lr": 0.25, "betas": (0.5, 0.75), "eps": 1e-3}),
+                                         (optim.AdamW, {"weight_decay": 0.125})])
+def test_the_broadcast_form_of_the_hyperparameters_round_trips(cls, kwargs):
+    """What broadcast_from_root sends of an optimizer besides its buffers (issue 34: lr, betas, ... stayed
+    behind on the root)."""
+    source, target = cls(np.ones(3), **kwargs), cls(np.ones(3))
+    target._load_hyperparameter_vector(source._hyperparameter_vector(), "rank 0's optimizer")
+    assert target.state_dict()["hyperparameters"] == source.state_dict()["hyperparameters"]
+
+
+def test_the_broadcast_hyperparameters_of_another_type_or_bad_values_are_refused():
+    adam = optim.Adam(np.ones(3))
+    with pytest.raises(ValueError, match="rank 0's optimizer holds the hyperparameters of another optimizer "
+                                         "type; this one is Adam"):
+        adam._load_hyperparameter_vector(optim.AdamW(np.ones(3))._hyperparameter_vector(), "rank 0's "
+                                         "optimizer")
+    vector = adam._hyperparameter_vector()
+    vector[-1] = -1.0   # weight_decay
+    with pytest.raises(ValueError, match=r"weight_decay = -1\.0; expected a number in \[0\.0, inf\]"):
+        adam._load_hyperparameter_vector(vector, "rank 0's optimizer")
+    assert adam.weight_decay == 0.0

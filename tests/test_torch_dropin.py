@@ -785,6 +785,69 @@ def test_legacy_onnx_export_of_a_projection_where_torch_refuses_it():
         np.testing.assert_allclose(a, b.detach().numpy(), atol=1e-5)
 
 
+def _messages(err: BaseException) -> str:
+    """An exception's message and those of its causes (the dynamo exporter wraps what the forward raised)."""
+    said = []
+    while err is not None:
+        said.append(str(err))
+        err = err.__cause__ or err.__context__
+    return "\n".join(said)
+
+
+@LEGACY_ONNX
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
+@pytest.mark.parametrize("make, option", [
+    (lambda: LSTM(3, 4, num_layers=2, dropout=0.5), "dropout = 0.5"),
+    (lambda: GRU(3, 4, weight_dropout=0.25), "weight_dropout = 0.25"),
+    (lambda: LSTM(3, 4, recurrent_dropout=0.125), "recurrent_dropout = 0.125"),
+    (lambda: ArrayRNN(ar.RNNSpec("gru", 3, 4, num_layers=2, dropout=0.25)), "dropout = 0.25"),
+], ids=["dropout", "weight_dropout", "recurrent_dropout", "ArrayRNN"])  # zoneout: never exportable
+def test_onnx_export_in_training_mode_refuses_the_training_only_options(make, option, dynamo):
+    """nn.LSTM's exporter refuses its dropout in training mode; ONNX's operators have none of these."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    module = make().train()
+    x = torch.randn(5, 2, 3)
+
+    def export(mode: torch.onnx.TrainingMode):
+        if dynamo:
+            return torch.onnx.export(module, (x,), dynamo=True, verbose=False, training=mode)
+        return torch.onnx.export(module, (x,), io.BytesIO(), dynamo=False, training=mode)
+
+    with pytest.raises(Exception) as info:  # the dynamo exporter wraps the forward's ValueError
+        export(torch.onnx.TrainingMode.TRAINING)
+    said = _messages(info.value)
+    assert f"{option} in training mode" in said and "module.eval()" in said, said
+    module.eval()
+    export(torch.onnx.TrainingMode.EVAL)   # the eval-mode graph is what ONNX can hold
+
+
+class _Packing(nn.Module):
+    """``pack_padded_sequence`` / ``pad_packed_sequence`` around a module, as the legacy exporter takes it."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        y, _ = self.inner(pack_padded_sequence(x, lengths))
+        return pad_packed_sequence(y)[0]
+
+
+@LEGACY_ONNX
+@pytest.mark.parametrize("make", [lambda: LSTM(3, 4, num_layers=2, dropout=0.5),
+                                  lambda: ArrayRNN(ar.RNNSpec("lstm", 3, 4, num_layers=2, dropout=0.5))],
+                         ids=["LSTM", "ArrayRNN"])
+def test_legacy_onnx_export_of_a_packed_sequence_in_training_mode_refuses_dropout(make):
+    model = _Packing(make()).train()
+    inputs = (torch.randn(5, 2, 3), torch.tensor([5, 3]))
+    with pytest.raises(Exception) as info:
+        torch.onnx.export(model, inputs, io.BytesIO(), dynamo=False,
+                          training=torch.onnx.TrainingMode.TRAINING)
+    assert "dropout = 0.5 in training mode" in _messages(info.value)
+    torch.onnx.export(model.eval(), inputs, io.BytesIO(), dynamo=False)
+
+
 @pytest.mark.parametrize("bucket_view", [False, True])
 def test_distributed_data_parallel_training_equals_torch(bucket_view):
     """DDP's reducer hooks every weight and may re-point each .grad into its buckets (bucket_view)."""

@@ -9,12 +9,9 @@ import threading
 
 import numpy as np
 import pytest
-from support.threads import needs_two_threads
 
 import arrayrnn as ar
 from arrayrnn.engines import loop_threads, wavefront
-
-pytestmark = needs_two_threads
 
 
 @pytest.fixture
@@ -151,7 +148,8 @@ def test_chunks_cover_the_steps_in_order(steps):
 
 
 @pytest.mark.parametrize("layers, chunks, workers", [(2, 5, 2), (3, 4, 2), (4, 1, 2), (1, 3, 2), (3, 3, 3)])
-def test_tasks_run_after_their_dependencies_on_their_layer_thread(layers, chunks, workers):
+def test_tasks_run_after_their_dependencies_on_their_layer_thread(layers, chunks, workers, threads):
+    threads(workers)
     lock, finished, owner = threading.Lock(), set(), {}
 
     def task(layer, j):
@@ -165,7 +163,9 @@ def test_tasks_run_after_their_dependencies_on_their_layer_thread(layers, chunks
 
     wavefront.in_dependency_order(task, layers, chunks, workers)
     assert finished == {(layer, j) for layer in range(layers) for j in range(chunks)}
-    assert len(set(owner.values())) == min(layers, workers)
+    # each layer on one thread (checked in task), no more threads than asked for (a worker that finished
+    # its part may take the call's next one)
+    assert len(set(owner.values())) <= min(layers, workers)
 
 
 def test_an_error_in_one_layer_stops_every_thread_and_reaches_the_caller(threads):

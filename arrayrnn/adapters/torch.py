@@ -255,7 +255,8 @@ class _FlatWeights(OneBuffer):
     def _export_packed(self, input: PackedSequence, hx: Any):
         """A ``PackedSequence`` under the legacy ONNX exporter: :func:`.torch_onnx.export_packed`."""
         h0, c0 = self._initial_states(hx, batched=True)
-        spec = torch_call.inference_spec(self._spec(str(input.data.dtype).removeprefix("torch."), 0.0))
+        dtype = str(input.data.dtype).removeprefix("torch.")
+        spec = torch_call.exported_spec(self._spec(dtype, self.dropout), self.training, self.dropout == 1)
         flat = torch.cat([w.reshape(-1) for w in self._weights()])
         output, h_n, c_n = torch_onnx.export_packed(spec, input, h0, c0, flat)
         return (output, (h_n, c_n)) if self.mode == "LSTM" else (output, h_n)
@@ -535,8 +536,8 @@ class ArrayRNN(torch.nn.Module):
                 raise InputError("lengths was given with a PackedSequence input; a PackedSequence "
                                  "carries its own lengths")
             if torch_onnx.legacy_export():  # the weights enter as constants: see _compute
-                output, h_n, c_n = torch_onnx.export_packed(torch_call.inference_spec(self.spec), x,
-                                                            *self._split_hx(hx), self.flat.data)
+                spec = torch_call.exported_spec(self.spec, self.training)
+                output, h_n, c_n = torch_onnx.export_packed(spec, x, *self._split_hx(hx), self.flat.data)
                 return (output, (h_n, c_n)) if self._spec.mode == "lstm" else (output, h_n)
             source = x
             x, lengths = pad_packed_sequence(x, batch_first=self.batch_first)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 import arrayrnn as ar
+from arrayrnn.engines import thread_count
 from arrayrnn.frontend.dropout import dropout_masks
 
 from . import torch_recurrence
@@ -74,11 +75,11 @@ def run(opts: _ForwardOptions, x: _Tensor, h0: _Tensor | None, c0: _Tensor | Non
 
     ``lengths``: per-row lengths ``(B,)`` (a tensor, a sequence or an array) or None.
     """
-    if torch.onnx.is_in_onnx_export():
+    if exporting_to_onnx():
         from . import torch_onnx
 
-        return torch_onnx.emit(inference_spec(opts.spec), opts.batch_first, x, h0, c0, flat_of(opts, weights),
-                               lengths)
+        spec = exported_spec(opts.spec, opts.training, opts.drop_all)
+        return torch_onnx.emit(spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
     inputs = (x, h0, c0, *weights)
     if _needs_torch_ops(opts, x) or _any_transformed((*inputs, lengths)):  # (the latter is not traceable)
         return _torch_ops_forward(opts, x, h0, c0, weights, lengths)  # lengths: maybe a wrapper tensor
@@ -122,6 +123,31 @@ def inference_spec(spec: ar.RNNSpec) -> ar.RNNSpec:
     if not (spec.dropout or spec.recurrent_dropout or spec.weight_dropout):
         return spec
     return spec.replace(dropout=0.0, recurrent_dropout=0.0, weight_dropout=0.0)
+
+
+@torch.compiler.assume_constant_result
+def exporting_to_onnx() -> bool:
+    """``torch.onnx.is_in_onnx_export()``, evaluated for real under ``torch.export(strict=True)`` too (its
+    dynamo tracing answers False, so the dynamo exporter's second strategy took the custom op)."""
+    return torch.onnx.is_in_onnx_export()
+
+
+def exported_spec(spec: ar.RNNSpec, training: bool, drop_all: bool = False) -> ar.RNNSpec:
+    """The stack ``torch.onnx.export`` writes: the eval-mode forward (ONNX's ``LSTM`` / ``GRU`` / ``RNN``
+    have no dropout, DropConnect or zoneout). A module in ``training`` mode with one of those on is refused,
+    naming it, as ``nn.LSTM``'s exporter refuses its dropout in training mode: the graph would not compute
+    what the module computes. ``drop_all``: inter-layer dropout 1, which ``spec`` cannot hold."""
+    inter_layer = 1.0 if drop_all else spec.dropout if spec.num_layers > 1 else 0.0
+    cell = spec.zoneout_cell if spec.zoneout_cell != spec.zoneout else None   # named where it differs
+    options = {"dropout": inter_layer, "recurrent_dropout": spec.recurrent_dropout,
+               "weight_dropout": spec.weight_dropout, "zoneout": spec.zoneout, "zoneout_cell": cell}
+    on = [f"{name} = {value}" for name, value in options.items() if value] if training else []
+    if on:
+        raise ValueError(f"torch.onnx.export of a module with {' and '.join(on)} in training mode: ONNX's "
+                         f"recurrent operators have none of them (the graph would compute the eval-mode "
+                         f"forward); call module.eval() before exporting (or export with "
+                         f"training=torch.onnx.TrainingMode.EVAL)")
+    return inference_spec(spec)
 
 
 def _host_lengths(lengths: Any) -> np.ndarray | None:
@@ -281,12 +307,12 @@ def run_compiled(options: str, has_cell: bool, x: _Tensor, h0: _Tensor | None, c
     ``options``: :func:`options_text` (a compile-time constant, so the tracer needs no spec object);
     ``seed``: :func:`seed_tensor` (it replaces the seed of ``options``) or None.
     """
-    if torch.onnx.is_in_onnx_export():
+    if exporting_to_onnx():
         from . import torch_onnx
 
         opts = _decode(options, None)
-        return torch_onnx.emit(inference_spec(opts.spec), opts.batch_first, x, h0, c0, flat_of(opts, weights),
-                               lengths)
+        spec = exported_spec(opts.spec, opts.training, opts.drop_all)
+        return torch_onnx.emit(spec, opts.batch_first, x, h0, c0, flat_of(opts, weights), lengths)
     lengths = torch.as_tensor(lengths, device="cpu") if lengths is not None else None
     y, h_n, c_n = torch.ops.arrayrnn.rnn(x, h0, c0, list(weights), lengths, seed, options)
     return y, h_n, (c_n if has_cell else None)
@@ -451,10 +477,12 @@ def tensor_of(a: Any) -> _Tensor:
 
 
 def engine_stream(like: _Tensor) -> contextlib.AbstractContextManager:
-    """For CUDA tensors: CuPy's current device and stream = the tensor's device and torch's current stream
-    there, so the engines' kernels are ordered with torch's work and DLPack exchanges need no sync."""
+    """Where the engines run for torch's tensors. CUDA: CuPy's current device and stream = the tensor's
+    device and torch's current stream there, so the engines' kernels are ordered with torch's work and
+    DLPack exchanges need no sync. CPU: at most ``torch.get_num_threads()`` threads unless
+    ``arrayrnn.set_num_threads`` says otherwise (a host that limits torch to one thread gets one)."""
     if not like.is_cuda:
-        return contextlib.nullcontext()
+        return thread_count.at_most(torch.get_num_threads())
     import cupy
 
     device = like.device.index if like.device.index is not None else torch.cuda.current_device()

@@ -10,8 +10,8 @@ graph is the one :func:`arrayrnn.onnx.build_model` writes. The legacy TorchScrip
 ``autograd.Function`` whose ``symbolic`` writes the same node (that exporter's documented hook).
 What ONNX's operators cannot express (an LSTM projection, cell clipping) is exported as the
 recurrence in elementary operators instead (:mod:`.torch_recurrence`, unrolled over the traced
-sequence length). Inference only: a module in
-training mode exports without dropout.
+sequence length). Inference only: a module in training mode with a dropout, DropConnect or zoneout on is
+refused, naming it (:func:`.torch_call.exported_spec`; ``nn.LSTM``'s exporter refuses its dropout too).
 
 A ``PackedSequence`` input under the legacy exporter (:func:`export_packed`) is exported as ``nn.LSTM``
 exports it: the layers' nodes take the packed data and its ``batch_sizes`` as ``sequence_lens``, each

@@ -3,12 +3,16 @@
 ``write(path, header, arrays)`` writes a temporary file beside ``path``, flushes and fsyncs it, gives it the
 mode of the file it replaces (or the umask default for a new file) and renames it over ``path``: a crash or
 a failing write leaves the old file intact. A ``path`` that cannot name a file (empty, a directory, ending
-with a separator, in a missing folder) is refused before anything is written.
+with a separator, in a missing folder) is refused before anything is written. A symbolic link is written
+through, as ``np.savez`` and ``torch.save`` do: the file it names gets the new contents, the link stays.
+A temporary (``.<name>.arrayrnn-<random>.tmp``) is locked (``flock``) while its save runs; each save
+first removes the temporaries of ``path`` that no save holds, those a killed process (``kill -9``) left.
 
 ``read(path, kind, versions)`` returns ``(header, arrays)`` and turns every way a file can be damaged or
 foreign (truncation, flipped bytes, a bad zip, bad JSON, JSON nested too deep, a header that is not an
-object, another kind of file, a version this code cannot read) into a ``ValueError`` naming the file and
-what is wrong. Every member's declared dtype, shape and size is
+object, another kind of file, a version this code cannot read, not a regular file: a device such as
+``/dev/zero`` was read until memory ran out, a FIFO waited for a writer) into a ``ValueError`` naming the
+file and what is wrong. Every member's declared dtype, shape and size is
 checked before its data is read, and no member inflates past its declared size (see `read`).
 
 Every header names the file's kind and version: ``{"format": kind, "version": n, ...}`` (the key is
@@ -19,6 +23,7 @@ weight format).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -26,10 +31,15 @@ import stat
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; temporaries of killed saves stay
+    fcntl = None
 
 import numpy as np
 
@@ -62,25 +72,75 @@ def write(path: str | os.PathLike, kind: str, version: int, header: dict[str, An
     atomic_write(path, lambda f: np.savez(f, **members))
 
 
+_TMP_SUFFIX = ".tmp"
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}.arrayrnn-"
+
+
 def atomic_write(path: str | os.PathLike, write_to: Callable[[Any], None]) -> None:
     """Call ``write_to(binary file)`` on a temporary file beside ``path``, then rename it over ``path``.
-    ``path`` must name a file in an existing folder (see `file_target`)."""
+    ``path`` must name a file in an existing folder (see `file_target`); a symbolic link is written
+    through (the module docstring)."""
     path = file_target(path)
+    if path.is_symlink():
+        path = file_target(os.path.realpath(path))
     folder = path.parent
     mode = _mode_for(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    remove_abandoned_temporaries(path)
+    f, tmp = _held_temporary(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with f:
             write_to(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+            os.chmod(tmp, mode)
+            if fcntl is not None:   # renamed while still held, so no other save takes it for abandoned
+                os.replace(tmp, path)
+        if fcntl is None:           # (Windows cannot rename an open file)
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_folder(folder)
+
+
+def _held_temporary(path: Path) -> tuple[BinaryIO, str]:
+    """A new temporary for ``path`` (a unique name), open and locked; made again if another save removed
+    it between its creation and the lock (it took it for abandoned)."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent)
+        f = os.fdopen(fd, "wb")
+        if fcntl is None:
+            return f, tmp
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:
+            return f, tmp
+        f.close()
+
+
+def remove_abandoned_temporaries(path: Path) -> None:
+    """Remove the temporaries of ``path`` (regular files named like ours) that no save holds locked:
+    those of saves killed before they could remove them."""
+    if fcntl is None:
+        return
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(_temporary_prefix(path)) and entry.name.endswith(_TMP_SUFFIX):
+                _remove_if_abandoned(Path(entry.path))
+
+
+def _remove_if_abandoned(tmp: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # BlockingIOError: a save holds it
+                os.unlink(tmp)
+        finally:
+            os.close(fd)
 
 
 def file_target(path: str | os.PathLike) -> Path:
@@ -166,16 +226,40 @@ def _check_kind(path: Any, header: dict[str, Any], kind: str, versions: range) -
                          f"{versions.start}..{versions.stop - 1} (written by a newer arrayrnn? upgrade)")
 
 
-def _open_archive(path: str | os.PathLike, what: str) -> zipfile.ZipFile:
-    with open(_path_text(path), "rb") as f:  # missing, a directory, no permission: the OSError as it is
-        magic = f.read(len(_NPY_MAGIC))
-    if magic == _NPY_MAGIC:
-        raise ValueError(f"{path}: holds a bare .npy array; expected an .npz {what}")
+@contextlib.contextmanager
+def _open_archive(path: str | os.PathLike, what: str) -> Iterator[zipfile.ZipFile]:
+    with _open_regular_file(path, what) as f:
+        if f.read(len(_NPY_MAGIC)) == _NPY_MAGIC:
+            raise ValueError(f"{path}: holds a bare .npy array; expected an .npz {what}")
+        f.seek(0)
+        try:
+            archive = zipfile.ZipFile(f)
+        except _READ_ERRORS as e:
+            raise ValueError(f"{path}: not a readable {what} (truncated, damaged or foreign): "
+                             f"{type(e).__name__}: {e}") from e
+        with archive:
+            yield archive
+
+
+_NOT_REGULAR = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _open_regular_file(path: str | os.PathLike, what: str) -> BinaryIO:
+    """``path`` open for reading, refused before a byte is read unless it is a regular file. Missing, no
+    permission: the OSError as it is; a directory: ``IsADirectoryError``."""
+    fd = os.open(_path_text(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
     try:
-        return zipfile.ZipFile(path)
-    except _READ_ERRORS as e:
-        raise ValueError(f"{path}: not a readable {what} (truncated, damaged or foreign): "
-                         f"{type(e).__name__}: {e}") from e
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        for is_kind, kind in _NOT_REGULAR:
+            if is_kind(mode):
+                raise ValueError(f"{path}: is not a regular file ({kind}); expected an .npz {what}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _directory(path: Any, archive: zipfile.ZipFile, what: str) -> dict[str, zipfile.ZipInfo]:

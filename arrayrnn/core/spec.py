@@ -244,3 +244,14 @@ def check_seed(seed: Any) -> int | None:
     if not 0 <= seed < SEED_LIMIT:
         raise ValueError(f"seed = {seed}; expected None or an int in [0, 2**64) (a 64-bit seed)")
     return int(seed)
+
+
+def check_count(name: str, value: Any, minimum: int = 0) -> int:
+    """A count argument (a size, a number of threads): a Python or NumPy int, not a bool, of at least
+    ``minimum``; else a ``TypeError`` (another type) or ``ValueError`` naming ``name`` and the value."""
+    expected = "a non-negative int" if minimum == 0 else f"an int >= {minimum}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} = {value!r} has type {type(value).__name__}; expected {expected}")
+    if value < minimum:
+        raise ValueError(f"{name} = {value!r}; expected {expected}")
+    return int(value)

@@ -22,11 +22,12 @@ steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each thread computes ever
 of the hidden units, so it streams only its share of ``W_hh``; the threads meet at a spinning barrier
 (:mod:`.spin_barrier`) once per step, since the next step reads every unit of the state.
 
-How many threads: :func:`numba.get_num_threads` (``NUMBA_NUM_THREADS``, or
-:func:`numba.set_num_threads` in the calling thread), at most one per :data:`MIN_ROWS_PER_THREAD` rows
-for the rows split; below :data:`COLUMN_SPLIT_MIN_ROWS` rows everything runs on the calling thread
-(measured: a smaller share loses more to the second core's start-up than the split saves). The
-workers are created on first use, once per process (a forked child makes its own).
+How many threads: :func:`arrayrnn.get_num_threads` (``arrayrnn.set_num_threads`` or
+``ARRAYRNN_NUM_THREADS``, :mod:`.thread_count`), at most one per :data:`MIN_ROWS_PER_THREAD` rows for the
+rows split; below :data:`COLUMN_SPLIT_MIN_ROWS` rows everything runs on the calling thread (measured: a
+smaller share loses more to the second core's start-up than the split saves). That is what a call asks
+for: it gets the threads that are free (:mod:`.workers`: each part on a thread that starts it at once,
+fewer parts while other callers hold the workers), and the ranges are cut for the threads it got.
 
 BLAS: a call of ``COLUMN_SPLIT_MIN_ROWS`` rows or more runs inside :func:`engine_threads`, which holds
 NumPy's BLAS to one thread and splits the hoisted products' rows over the same workers instead
@@ -41,17 +42,18 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-import numba
 import numpy as np
 import threadpoolctl
 
+from . import workers
 from .packed_gemm import new_scratch
-from .spin_barrier import new_sync
+from .spin_barrier import cancel_barrier, new_sync
+from .thread_count import get_num_threads
 
 # below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
 MIN_ROWS_PER_THREAD = 8
@@ -71,22 +73,11 @@ COLUMN_SPLIT_WIDE_STEP_FMAS = 8_000_000
 
 # gemm_threads: the threads split_matmul uses in this thread's current call; one_thread: see one_thread()
 _state = threading.local()
-_pool_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _workers(count: int) -> ThreadPoolExecutor:
-    """The process's worker pool with at least ``count`` threads (rebuilt in a forked child)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid() or _pool[1]._max_workers < count:
-            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=count, thread_name_prefix="arrayrnn-loops"))
-        return _pool[1]
 
 
 def available_threads() -> int:
-    """:func:`numba.get_num_threads`, or 1 inside :func:`one_thread`."""
-    return 1 if getattr(_state, "one_thread", False) else numba.get_num_threads()
+    """:func:`arrayrnn.get_num_threads`, or 1 inside :func:`one_thread`."""
+    return 1 if getattr(_state, "one_thread", False) else get_num_threads()
 
 
 @contextmanager
@@ -94,8 +85,8 @@ def one_thread() -> Iterator[None]:
     """Everything of the engine this thread runs inside stays on this thread (a wavefront task: the
     other threads run other layers or directions)."""
     before = getattr(_state, "one_thread", False), gemm_threads()
-    _state.one_thread, _state.gemm_threads = True, 1
     try:
+        _state.one_thread, _state.gemm_threads = True, 1
         yield
     finally:
         _state.one_thread, _state.gemm_threads = before
@@ -140,20 +131,24 @@ def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) 
 
 
 def run_columns(loop: Callable[..., Any], parts: int, dtype: Any, *args: Any) -> None:
-    """``loop(part, parts, sync, *args, scratch)`` for ``part < parts``, all at once (the column split:
-    the parts meet at a barrier every step, so each needs its own thread; the calling thread runs part 0)."""
+    """``loop(part, n, sync, *args, scratch)`` for ``part < n``, all at once, ``n`` the threads free of the
+    ``parts`` asked for (the column split: the parts meet at a barrier every step, so each has its own
+    thread; the calling thread runs part 0). An interrupt or error cancels the barrier: every part returns."""
     sync = new_sync()
-    scratch = [new_scratch(dtype) for _ in range(parts)]  # nothing that can fail once a part has started
-    in_parallel(lambda part, _: loop(part, parts, sync, *args, scratch[part]),
-                [(part, part + 1) for part in range(parts)])
+
+    def plan(n: int) -> list[Callable[[], Any]]:
+        return [functools.partial(loop, part, n, sync, *args, new_scratch(dtype)) for part in range(n)]
+
+    workers.in_parallel(plan, parts, cancel=lambda: cancel_barrier(sync))
 
 
 def run_split(loop: Callable[..., Any], batch_sizes: np.ndarray, rows: int, dtype: Any, *args: Any,
               tile: int = 1) -> None:
-    """``loop(r0, r1, *args, scratch)`` over the row ranges of :func:`row_ranges`, one per thread; the
-    calling thread runs the first. Waits for every range before returning or raising."""
-    ranges = row_ranges(batch_sizes, rows, thread_count(rows), tile) or [(0, 0)]
-    in_parallel(lambda r0, r1: loop(r0, r1, *args, new_scratch(dtype)), ranges)
+    """``loop(r0, r1, *args, scratch)`` over the row ranges of :func:`row_ranges` for the threads free (of
+    :func:`thread_count`), one per thread; the calling thread runs the first. Waits for every range before
+    returning or raising."""
+    in_parallel_split(lambda r0, r1: loop(r0, r1, *args, new_scratch(dtype)),
+                      lambda n: row_ranges(batch_sizes, rows, n, tile), thread_count(rows))
 
 
 def split_rows(rows: int, parts: int, align: int = 16) -> list[tuple[int, int]]:
@@ -164,19 +159,24 @@ def split_rows(rows: int, parts: int, align: int = 16) -> list[tuple[int, int]]:
 
 
 def in_parallel(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> None:
-    """``fn(r0, r1)`` for every range, the first on the calling thread, the others on the workers."""
-    pending: list[Future] = []
-    if len(ranges) > 1:
-        pool = _workers(len(ranges) - 1)
-        pending = [pool.submit(fn, r0, r1) for r0, r1 in ranges[1:]]
-    try:
-        if ranges:
-            fn(*ranges[0])
-    finally:
-        for future in pending:
-            future.exception()  # wait: every range writes into the same output
-    for future in pending:
-        future.result()
+    """``fn(r0, r1)`` for every range (independent of each other), each on its own thread where one is
+    free, the first on the calling thread; with fewer threads free, a thread runs several in turn. Waits
+    for every range before returning or raising."""
+    def plan(n: int) -> list[Callable[[], None]]:
+        return [functools.partial(_in_turn, fn, ranges[k::n]) for k in range(min(n, len(ranges)) or 1)]
+
+    workers.in_parallel(plan, len(ranges))
+
+
+def in_parallel_split(fn: Callable[[int, int], Any], split: Callable[[int], list[tuple[int, int]]],
+                      wanted: int) -> None:
+    """``fn(r0, r1)`` over ``split(n)``'s ranges, one per thread, ``n`` the threads free of ``wanted``."""
+    workers.in_parallel(lambda n: [functools.partial(fn, r0, r1) for r0, r1 in split(n) or [(0, 0)]], wanted)
+
+
+def _in_turn(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> None:
+    for r0, r1 in ranges:
+        fn(r0, r1)
 
 
 
@@ -193,7 +193,8 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) ->
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((M, b.shape[1]), np.result_type(a, b))
-    in_parallel(lambda r0, r1: np.matmul(a[r0:r1], b, out=out[r0:r1]), split_rows(M, threads))
+    in_parallel_split(lambda r0, r1: np.matmul(a[r0:r1], b, out=out[r0:r1]), lambda n: split_rows(M, n),
+                      threads)
     return out
 
 
@@ -202,30 +203,48 @@ def _blas_controller(pid: int) -> threadpoolctl.ThreadpoolController:
     return threadpoolctl.ThreadpoolController().select(user_api="blas")
 
 
+class _Holder:
+    """One call holding NumPy's BLAS to one thread (weakly held: one whose cleanup an interrupt skipped
+    lets go with its frame)."""
+
+
+_blas_holders: weakref.WeakSet[_Holder] = weakref.WeakSet()
+_blas_saved: list[int] = []               # the counts to restore, while held
 _blas_lock = threading.Lock()
-_blas_holders = 0
-_blas_saved: list[int] = []
 
 
 @contextmanager
 def _blas_single_threaded() -> Iterator[None]:
-    """NumPy's BLAS at one thread while any caller is inside (restored when the last one leaves)."""
-    global _blas_holders, _blas_saved
-    libs = _blas_controller(os.getpid()).lib_controllers
-    with _blas_lock:
-        if _blas_holders == 0:
-            _blas_saved = [lib.num_threads for lib in libs]
-            for lib in libs:
-                lib.set_num_threads(1)
-        _blas_holders += 1
+    """NumPy's BLAS at one thread while any caller is inside, its own counts back when the last leaves."""
+    holder = _Holder()
     try:
+        _blas_holders.add(holder)
+        _settle_blas()
         yield
     finally:
-        with _blas_lock:
-            _blas_holders -= 1
-            if _blas_holders == 0:
+        _blas_holders.discard(holder)
+        _settle_blas()
+
+
+def _settle_blas() -> None:
+    """Make BLAS's thread count follow the holders (one thread while any, the saved counts when none).
+    A caller that finds another one settling leaves it the work, and that one looks again once done:
+    nobody waits here, so no lock left taken by an interrupt can hang a call."""
+    libs = _blas_controller(os.getpid()).lib_controllers
+    while _blas_lock.acquire(blocking=False):
+        try:
+            if _blas_holders and not _blas_saved:
+                _blas_saved.extend(lib.num_threads for lib in libs)
+                for lib in libs:
+                    lib.set_num_threads(1)
+            elif not _blas_holders and _blas_saved:
                 for lib, n in zip(libs, _blas_saved, strict=True):
                     lib.set_num_threads(n)
+                _blas_saved.clear()
+        finally:
+            _blas_lock.release()
+        if bool(_blas_holders) == bool(_blas_saved):
+            return
 
 
 @contextmanager
@@ -234,15 +253,16 @@ def engine_threads(rows: int, wavefront: bool = False) -> Iterator[int]:
     more than one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc).
     Where no loop splits (below :data:`COLUMN_SPLIT_MIN_ROWS` rows) and no ``wavefront`` runs layers or
     directions side by side, BLAS keeps its own threads."""
-    split = wavefront or thread_count(rows) > 1 or column_parts(rows, available_threads()) > 1
-    threads = available_threads() if split else 1
-    if threads == 1:
-        yield 1
-        return
-    before = gemm_threads()
-    with _blas_single_threaded():
-        _state.gemm_threads = threads
+    with workers.engine_call():
+        split = wavefront or thread_count(rows) > 1 or column_parts(rows, available_threads()) > 1
+        threads = available_threads() if split else 1
+        if threads == 1:
+            yield 1
+            return
+        before = gemm_threads()
         try:
-            yield threads
+            with _blas_single_threaded():
+                _state.gemm_threads = threads
+                yield threads
         finally:
             _state.gemm_threads = before

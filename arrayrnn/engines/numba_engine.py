@@ -11,7 +11,7 @@ computes every gate of a group of hidden units; each group's weights are read on
 rows, then the gate math runs over the step's rows while they are in L2), plain for the backward's
 ``dgates @ W_hh``. Buffers are allocated once per call.
 
-Threads (:mod:`.loop_threads`, count from :func:`numba.get_num_threads`): from 16 rows the time loops
+Threads (:mod:`.loop_threads`, count from :func:`arrayrnn.get_num_threads`): from 16 rows the time loops
 split the batch rows between worker threads (no barrier); the plain LSTM and reset-after GRU forwards of
 8-15 rows (the LSTM's to 23) split their hidden units instead where a step is large enough (one barrier
 per step); below 8 rows everything runs
@@ -50,7 +50,7 @@ from .loop_threads import (
     available_threads,
     column_parts,
     engine_threads,
-    in_parallel,
+    in_parallel_split,
     run_columns,
     run_split,
     split_matmul,
@@ -160,10 +160,8 @@ class ColumnsLoop(ForwardLoop):
         self._parts, self._h_buf = parts, h_buf
 
     def run(self, t0: int, t1: int) -> None:
-        # never more parts than this thread may use now: queued behind a busy worker, a part would leave
-        # the others waiting at the barrier for good
-        parts = min(self._parts, available_threads())
-        run_columns(self._loop, parts, self._dtype, *_chunk(self._args, t0, t1))
+        # as many parts as threads are free, up to self._parts (run_columns: no part waits for a thread)
+        run_columns(self._loop, self._parts, self._dtype, *_chunk(self._args, t0, t1))
         if (t1 - t0) % 2:  # the chunk's last step wrote h_buf[1]
             self._h_buf[0] = self._h_buf[1]
 
@@ -330,8 +328,8 @@ def _project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.nda
     bias = w.input_bias if w.input_bias is not None else np.empty(0, x.dtype)
     packed, a = pack_b(w.W_ih.T), np.ascontiguousarray(x)
     bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
-    parts = split_rows(packed.shape[0], available_threads(), align=1)
-    in_parallel(lambda v0, v1: gemm_steps(v0, v1, a, packed, xw, bias, bs, new_scratch(x.dtype)), parts)
+    in_parallel_split(lambda v0, v1: gemm_steps(v0, v1, a, packed, xw, bias, bs, new_scratch(x.dtype)),
+                      lambda n: split_rows(packed.shape[0], n, align=1), available_threads())
     return xw
 
 

@@ -388,7 +388,8 @@ def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y
             for b in range(n):
                 c_all[t, b, j0:j1] = c[b, j0:j1]
             c_all[t, n:, j0:j1] = 0.0
-        barrier(sync, parts)
+        if not barrier(sync, parts):
+            return  # cancelled: the call is failing (loop_threads.run_columns)
 
 
 @simd_jit(**_JIT)
@@ -518,7 +519,8 @@ def gru_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, b_hn, h_buf,
         _column_step_end(xw, t, n, j0, j1, H, 3, src, dst, y, keep)
         if keep:
             hn_all[t, n:, j0:j1] = 0.0
-        barrier(sync, parts)
+        if not barrier(sync, parts):
+            return  # cancelled: the call is failing (loop_threads.run_columns)
 
 
 @simd_jit(**_JIT)

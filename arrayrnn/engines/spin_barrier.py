@@ -6,11 +6,14 @@ instructions on an ``int64`` array: :func:`atomic_add` (returns the old value), 
 ``sync = new_sync()``: the last thread to arrive resets the count and bumps the generation; the others spin
 on the generation, with the CPU's pause hint, and after :data:`SPINS_BEFORE_YIELD` spins give their core
 away (``sched_yield``) on every further spin, so a loaded machine, where the last thread waits for a core,
-degrades gently instead of burning its time slices. Semantics roughly::
+degrades gently instead of burning its time slices. :func:`cancel_barrier` releases every waiter for good:
+:func:`barrier` then returns ``False`` (the caller's loop ends), so parts whose partner was interrupted
+before it arrived, or failed, never spin forever. Semantics roughly::
 
     with lock: sync[0] += 1; last = sync[0] == parties
     if last: sync[0] = 0; sync[1] += 1            # release everyone
-    else: wait until sync[1] changes
+    else: wait until sync[1] changes or sync[cancelled] is set
+    return not sync[cancelled]
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 SPINS_BEFORE_YIELD = 1 << 10
+# the slots of ``sync``: arrivals, then the generation and the cancel flag on the next cache line (the one
+# waiters read)
+_ARRIVED, _GENERATION, _CANCELLED = 0, 8, 9
 _X86 = llvm.get_process_triple().startswith(("x86_64", "i386", "i686"))
 _POSIX = sys.platform != "win32"
 
 
 def new_sync() -> np.ndarray:
-    """The barrier's state: arrivals and generation, a cache line apart."""
+    """The barrier's state: arrivals, then generation and cancel flag a cache line further."""
     return np.zeros(16, np.int64)
 
 
@@ -115,18 +121,32 @@ def _yield_core(typingctx):
 
 @numba.njit(cache=True, nogil=True)
 def barrier(sync, parties):
-    """Wait until ``parties`` threads have called ``barrier(sync, parties)`` (reusable, once per step)."""
+    """Wait until ``parties`` threads have called ``barrier(sync, parties)`` (reusable, once per step);
+    ``True``, or ``False`` once the barrier is cancelled (:func:`cancel_barrier`): stop then."""
     if parties <= 1:
-        return
-    generation = atomic_load(sync, 8)
-    if atomic_add(sync, 0, 1) == parties - 1:
-        atomic_store(sync, 0, 0)
-        atomic_add(sync, 8, 1)
-        return
+        return atomic_load(sync, _CANCELLED) == 0
+    generation = atomic_load(sync, _GENERATION)
+    if atomic_add(sync, _ARRIVED, 1) == parties - 1:
+        atomic_store(sync, _ARRIVED, 0)
+        atomic_add(sync, _GENERATION, 1)
+        return atomic_load(sync, _CANCELLED) == 0
     spins = 0
-    while atomic_load(sync, 8) == generation:
+    while atomic_load(sync, _GENERATION) == generation:
+        if atomic_load(sync, _CANCELLED) != 0:
+            return False
         spins += 1
         if spins < SPINS_BEFORE_YIELD:
             _pause()
         else:
             _yield_core()
+    return atomic_load(sync, _CANCELLED) == 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _cancel(sync):
+    atomic_store(sync, _CANCELLED, 1)
+
+
+def cancel_barrier(sync: np.ndarray) -> None:
+    """Release every thread waiting at ``sync``'s barrier, now and later (they return ``False``)."""
+    _cancel(sync)

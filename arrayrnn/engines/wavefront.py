@@ -24,6 +24,7 @@ directions side by side too (:func:`backward_directions`); layers go one after t
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..core.spec import RNNSpec
-from . import loop_threads
+from . import loop_threads, workers
 from .base import DirectionForward, DirectionWeights
 from .loop_threads import MIN_ROWS_PER_THREAD, available_threads, in_parallel, one_thread
 from .stack import StackBackRun, StackRun
@@ -171,31 +172,35 @@ def run_pipeline(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionFo
 
 
 def in_dependency_order(task: Callable[[int, int], None], layers: int, chunks: int, threads: int) -> None:
-    """``task(layer, j)`` for every layer and chunk: layer ``l``'s chunks in order on thread ``l % threads``,
-    each after ``task(l - 1, j)`` has finished. Every thread walks the diagonals ``l + j`` in order, so no
-    thread waits on one that waits on it. A task's error stops every thread and is raised here."""
+    """``task(layer, j)`` for every layer and chunk on up to ``threads`` threads (those free, see
+    :mod:`.workers`): layer ``l``'s chunks in order on thread ``l % n``, each after ``task(l - 1, j)`` has
+    finished. Every thread walks the diagonals ``l + j`` in order, so no thread waits on one that waits on
+    it. A task's error, or an interrupt of the calling thread, stops every thread (the waits are
+    released); the error is raised here."""
     done = [[threading.Event() for _ in range(chunks)] for _ in range(layers)]
     failed = threading.Event()
 
-    def worker(first: int, _: int) -> None:
-        try:
-            with one_thread():
-                for diagonal in range(layers + chunks - 1):
-                    for layer in range(first, layers, threads):
-                        j = diagonal - layer
-                        if not 0 <= j < chunks:
-                            continue
-                        if layer > 0:
-                            done[layer - 1][j].wait()
-                        if failed.is_set():
-                            return
-                        task(layer, j)
-                        done[layer][j].set()
-        except BaseException:
-            failed.set()
-            for events in done:
-                for event in events:
-                    event.set()  # release every waiter; they see `failed` and stop
-            raise
+    def worker(first: int, n: int) -> None:
+        with one_thread():
+            for diagonal in range(layers + chunks - 1):
+                for layer in range(first, layers, n):
+                    j = diagonal - layer
+                    if not 0 <= j < chunks:
+                        continue
+                    if layer > 0:
+                        done[layer - 1][j].wait()
+                    if failed.is_set():
+                        return
+                    task(layer, j)
+                    done[layer][j].set()
 
-    in_parallel(worker, [(k, k + 1) for k in range(min(threads, layers))])
+    def stop() -> None:
+        failed.set()
+        for events in done:
+            for event in events:
+                event.set()  # release every waiter; they see `failed` and stop
+
+    def plan(n: int) -> list[Callable[[], None]]:
+        return [functools.partial(worker, k, n) for k in range(n)]
+
+    workers.in_parallel(plan, min(threads, layers), cancel=stop)

@@ -31,7 +31,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ..core.spec import RNNSpec, check_seed
+from ..core.spec import RNNSpec, check_count, check_seed
 from ..engines.base import CellMasks
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -115,7 +115,8 @@ def cell_masks(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, *, tra
                xp: ModuleType = np) -> CellMasks | None:
     """The masks the engines apply for ``spec``'s cell variants in a call of ``batch`` rows and
     ``seq_len`` steps with this ``seed``: a :class:`~arrayrnn.engines.base.CellMasks`, or ``None`` when
-    no variant is on for this call (the dropouts act only when ``training``).
+    no variant is on for this call (the dropouts act only when ``training``). ``batch`` and ``seq_len`` are
+    non-negative ints (Python or NumPy); anything else is an error naming the argument.
 
     The same generator as :func:`dropout_masks` with one key per kind of mask, ``key = mix(mix(seed) +
     s)`` for ``s`` = 1 (recurrent), 2 (weight), 3 (zoneout of h), 4 (zoneout of c), and ``i`` the
@@ -132,7 +133,8 @@ def cell_masks(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, *, tra
     bits as on the host.
     """
     training = bool(training)
-    kd, T, B = spec.num_layers * spec.num_directions, int(seq_len), int(batch)
+    B, T = check_count("batch", batch), check_count("seq_len", seq_len)
+    kd = spec.num_layers * spec.num_directions
     h_out, dtype = spec.output_size, spec.dtype
     seed = check_seed(seed)
     if seed is None:

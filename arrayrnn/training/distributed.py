@@ -40,7 +40,7 @@ import numpy as np
 
 from ..core.backend import as_array, is_cupy_array, is_writeable
 from ..core.params import PackedParams
-from .agreement import Collectives, agree
+from .agreement import OUTSIDE_JOIN, Collectives, agree
 from .optim import Optimizer
 
 ACCEPTED = ("an mpi4py.MPI.Comm (NumPy buffers), a cupy.cuda.nccl.NcclCommunicator (CuPy buffers) or a "
@@ -253,23 +253,30 @@ def _agreed(call: str, backend: _Backend, comm: Any, plan: Callable[[], tuple[li
     """``plan()``'s buffers once every rank has described the same call (see agreement.py).
 
     A rank whose ``plan()`` raises still takes part (with no buffers), so the other ranks raise too
-    instead of waiting in a collective it will never make; it then raises its own error.
+    instead of waiting in a collective it will never make; it then raises its own error. Inside
+    ``join(comm)`` the call is counted (a rank that left its block ends it with an error naming both).
     """
     try:
         names, buffers = plan()
         refused: Exception | None = None
     except Exception as err:  # noqa: BLE001 - whatever stops this rank, the others must hear of it
         names, buffers, refused = [], [], err
-    collectives = Collectives(backend.rank(comm), lambda v: backend.allreduce_max(comm, v),
-                              lambda v: backend.allgather(comm, v))
+    scope = _joins.get(id(comm))
+    calls = OUTSIDE_JOIN if scope is None else scope.count_call()
     try:
-        agree(call, names, buffers, collectives, root if refused is None else -1, refused is not None)
+        agree(call, names, buffers, _collectives(backend, comm), root if refused is None else -1,
+              refused is not None, joined=(calls, False))
     except ValueError:
         if refused is None:
             raise
     if refused is not None:
         raise refused
     return buffers
+
+
+def _collectives(backend: _Backend, comm: Any) -> Collectives:
+    return Collectives(backend.rank(comm), lambda v: backend.allreduce_max(comm, v),
+                       lambda v: backend.allgather(comm, v))
 
 
 # -- buffers ----------------------------------------------------------------------------------------------
@@ -348,9 +355,10 @@ def _gradient_buffers(grads: Any, backend: _Backend) -> list[tuple[str, Any]]:
 def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
     """Overwrite ``tree`` on every rank with rank ``root``'s values, in place, so all ranks start equal.
 
-    ``tree``: a PackedParams, an array, an ``ar.optim`` optimizer (its parameters, its state buffers and
-    its step count), or a list/tuple of them. Call it once after building the model and optimizer (and
-    after loading a checkpoint on ``root``)::
+    ``tree``: a PackedParams, an array, an ``ar.optim`` optimizer (its parameters, its state buffers, its
+    step count and every hyperparameter: ``lr``, ``betas``, ...), or a list/tuple of them. Call it once
+    after building the model and optimizer (and after loading a checkpoint on ``root``: ``Optimizer.load``
+    there restores its hyperparameters too, which reach every rank)::
 
         for item in flatten(tree):
             item[...] = item on rank root
@@ -359,18 +367,19 @@ def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
     ``allreduce_mean``.
     """
     backend = _backend_for(comm)
-    counters: list[tuple[Optimizer, Any]] = []
+    received: list[tuple[Optimizer, Any, Any]] = []
 
     def plan() -> tuple[list[str], list[Any]]:
         _check_root(root, backend.size(comm))
         named, found = _broadcast_plan(tree, backend)
-        counters.extend(found)
+        received.extend(found)
         return _unzip(named)
 
     for buf in _agreed("broadcast_from_root", backend, comm, plan, root):
         backend.broadcast(comm, buf, root)
-    for opt, counter in counters:
-        opt.step_count = int(counter.get()[0] if is_cupy_array(counter) else counter[0])
+    for opt, counter, hyperparameters in received:
+        opt.step_count = int(_on_host(counter)[0])
+        opt._load_hyperparameter_vector(_on_host(hyperparameters), f"rank {root}'s optimizer")
 
 
 def _check_root(root: Any, size: int) -> None:
@@ -378,12 +387,13 @@ def _check_root(root: Any, size: int) -> None:
         raise ValueError(f"root = {root!r}; expected a rank in 0..{size - 1} (an int)")
 
 
-def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]], list[tuple[Any, Any]]]:
-    """Every ``(name, buffer)`` to broadcast; ``(optimizer, its one-element step-count buffer)`` each."""
+def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]], list[tuple[Any, Any, Any]]]:
+    """Every ``(name, buffer)`` to broadcast; ``(optimizer, its step-count buffer, its hyperparameters
+    buffer)`` each (:meth:`Optimizer._hyperparameter_vector`)."""
     is_list = isinstance(tree, (list, tuple))
     items = list(tree) if is_list else [tree]
     named: list[tuple[str, Any]] = []
-    counters: list[tuple[Optimizer, Any]] = []
+    received: list[tuple[Optimizer, Any, Any]] = []
     for i, item in enumerate(items):
         where = f"tree[{i}]" if is_list else "tree"
         if not isinstance(item, Optimizer):
@@ -395,13 +405,83 @@ def _broadcast_plan(tree: Any, backend: _Backend) -> tuple[list[tuple[str, Any]]
                 name = f"{where}.state[{j}][{key!r}]"
                 _check_reducible(name, state[key], backend)
                 named.append((name, state[key]))
-        counter = np.array([item.step_count], dtype=np.int64)
-        if backend.buffer_kind == "cupy":
-            import cupy
-            counter = cupy.asarray(counter)
-        named.append((f"{where}.step_count", counter))
-        counters.append((item, counter))
-    return named, counters
+        counter = _on_device(np.array([item.step_count], dtype=np.int64), backend)
+        hyperparameters = _on_device(item._hyperparameter_vector(), backend)
+        named += [(f"{where}.step_count", counter), (f"{where}.hyperparameters", hyperparameters)]
+        received.append((item, counter, hyperparameters))
+    return named, received
+
+
+def _on_device(host: np.ndarray, backend: _Backend) -> Any:
+    """``host`` where ``backend`` reduces (a CuPy copy for NCCL)."""
+    if backend.buffer_kind != "cupy":
+        return host
+    import cupy
+    return cupy.asarray(host)
+
+
+def _on_host(buf: Any) -> np.ndarray:
+    return buf.get() if is_cupy_array(buf) else buf
+
+
+class _JoinScope:
+    """The collective calls this rank made inside ``join(comm)``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count_call(self) -> int:
+        """The calls made before this one."""
+        self.calls += 1
+        return self.calls - 1
+
+
+_joins: dict[int, _JoinScope] = {}   # by id(comm): the join(comm) blocks this process is inside
+
+
+@contextlib.contextmanager
+def join(comm: Any) -> Iterator[None]:
+    """End uneven collective calls with an error on every rank instead of a hang (like PyTorch's ``Join``
+    for uneven inputs, but an error, not shadow all-reduces).
+
+    Inside the block every ``allreduce_mean`` / ``broadcast_from_root`` on ``comm`` is counted. A rank
+    leaving the block (normally or by an exception) takes part in the collectives the other ranks still
+    make, until every rank has left: a call made while another rank has left raises a ``ValueError`` on
+    both, naming the ranks and their call counts (``allreduce_mean: rank 0 has left join(comm) after 3
+    calls; this is call 4 on rank 1``, and on rank 0 ``join(comm): rank 1 made collective call 4 after rank
+    0 (this one) left join(comm) after 3 calls``), raised on the rank that left when the block ends. A rank
+    that raised inside the block raises its own error, and the others hear of it at their next call instead
+    of waiting forever (``abort_on_error`` ends an MPI job instead). Every rank must enter ``join(comm)``,
+    and inside it make no other collective on ``comm`` than arrayrnn's (a user's own ``comm.allreduce``
+    would pair with the agreement's).
+    """
+    backend = _backend_for(comm)
+    if id(comm) in _joins:
+        raise ValueError("join(comm) is already active for this communicator; expected one block per comm")
+    scope = _joins[id(comm)] = _JoinScope()
+    try:
+        yield
+    except BaseException:
+        _leave(backend, comm, scope, by_exception=True)
+        raise
+    uneven = _leave(backend, comm, scope, by_exception=False)
+    if uneven is not None:
+        raise ValueError(uneven)
+
+
+def _leave(backend: _Backend, comm: Any, scope: _JoinScope, by_exception: bool) -> str | None:
+    """Answer the other ranks' calls as "join" until every rank has left; the message of the first error
+    it caused (the text, not the exception: one kept here would hold this frame, and the communicator's
+    tensors in it, in a reference cycle until some garbage collection, which a torch.distributed process
+    group destroyed meanwhile did not survive: an abort at exit, ~1 run in 10 with gloo)."""
+    del _joins[id(comm)]
+    first: str | None = None
+    while True:
+        try:
+            agree("join", [], [], _collectives(backend, comm), joined=(scope.calls, by_exception))
+            return first
+        except ValueError as err:
+            first = first or str(err)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ numbers and strings) and ``save(path)`` / ``load(path)`` (an ``.npz`` with a JSO
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import os
@@ -182,6 +183,34 @@ class Optimizer:
         fresh.step_count = step
         self.__dict__.update(fresh.__dict__)
 
+    def _hyperparameter_vector(self) -> np.ndarray:
+        """The type and the hyperparameters as float64 (a 52-bit code of the type, then every value in the
+        order of their sorted names, pairs flattened): what ``broadcast_from_root`` sends."""
+        values = [float(_type_code(type(self)))]
+        for _, value in sorted(self._hyperparameters().items()):
+            values += [float(v) for v in value] if isinstance(value, list) else [float(value)]
+        return np.array(values, dtype=np.float64)
+
+    def _load_hyperparameter_vector(self, vector: np.ndarray, source: str) -> None:
+        """Take the hyperparameters of :meth:`_hyperparameter_vector` (from ``source``, for errors),
+        checked as the constructor checks them."""
+        values = [float(v) for v in vector]
+        if values[0] != _type_code(type(self)):
+            raise ValueError(f"{source} holds the hyperparameters of another optimizer type; this one is "
+                             f"{type(self).__name__}: every rank must build the same optimizer")
+        received, at = {}, 1
+        for name, value in sorted(self._hyperparameters().items()):
+            size = len(value) if isinstance(value, list) else 1
+            got = values[at:at + size]
+            received[name] = got if isinstance(value, list) else type(value)(got[0])
+            at += size
+        try:
+            checked = type(self)(np.zeros(1), **received)   # the constructor's checks, on one element
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: hyperparameters {received}: {e}") from None
+        for name in received:
+            setattr(self, name, getattr(checked, name))
+
     def _fresh_from(self, hyperparameters: Any) -> Optimizer:
         """A new optimizer of this type over the same params, or ``ValueError`` for unusable values."""
         if not isinstance(hyperparameters, dict):
@@ -228,6 +257,11 @@ class Optimizer:
                              f"{len(self._params)}")
         return {f"state/{i}/{k}": (np.dtype(p.dtype), tuple(p.shape))
                 for i, (n, p) in enumerate(zip(names, self._params, strict=True)) for k in n}
+
+
+def _type_code(cls: type) -> int:
+    """A 52-bit code of an optimizer class (exact as a float64)."""
+    return int.from_bytes(hashlib.blake2b(cls.__qualname__.encode(), digest_size=8).digest(), "little") >> 12
 
 
 class SGD(Optimizer):

@@ -1,4 +1,5 @@
-"""Ranks that disagree on a collective call, launched by tests/test_distributed_agreement.py (not collected).
+"""Ranks that disagree on a collective call (or on how many they make), and a resumed optimizer broadcast from
+rank 0; launched by tests/test_distributed_agreement.py (not collected).
 
     mpiexec -n 2 python tests/support/dist_workers/mismatch.py mpi CASE
     python tests/support/dist_workers/mismatch.py torch CASE --out DIR      # 2 gloo processes
@@ -49,8 +50,58 @@ def _call(rank: int, comm: Any) -> None:
     (allreduce_mean if rank == 0 else broadcast_from_root)(np.ones(3), comm)
 
 
+def _uneven(rank: int, comm: Any) -> None:
+    """Rank 1 makes one all-reduce more than rank 0 inside ``join``."""
+    from arrayrnn.distributed import join
+
+    with join(comm):
+        for _ in range(3 + rank):
+            allreduce_mean(np.ones(2), comm)
+
+
+def _uneven_abort(rank: int, comm: Any) -> None:
+    """``_uneven`` inside ``abort_on_error`` (the README's pattern): the error ends the whole job."""
+    with abort_on_error(comm):
+        _uneven(rank, comm)
+
+
+def _raising(rank: int, comm: Any) -> None:
+    """Rank 1 fails after its first all-reduce inside ``join``; rank 0 goes on to a second."""
+    from arrayrnn.distributed import join
+
+    with join(comm):
+        allreduce_mean(np.ones(2), comm)
+        if rank == 1:
+            raise RuntimeError("rank 1 fails on purpose")
+        allreduce_mean(np.ones(2), comm)
+
+
+def _resume(rank: int, comm: Any) -> None:
+    """Rank 0 loads an optimizer saved with other hyperparameters (the documented resume), then the
+    broadcast; each rank prints what its optimizers hold."""
+    import json
+    import tempfile
+
+    from arrayrnn import optim
+
+    params = [np.full(3, float(rank)), np.full(2, float(rank))]
+    adam, sgd = optim.Adam(params[0]), optim.SGD(params[1], momentum=0.5)
+    if rank == 0:
+        with tempfile.TemporaryDirectory() as folder:
+            optim.Adam(np.ones(3), lr=0.25, betas=(0.5, 0.75), eps=1e-3, weight_decay=0.125).save(
+                f"{folder}/adam.npz")
+            optim.SGD(np.ones(2), lr=0.5, momentum=0.25, weight_decay=0.375, nesterov=True).save(
+                f"{folder}/sgd.npz")
+            adam.load(f"{folder}/adam.npz")
+            sgd.load(f"{folder}/sgd.npz")
+    broadcast_from_root([*params, adam, sgd], comm)
+    said = {type(opt).__name__: opt.state_dict()["hyperparameters"] for opt in (adam, sgd)}
+    say(f"rank {rank}: hyperparameters {json.dumps(said, sort_keys=True)}")
+
+
 CASES: dict[str, Callable[[int, Any], None]] = {
-    "count": _count, "shape": _shape, "dtype": _dtype, "refused": _refused, "root": _root, "call": _call}
+    "count": _count, "shape": _shape, "dtype": _dtype, "refused": _refused, "root": _root, "call": _call,
+    "uneven": _uneven, "uneven-abort": _uneven_abort, "raising": _raising, "resume": _resume}
 
 
 def say(line: str) -> None:
