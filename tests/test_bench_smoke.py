@@ -89,12 +89,6 @@ def test_step_profile_takes_lengths_and_times_a_stack_against_its_layers(capsys,
     assert whole > 0 and ratio == pytest.approx(whole / parts, abs=0.01)
 
 
-def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
-    bench = _load_bench(monkeypatch, BENCH.with_name("bench_step_gemm.py"))
-    direct, flipped = bench.measure(8, 16, 4, bench.np.random.default_rng(0))
-    assert direct > 0 and flipped > 0
-
-
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
     import arrayrnn as ar
     from arrayrnn.engines import wavefront

@@ -56,7 +56,6 @@ from .loop_threads import (
     split_matmul,
     split_rows,
 )
-from .numba_blas import BlasNotFoundError, blas_binding
 from .packed_gemm import gemm, gemm_steps, new_scratch, pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
 from .stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
@@ -398,10 +397,6 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
-        try:
-            blas_binding()
-        except BlasNotFoundError as err:
-            return f"the numba engine calls NumPy's BLAS from compiled code, but {err}"
         return None
 
 
