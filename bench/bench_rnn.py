@@ -60,7 +60,8 @@ import onnx_peer  # noqa: E402
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call, simd_ir  # noqa: E402
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call  # noqa: E402
+from arrayrnn.engines.numba import simd_ir  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 CHART = ROOT / "bench" / "rnn_ratios.png"

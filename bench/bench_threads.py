@@ -12,8 +12,9 @@ calls before each timed one, so every setting starts from the same idle second c
 - ``columns``: 2 threads, the column split switched on for every batch below 16 rows: the plain LSTM
   forward splits its hidden units, one barrier per step (from 16 rows, the rows split as in ``rows``).
 
-The engine's default is ``columns`` for 8-15 rows and ``rows`` otherwise (arrayrnn/engines/loop_threads.py),
-from this benchmark's numbers (bench/RESULTS.md). Ratios < 1: faster than one thread.
+The engine's default is ``columns`` for 8-15 rows and ``rows`` otherwise
+(arrayrnn/engines/numba/loop_threads.py), from this benchmark's numbers (bench/RESULTS.md). Ratios < 1:
+faster than one thread.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads
+from arrayrnn.engines.numba import loop_threads
 
 CASES = ((200, 1, 64, 128), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256), (50, 8, 128, 512),
          (50, 16, 128, 512), (100, 64, 256, 256))

@@ -11,7 +11,7 @@ calls before each timed one):
 - ``layers``: 2 threads, no wavefront: layer by layer, each loop with the threads its rows allow (the
   rows split from 16 rows, the LSTM column split at 8-15 rows with large steps);
 - ``wavefront``: 2 threads, the stack's wavefront forced on at every batch (the engine's default: the
-  directions side by side from 4 rows, the layer pipeline off; :func:`arrayrnn.engines.wavefront.plan`).
+  directions side by side from 4 rows, the layer pipeline off; :func:`arrayrnn.engines.numba.wavefront.plan`).
 
 Ratios < 1: faster than one thread. In ``wavefront`` a bidirectional layer's backward runs its directions
 side by side too (the engine's default: below 16 rows only); a unidirectional stack's backward runs layer
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_threads import time_call  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import wavefront  # noqa: E402
+from arrayrnn.engines.numba import wavefront  # noqa: E402
 
 CASES = ((100, 1, 256, 256), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256),
          (50, 8, 128, 512), (50, 16, 128, 512), (100, 64, 256, 256))

@@ -13,7 +13,7 @@ between peers, which this profile of one engine does not need):
   variable lengths, on each step's active rows where the engine does so);
 - ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
 - ``recurrent GEMM``: the same per-step products as the kernel (same shapes, same packed weights and
-  entry point, :func:`arrayrnn.engines.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
+  entry point, :func:`arrayrnn.engines.numba.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
   calls in one compiled loop), without any gate math;
 - ``gate math`` = ``time loop`` - ``recurrent GEMM`` (everything the kernel does between its GEMMs);
 - ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop
@@ -26,7 +26,7 @@ A stack (``--shapes S1,S4-layer1,S4``) is timed whole, against the sum of its la
 calls (which must be in ``--shapes``). Parts are measured apart, so they need not add up exactly; ``rest``
 absorbs the difference. Each part
 runs with the threads the engine gives a call of its batch
-(:func:`arrayrnn.engines.loop_threads.engine_threads`: with 2 threads the time loops and per-step
+(:func:`arrayrnn.engines.numba.loop_threads.engine_threads`: with 2 threads the time loops and per-step
 products split the rows, BLAS is held to one thread and the hoisted products split their rows too).
 """
 
@@ -48,8 +48,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import loop_threads, numba_engine, packed_gemm  # noqa: E402
-from arrayrnn.engines.simd_ir import simd_jit  # noqa: E402
+from arrayrnn.engines.numba import engine as numba_engine  # noqa: E402
+from arrayrnn.engines.numba import loop_threads, packed_gemm  # noqa: E402
+from arrayrnn.engines.numba.simd_ir import simd_jit  # noqa: E402
 from arrayrnn.engines.stack import (  # noqa: E402
     ActiveRows,
     _input_grad,

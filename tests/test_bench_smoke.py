@@ -91,7 +91,7 @@ def test_step_profile_takes_lengths_and_times_a_stack_against_its_layers(capsys,
 
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
     import arrayrnn as ar
-    from arrayrnn.engines import wavefront
+    from arrayrnn.engines.numba import wavefront
 
     bench = _load_bench(monkeypatch, BENCH.parent / "bench_wavefront.py")
     bi = ar.RNNSpec("gru", 4, 4, num_layers=2, bidirectional=True)

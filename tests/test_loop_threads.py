@@ -1,5 +1,5 @@
-"""The numba engine's threads (arrayrnn/engines/loop_threads.py, spin_barrier.py): the batch rows split by
-work, the results of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell
+"""The numba engine's threads (arrayrnn/engines/numba/loop_threads.py, spin_barrier.py): the batch rows split
+by work, the results of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell
 variant, both directions and variable lengths; the LSTM forward's column split (small batches, a barrier
 per step) likewise; the barrier itself; errors in a worker reach the caller; a forked child gets its own
 workers."""
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads, numba_engine, wavefront, workers
-from arrayrnn.engines.spin_barrier import barrier, cancel_barrier, new_sync
+from arrayrnn.engines.numba import engine as numba_engine
+from arrayrnn.engines.numba import loop_threads, wavefront, workers
+from arrayrnn.engines.numba.spin_barrier import barrier, cancel_barrier, new_sync
 
 
 # -- row ranges -----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from conftest import ENGINES
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
-from arrayrnn.engines import numba_engine, probe_call, select_engine
+from arrayrnn.engines import probe_call, select_engine
+from arrayrnn.engines.numba import engine as numba_engine
 from arrayrnn.engines.stack import direction_weights, input_projection
 
 SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
@@ -35,8 +36,8 @@ def test_auto_picks_reference_when_numba_is_not_installed(monkeypatch):
     # an entry of None in sys.modules makes "import numba" raise ImportError, as if it were absent; the
     # engine's modules are dropped from the import cache so that selecting it imports them afresh
     monkeypatch.setitem(sys.modules, "numba", None)
-    for name in ("numba_engine", "numba_kernels"):
-        monkeypatch.delitem(sys.modules, f"arrayrnn.engines.{name}")
+    for name in [name for name in sys.modules if name.startswith("arrayrnn.engines.numba.")]:
+        monkeypatch.delitem(sys.modules, name)
     assert select_engine("auto", probe_call(SPEC)).name == "reference"
     with pytest.raises(EngineUnavailableError, match="engine = 'numba' cannot be imported"):
         select_engine("numba", probe_call(SPEC))

@@ -12,7 +12,7 @@ import pytest
 from numba.core.runtime import _nrt_python, rtsys
 
 import arrayrnn as ar
-from arrayrnn.engines import numba_kernels as nk
+from arrayrnn.engines.numba import loops as nk
 
 SIGMOID, TANH = 0, 1
 

@@ -1,5 +1,5 @@
-"""The numba engine's wavefront (arrayrnn/engines/wavefront.py): a small batch's bidirectional layers run
-their two directions side by side, a unidirectional stack pipelines its layers over chunks of time. The
+"""The numba engine's wavefront (arrayrnn/engines/numba/wavefront.py): a small batch's bidirectional layers
+run their two directions side by side, a unidirectional stack pipelines its layers over chunks of time. The
 results equal one thread's and the reference engine's on every mode and cell variant, with inter-layer
 dropout, variable lengths and both dtypes; the chunks run in dependency order; errors reach the caller."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads, wavefront
+from arrayrnn.engines.numba import loop_threads, wavefront
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The engine's worker threads (arrayrnn/engines/workers.py) under concurrency, interrupts and fork.
+"""The engine's worker threads (arrayrnn/engines/numba/workers.py) under concurrency, interrupts and fork.
 
 Each scenario runs tests/support/engine_threads_child.py in its own process with a watchdog (a hang
 there spins in compiled code, which no signal interrupts): Python threads calling at once under 3 and 4

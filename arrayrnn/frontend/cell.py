@@ -132,11 +132,11 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
 @functools.cache
 def step_engine(engine: Engine) -> StepEngine:
     """The step engine over ``engine`` (an engine :func:`~arrayrnn.engines.select_engine` chose):
-    :class:`~arrayrnn.engines.numba_step.NumbaStep` for the numba engine, a
+    :class:`~arrayrnn.engines.numba.step.NumbaStep` for the numba engine, a
     :class:`~arrayrnn.engines.step.StepEngine` for the other stack engines; ``ValueError`` for an engine
     that runs whole sequences only (cuDNN)."""
     if engine.name == "numba":
-        from ..engines.numba_step import NumbaStep  # numba is imported only where it is used
+        from ..engines.numba.step import NumbaStep  # numba is imported only where it is used
 
         return NumbaStep(engine)
     if not isinstance(engine, StackEngine):

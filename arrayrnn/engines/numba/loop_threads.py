@@ -3,7 +3,7 @@ worker threads.
 
 Rows split (:func:`run_split`, batches of ``2 * MIN_ROWS_PER_THREAD`` rows and more, every loop). Rows
 of a direction's batch never interact inside its time loop (each row's state feeds only its own next
-step), so every compiled loop of :mod:`.numba_kernels` takes a row range ``[r0, r1)`` and runs the whole
+step), so every compiled loop of :mod:`.loops` takes a row range ``[r0, r1)`` and runs the whole
 sequence for it, with no barrier at all: the threads meet once, when the call returns. The loops
 release the GIL (``nogil=True``) and write disjoint rows of the shared buffers; each thread gets its own
 scratch tile. Semantics roughly equal to this Python loop, run concurrently::
@@ -50,10 +50,10 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
+from ..thread_count import get_num_threads
 from . import workers
 from .packed_gemm import new_scratch
 from .spin_barrier import cancel_barrier, new_sync
-from .thread_count import get_num_threads
 
 # below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
 MIN_ROWS_PER_THREAD = 8

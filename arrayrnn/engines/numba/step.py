@@ -1,9 +1,9 @@
 """One cell step on the numba engine's compiled loops, with the weights packed once.
 
-A sequence call packs ``W_hh`` for every call (:mod:`.numba_engine`); over one step that packing costs
+A sequence call packs ``W_hh`` for every call (:mod:`.engine`); over one step that packing costs
 more than the step (``H = 256``: ~0.3 ms against ~0.1 ms). :class:`NumbaStep` packs each matrix the
 first time a step needs it and keeps it in the :class:`~.step.StepWeights` the caller holds while the
-weights are unchanged. The step then calls the loops of :mod:`.numba_kernels` directly, with ``T = 1``,
+weights are unchanged. The step then calls the loops of :mod:`.loops` directly, with ``T = 1``,
 on the calling thread and without the cell variants (a cell has none): the input projection and every
 backward product on the packed GEMM (:mod:`.packed_gemm`), so no BLAS thread pool is woken for a
 product of a few rows.
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import RNNSpec
-from . import numba_kernels as nk
-from .base import DirectionCache, DirectionForward, DirectionGrads
-from .numba_engine import _absent, _gru_parts, _no_packed
+from ...core.spec import RNNSpec
+from ..base import DirectionCache, DirectionForward, DirectionGrads
+from ..step import StepEngine, StepWeights
+from . import loops
+from .engine import _absent, _gru_parts, _no_packed
 from .packed_gemm import gemm, new_scratch, pack_b
-from .step import StepEngine, StepWeights
 
 Array = Any
 _NO_CLIP = (-np.inf, np.inf)
@@ -146,17 +146,17 @@ class NumbaStep(StepEngine):
             project = sw.w.W_hr is not None
             c_all = np.empty((1, B, H), dt) if keep_cache else _nothing(dt, 3)
             tanh_c_all = np.empty((1, B, H), dt) if project else _nothing(dt, 3)
-            nk.lstm_forward_loop(0, B, xw, bs, False, *head, h_n, c_n, y, np.empty((B, H), dt), keep_cache,
+            loops.lstm_forward_loop(0, B, xw, bs, False, *head, h_n, c_n, y, np.empty((B, H), dt), keep_cache,
                                  c_all, tanh_c_all, *tail, _scratch(dt))
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None)
             return DirectionForward(y, h_n, c_n, cache if keep_cache else None)
         if spec.mode == "gru":
             hn_all = np.empty((1, B, H), dt)
-            nk.gru_forward_loop(0, B, xw, bs, False, *head, h_n, y, np.empty((B, 3 * H), dt), keep_cache,
+            loops.gru_forward_loop(0, B, xw, bs, False, *head, h_n, y, np.empty((B, 3 * H), dt), keep_cache,
                                 hn_all, *tail, _scratch(dt))
             cache = DirectionCache(gates=xw, hn=hn_all if spec.reset_after else None)
             return DirectionForward(y, h_n, None, cache if keep_cache else None)
-        nk.rnn_forward_loop(0, B, xw, bs, False, *head, h_n, y, *tail, _scratch(dt))
+        loops.rnn_forward_loop(0, B, xw, bs, False, *head, h_n, y, *tail, _scratch(dt))
         return DirectionForward(y, h_n, None, DirectionCache() if keep_cache else None)
 
     # -- backward -------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ class NumbaStep(StepEngine):
             dc = np.array(dc, dtype=dt, order="C", copy=True)
             project = sw.w.W_hr is not None
             d_h = np.empty((1, B, spec.output_size), dt) if project else _nothing(dt, 3)
-            nk.lstm_backward_loop(0, B, cache.gates, cache.c, np.ascontiguousarray(c[None]),
+            loops.lstm_backward_loop(0, B, cache.gates, cache.c, np.ascontiguousarray(c[None]),
                                   cache.tanh_c if project else _nothing(dt, 3), bs, False, *head, dy, dh, dc,
                                   dpre, d_h, np.empty((B, H), dt), *tail, _scratch(dt))
             return DirectionGrads(dpre, dpre, d_h if project else None, dh, dc)
@@ -180,11 +180,11 @@ class NumbaStep(StepEngine):
             after = spec.reset_after
             dn_rec = np.empty((1, B, H), dt) if after else _nothing(dt, 3)
             rec = np.empty((B, 3 * H), dt) if after else _nothing(dt, 2)
-            nk.gru_backward_loop(0, B, cache.gates, cache.hn if after else _nothing(dt, 3),
+            loops.gru_backward_loop(0, B, cache.gates, cache.hn if after else _nothing(dt, 3),
                                  np.ascontiguousarray(h[None]), bs, False, *head, dy, dh, dpre, dn_rec, rec,
                                  np.empty((B, H), dt), *tail, _scratch(dt))
             return DirectionGrads(dpre, dpre, None, dh, None, dn_rec if after else None)
-        nk.rnn_backward_loop(0, B, fwd.y, bs, False, *head, dy, dh, dpre, *tail, _scratch(dt))
+        loops.rnn_backward_loop(0, B, fwd.y, bs, False, *head, dy, dh, dpre, *tail, _scratch(dt))
         return DirectionGrads(dpre, dpre, None, dh, None)
 
     def matmul(self, a: Array, b: Array) -> np.ndarray:

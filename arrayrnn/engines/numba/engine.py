@@ -4,7 +4,7 @@ The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and the GEMM
 time loop (input projections, weight gradients, ``dx``, through NumPy's BLAS; a small input
 projection on the packed kernel, :meth:`NumbaEngine.project_input`). :class:`NumbaKernel`
 replaces the per-direction time loop: the loop itself, the per-step recurrent products and the fused
-gate math run in compiled code (:mod:`.numba_kernels`) on the engine's own packed SIMD GEMM
+gate math run in compiled code (:mod:`.loops`) on the engine's own packed SIMD GEMM
 (:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and ``W_hr`` with
 projection) is packed once per call, in compiled code: gate-grouped for the forward (one GEMM tile
 computes every gate of a group of hidden units; each group's weights are read once per step for all the
@@ -33,10 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import RNNSpec
-from . import numba_kernels as nk
-from . import wavefront
-from .base import (
+from ...core.spec import RNNSpec
+from ..base import (
     Call,
     DirectionCache,
     DirectionForward,
@@ -45,7 +43,9 @@ from .base import (
     StackForward,
     StackGrads,
 )
-from .cells import gate_slice
+from ..cells import gate_slice
+from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
+from . import loops, wavefront
 from .loop_threads import (
     available_threads,
     column_parts,
@@ -58,7 +58,6 @@ from .loop_threads import (
 )
 from .packed_gemm import gemm, gemm_steps, new_scratch, pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
-from .stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
 
 Array = Any
 
@@ -150,8 +149,8 @@ class ForwardLoop:
 
 
 class ColumnsLoop(ForwardLoop):
-    """:class:`ForwardLoop` of a column-split loop (:func:`.numba_kernels.lstm_forward_columns`,
-    :func:`.numba_kernels.gru_forward_columns`): the state lives in ``h_buf[0]`` between chunks."""
+    """:class:`ForwardLoop` of a column-split loop (:func:`.loops.lstm_forward_columns`,
+    :func:`.loops.gru_forward_columns`): the state lives in ``h_buf[0]`` between chunks."""
 
     def __init__(self, loop: Callable[..., Any], parts: int, dtype: Any, h_buf: np.ndarray, args: tuple,
                  result: DirectionForward):
@@ -201,14 +200,14 @@ class NumbaKernel:
             if parts > 1:
                 h_buf = _state_buffers(h)
                 cache = DirectionCache(gates=xw, c=c_all)
-                return ColumnsLoop(nk.lstm_forward_columns, parts, dtype, h_buf, (
+                return ColumnsLoop(loops.lstm_forward_columns, parts, dtype, h_buf, (
                     PerStep(xw), PerStep(bs), reverse, W_hh_p, h_buf, c, PerStep(y), np.empty((B, H), dtype),
                     keep_cache, kept(c_all), dtype.type(lo), dtype.type(hi)),
                     DirectionForward(y, h_buf[0], c, cache if keep_cache else None))
             zone_h = _zone_args(w.zoneout_h, dtype, B, spec.output_size)
             cache = DirectionCache(gates=xw, c=c_all, tanh_c=tanh_c_all if project else None,
                                    c_cand=c_cand if zone_c[0] else None)
-            return ForwardLoop(nk.lstm_forward_loop, ROWS_BY_NV[4], dtype, bs, B, (
+            return ForwardLoop(loops.lstm_forward_loop, ROWS_BY_NV[4], dtype, bs, B, (
                 PerStep(xw), PerStep(bs), reverse, W_hh_p, W_hr_p, project, h, c, PerStep(y),
                 np.empty((B, H), dtype), keep_cache, kept(c_all), kept(tanh_c_all), dtype.type(lo),
                 dtype.type(hi), *_mask_args(w, dtype, B), zone_h[0], _per_step_if(zone_h[0])(zone_h[1]),
@@ -225,7 +224,7 @@ class NumbaKernel:
                 parts = column_parts(B, groups, B * w.W_hh.size, past_rows_split=False) if _plain(w) else 1
                 if parts > 1:
                     h_buf = _state_buffers(h)
-                    return ColumnsLoop(nk.gru_forward_columns, parts, dtype, h_buf, (
+                    return ColumnsLoop(loops.gru_forward_columns, parts, dtype, h_buf, (
                         PerStep(xw), PerStep(bs), reverse, packed[0], b_hn, h_buf, PerStep(y),
                         np.empty((B, 3 * H), dtype), keep_hn, _per_step_if(keep_hn)(hn_all)),
                         DirectionForward(y, h_buf[0], None, cache if keep_cache else None))
@@ -233,14 +232,14 @@ class NumbaKernel:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz.T), pack_b(W_n.T))
             zone_h = _zone_args(w.zoneout_h, dtype, B, H)
-            return ForwardLoop(nk.gru_forward_loop, ROWS_BY_NV[3], dtype, bs, B, (
+            return ForwardLoop(loops.gru_forward_loop, ROWS_BY_NV[3], dtype, bs, B, (
                 PerStep(xw), PerStep(bs), reverse, *packed, spec.reset_after, b_hn, h, PerStep(y),
                 np.empty((B, 3 * H), dtype), keep_cache, _per_step_if(keep_hn)(hn_all),
                 *_mask_args(w, dtype, B), zone_h[0], _per_step_if(zone_h[0])(zone_h[1])),
                 DirectionForward(y, h, None, cache if keep_cache else None))
         zone_h = _zone_args(w.zoneout_h, dtype, B, H)
         cache = DirectionCache(gates=xw if zone_h[0] else None)  # with zoneout: each step's own output
-        return ForwardLoop(nk.rnn_forward_loop, ROWS_BY_NV[1], dtype, bs, B, (
+        return ForwardLoop(loops.rnn_forward_loop, ROWS_BY_NV[1], dtype, bs, B, (
             PerStep(xw), PerStep(bs), reverse, pack_b(w.W_hh.T), spec.mode == "rnn_relu", h, PerStep(y),
             *_mask_args(w, dtype, B), zone_h[0], _per_step_if(zone_h[0])(zone_h[1])),
             DirectionForward(y, h, None, cache if keep_cache else None))
@@ -270,8 +269,8 @@ class NumbaKernel:
             seq = (True, _c(dc_seq)) if dc_seq is not None else (False, _absent(dtype, 3))
             zone_c = _zone_args(w.zoneout_c, dtype, B, H)
             cell = cache.c_cand if zone_c[0] else cache.c  # the cell h~ and the clip saw
-            run_split(nk.lstm_backward_loop, bs, B, dtype, _c(cache.gates), _c(cell), _c(c_prev), tanh_c, bs,
-                      reverse, pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
+            run_split(loops.lstm_backward_loop, bs, B, dtype, _c(cache.gates), _c(cell), _c(c_prev), tanh_c,
+                      bs, reverse, pack_b(w.W_hh), W_hr_p, project, dy, dh, dc, dpre_in, d_h,
                       np.empty((B, H), dtype), use_clip, dtype.type(lo), dtype.type(hi), *masks, *seq,
                       *zone_h[:2], *zone_c[:2], zone_h[2], zone_c[2], *_peephole_args(w, dtype))
             return DirectionGrads(dpre_in, dpre_in, d_h if project else None, dh, dc)
@@ -286,12 +285,12 @@ class NumbaKernel:
                 W_rz, W_n = _gru_parts(spec, w.W_hh)
                 packed = (_no_packed(dtype), pack_b(W_rz), pack_b(W_n))
             drh = np.empty((B, H), dtype)
-            run_split(nk.gru_backward_loop, bs, B, dtype, _c(cache.gates), hn_all, _c(h_prev), bs, reverse,
+            run_split(loops.gru_backward_loop, bs, B, dtype, _c(cache.gates), hn_all, _c(h_prev), bs, reverse,
                       *packed, spec.reset_after, dy, dh, dpre_in, dn_rec, rec, drh, *masks, *zone_h)
             return DirectionGrads(dpre_in, dpre_in, None, dh, None, dn_rec if spec.reset_after else None)
         d_pre = np.empty((T, B, H), dtype)
         own_output = cache.gates if zone_h[0] else fwd.y  # with zoneout y is not the step's own output
-        run_split(nk.rnn_backward_loop, bs, B, dtype, _c(own_output), bs, reverse, pack_b(w.W_hh),
+        run_split(loops.rnn_backward_loop, bs, B, dtype, _c(own_output), bs, reverse, pack_b(w.W_hh),
                   spec.mode == "rnn_relu", dy, dh, d_pre, *masks, *zone_h)
         return DirectionGrads(d_pre, d_pre, None, dh, None)
 

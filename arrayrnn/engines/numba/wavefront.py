@@ -31,11 +31,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..core.spec import RNNSpec
+from ...core.spec import RNNSpec
+from ..base import DirectionForward, DirectionWeights
+from ..stack import StackBackRun, StackRun
 from . import loop_threads, workers
-from .base import DirectionForward, DirectionWeights
 from .loop_threads import MIN_ROWS_PER_THREAD, available_threads, in_parallel, one_thread
-from .stack import StackBackRun, StackRun
 
 Array = Any
 
