@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import tracemalloc
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
 from arrayrnn.engines import probe_call, select_engine
 from arrayrnn.engines.numba import engine as numba_engine
+from arrayrnn.engines.numba.plan import forward_plan
 from arrayrnn.engines.stack import direction_weights, input_projection
 
 SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
@@ -100,14 +102,14 @@ def test_inactive_rows_of_the_input_projection_are_never_read(config, monkeypatc
     """Variable lengths: the projection writes only each step's active rows (ACTIVE_PROJECTION_MAX_FILL);
     with NaN in the rest, every result still equals the reference's (the kernels never read them, and the
     caches they keep there are zeroed)."""
-    real, calls = numba_engine._project_active_rows, []
+    real, calls = numba_engine.project_active_rows, []
 
-    def poisoned(x, w, batch_sizes, out):
+    def poisoned(x, w, batch_sizes, out, threads):
         calls.append(batch_sizes)
         out = np.full((*x.shape[:2], w.W_ih.shape[0]), np.nan, x.dtype) if out is None else out
-        return real(x, w, batch_sizes, out)
+        return real(x, w, batch_sizes, out, threads)
 
-    monkeypatch.setattr(numba_engine, "_project_active_rows", poisoned)
+    monkeypatch.setattr(numba_engine, "project_active_rows", poisoned)
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
     assert calls and all(bs.sum() < bs.size * 37 for bs in calls)  # the path ran, on partly active steps
@@ -130,7 +132,7 @@ GATHER_CASES = {
 def test_backward_products_on_the_active_rows_equal_those_on_every_row(case, engine, monkeypatch):
     """The hoisted backward products gather the active (step, row) entries when at most
     ACTIVE_ROWS_MAX_FILL of them are active; gradients equal those of the products over every row."""
-    from arrayrnn.engines import stack
+    from arrayrnn.engines import stack, thresholds
 
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **GATHER_CASES[case])
     rng = np.random.default_rng(1)
@@ -147,7 +149,7 @@ def test_backward_products_on_the_active_rows_equal_those_on_every_row(case, eng
 
     monkeypatch.setattr(stack.ActiveRows, "__call__", spy)
     for fill in (1.0, 0.0):
-        monkeypatch.setattr(stack, "ACTIVE_ROWS_MAX_FILL", fill)
+        monkeypatch.setattr(thresholds, "ACTIVE_ROWS_MAX_FILL", fill)
         res = ar.rnn_forward(params, x, lengths, training=True, seed=4, engine=engine)
         grads[fill] = ar.rnn_backward(res, dy)
         assert set(gathered_stacks) == {fill == 1.0}
@@ -189,7 +191,9 @@ def test_active_rows_projection_writes_only_active_rows():
             x = rng.standard_normal((T, B, 7)).astype(dtype)
             bs = (np.array(lengths)[None] > np.arange(T)[:, None]).sum(axis=1).astype(np.int64)
             out = np.full((T, B, 15), np.nan, dtype)
-            xw = numba_engine.ENGINE.project_input(x, w, out=out, batch_sizes=bs)
+            run = SimpleNamespace(x=x, batch_sizes=bs, plan=forward_plan(spec, x, bs, threads=2))
+            assert run.plan.active_projection == partial
+            xw = numba_engine.ENGINE.projector(run, 0, w)(x, out)
             assert np.shares_memory(xw, out)
             active = np.arange(B)[None, :] < bs[:, None] if partial else np.ones((T, B), bool)
             np.testing.assert_allclose(out[active], input_projection(x, w)[active], rtol=1e-5, atol=1e-6)
