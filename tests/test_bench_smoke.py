@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from support.bench_loader import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_rnn.py"
 QUICK = ["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm", "--shapes", "Q2"]
 
 
 def _load_bench(monkeypatch, path: Path = BENCH):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, path.stem, bench)  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench(monkeypatch, path)
 
 
 def _table_row(out: str, prefix: str) -> list[str]:

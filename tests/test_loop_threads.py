@@ -13,6 +13,7 @@ import threading
 import numba
 import numpy as np
 import pytest
+from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
 from arrayrnn.engines import thresholds
@@ -122,23 +123,8 @@ CONFIGS = {
 }
 
 
-def _run(engine: str, spec: ar.RNNSpec, B: int = 21, training: bool = True):
-    rng = np.random.default_rng(5)
-    T = 8
-    dt = spec.dtype
-    L = spec.num_layers * spec.num_directions
-    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
-    lengths = rng.integers(0, T + 1, B)
-    lengths[:3] = (0, T, 1)
-    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
-    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=1), x, lengths, h0, c0, training=training, seed=7,
-                         engine=engine)
-    if not training:
-        return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
-    g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
-    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
-            "dparams": g.dparams.data}
+def _run(engine: str, spec: ar.RNNSpec, B: int = 21, training: bool = True) -> dict:
+    return engine_results(engine, spec, T=8, B=B, seed=5, training=training)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -148,22 +134,8 @@ def test_two_threads_equal_one_thread_and_the_reference(config, threads):
     one = _run("numba", spec)
     threads(2)
     two = _run("numba", spec)
-    oracle = _run("reference", spec)
-    for name, expected in oracle.items():
-        if expected is None:
-            assert one[name] is None and two[name] is None
-            continue
-        np.testing.assert_allclose(two[name], one[name], rtol=1e-13, atol=1e-14, err_msg=name)
-        np.testing.assert_allclose(two[name], expected, rtol=1e-11, atol=1e-12, err_msg=name)
-
-
-def _same(ours, one, oracle, rtol, atol):
-    for name, expected in oracle.items():
-        if expected is None:
-            assert ours[name] is None
-            continue
-        np.testing.assert_allclose(ours[name], one[name], rtol=rtol, atol=atol, err_msg=name)
-        np.testing.assert_allclose(ours[name], expected, rtol=100 * rtol, atol=100 * atol, err_msg=name)
+    assert_same_results(two, one, rtol=1e-13, atol=1e-14)
+    assert_same_results(two, _run("reference", spec), rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
@@ -190,7 +162,8 @@ def test_column_split_equals_one_thread_and_the_reference(mode, fields, dtype, r
     threads(2)
     two = _run("numba", spec, B=rows, training=training)
     assert calls and set(calls) == {2}
-    _same(two, one, _run("reference", spec, B=rows, training=training), rtol, atol)
+    assert_same_results(two, one, rtol, atol)
+    assert_same_results(two, _run("reference", spec, B=rows, training=training), 100 * rtol, 100 * atol)
 
 
 def test_the_barrier_holds_every_thread_at_each_step(threads):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import ENGINES
+from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
@@ -65,24 +66,8 @@ CONFIGS = {
 }
 
 
-def _run(engine: str, spec: ar.RNNSpec, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    T, B = 9, 37
-    dt = spec.dtype
-    L, D = spec.num_layers * spec.num_directions, spec.num_directions
-    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
-    lengths = rng.integers(0, T + 1, B)
-    lengths[:3] = (0, T, 1)
-    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
-    dy = rng.standard_normal((T, B, D * spec.output_size)).astype(dt)
-    dh_n = rng.standard_normal(h0.shape).astype(dt)
-    dc_n = rng.standard_normal(c0.shape).astype(dt) if c0 is not None else None
-    params = ar.PackedParams.init(spec, seed=seed)
-    res = ar.rnn_forward(params, x, lengths=lengths, h0=h0, c0=c0, training=True, engine=engine)
-    g = ar.rnn_backward(res, dy, dh_n, dc_n)
-    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
-            "dparams": g.dparams.data}
+def _run(engine: str, spec: ar.RNNSpec) -> dict:
+    return engine_results(engine, spec, T=9, B=37)
 
 
 @pytest.mark.parametrize("dtype, rtol, atol", [("float64", 1e-12, 1e-13), ("float32", 2e-5, 2e-6)])
@@ -90,11 +75,7 @@ def _run(engine: str, spec: ar.RNNSpec, seed: int = 0):
 def test_numba_equals_reference(config, dtype, rtol, atol):
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype=dtype, **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
-    for name, expected in oracle.items():
-        if expected is None:
-            assert ours[name] is None
-            continue
-        np.testing.assert_allclose(ours[name], expected, rtol=rtol, atol=atol, err_msg=name)
+    assert_same_results(ours, oracle, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -113,9 +94,7 @@ def test_inactive_rows_of_the_input_projection_are_never_read(config, monkeypatc
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
     assert calls and all(bs.sum() < bs.size * 37 for bs in calls)  # the path ran, on partly active steps
-    for name, expected in oracle.items():
-        if expected is not None:
-            np.testing.assert_allclose(ours[name], expected, rtol=1e-12, atol=1e-13, err_msg=name)
+    assert_same_results(ours, oracle, rtol=1e-12, atol=1e-13)
 
 
 GATHER_CASES = {
@@ -206,9 +185,7 @@ def test_wide_hidden_sizes_cross_every_tile_edge(config):
     # vector, 4 with AVX2 or portable), 23 rows: several row tiles and a short last one
     spec = ar.RNNSpec(input_size=5, hidden_size=37, dtype="float64", **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
-    for name, expected in oracle.items():
-        if expected is not None:
-            np.testing.assert_allclose(ours[name], expected, rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_same_results(ours, oracle, rtol=1e-11, atol=1e-12)
 
 
 def test_inference_forward_equals_training_forward():

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
 from arrayrnn.engines import thresholds
@@ -40,21 +41,7 @@ CONFIGS = {
 
 
 def _run(engine: str, spec: ar.RNNSpec, B: int, T: int, training: bool) -> dict:
-    rng = np.random.default_rng(11)
-    dt = spec.dtype
-    L = spec.num_layers * spec.num_directions
-    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
-    lengths = rng.integers(0, T + 1, B)
-    lengths[:3] = (T, 0, 1)[:B]
-    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
-    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=3), x, lengths, h0, c0, training=training, seed=9,
-                         engine=engine)
-    out = {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
-    if training:
-        g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
-        out.update(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=g.dparams.data)
-    return out
+    return engine_results(engine, spec, T, B, seed=11, training=training, mask_seed=9)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
@@ -71,13 +58,8 @@ def test_side_by_side_equals_one_thread_and_the_reference(config, training, thre
     if training and spec.bidirectional:
         expected += ["backward_directions"] * spec.num_layers
     assert schedules == expected
-    oracle = _run("reference", spec, B, T, training)
-    for name, want in oracle.items():
-        if want is None:
-            assert two[name] is None
-            continue
-        np.testing.assert_allclose(two[name], one[name], rtol=1e-13, atol=1e-14, err_msg=name)
-        np.testing.assert_allclose(two[name], want, rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_same_results(two, one, rtol=1e-13, atol=1e-14)
+    assert_same_results(two, _run("reference", spec, B, T, training), rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("T", [1, 3, 4, 37])
@@ -87,8 +69,7 @@ def test_float32_pipeline_with_odd_chunks_equals_the_reference(T, threads, sched
     two = _run("numba", spec, 9, T, training=True)
     assert schedules == ["run_pipeline"]
     oracle = _run("reference", spec, 9, T, training=True)
-    for name, want in oracle.items():
-        np.testing.assert_allclose(two[name], want, rtol=2e-5, atol=2e-6, err_msg=name)
+    assert_same_results(two, oracle, rtol=2e-5, atol=2e-6)
 
 
 def test_plan_side_by_side_from_8_rows_the_pipeline_where_the_column_split_does_not_run(monkeypatch):
@@ -149,8 +130,7 @@ def test_a_column_split_loop_inside_the_pipeline_runs_on_its_one_thread(threads,
     call.join(timeout=300)
     assert not call.is_alive(), "the pipelined call did not finish"
     oracle = _run("reference", spec, 9, 11, training=False)
-    for name, want in oracle.items():
-        np.testing.assert_allclose(result[name], want, rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_same_results(result, oracle, rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3, 4, 9, 64, 1000])
