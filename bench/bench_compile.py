@@ -6,7 +6,8 @@
 A child process with an empty ``NUMBA_CACHE_DIR`` makes float32 calls that reach every compiled function
 the engine runs (the packed GEMM, each mode's forward and backward loop, the column-split forwards, the
 per-step input projection, a cell step), in a fixed order, with 2 threads and the column-split thresholds
-at 0 so that those loops run at 9 rows. It reports numba's own timer of each function (``compiler_lock``
+at 0 so that those loops run at 9 rows (``H = 40``: more than one unit group to split, float32 lanes being
+at most 16). It reports numba's own timer of each function (``compiler_lock``
 of its compile result: typing, lowering and LLVM, including any callee compiled for it first: the order
 below is the order of first use) and the call's wall time; a second child loads everything from that
 cache (the cost of a later process). Only numba's timers and wall clocks: nothing here asserts a timing.
@@ -65,9 +66,9 @@ S = ar.RNNSpec
 steps = [
     ("packed GEMM (pack_b, gemm)", lambda: train(S("rnn_tanh", 200, 300), 300, T=1, training=False)),
     ("lstm: forward + backward loops", lambda: train(S("lstm", 5, 6, proj_size=3, peepholes=True), 2)),
-    ("lstm: column-split forward", lambda: train(S("lstm", 5, 6), 9, training=False)),
+    ("lstm: column-split forward", lambda: train(S("lstm", 5, 40), 9, training=False)),
     ("gru: forward + backward loops", lambda: train(S("gru", 5, 6), 2)),
-    ("gru: column-split forward", lambda: train(S("gru", 5, 6), 9, training=False)),
+    ("gru: column-split forward", lambda: train(S("gru", 5, 40), 9, training=False)),
     ("rnn: forward + backward loops", lambda: train(S("rnn_tanh", 5, 6), 2)),
     ("active-rows input projection", lambda: train(S("gru", 5, 6), 16, T=8,
                                                    lengths=np.array([8, 8, 8, 8] + [1] * 12))),

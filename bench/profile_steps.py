@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_steps.py --write
 
-For one-layer shapes of ``shared/BENCH_SHAPES.md`` (S1, S3 by default; S5 with its variable lengths; a
+For one-layer shapes of ``bench/SHAPES.md`` (S1, S3 by default; S5 with its variable lengths; a
 layer-direction of a stack, ``S4-layer1``), LSTM and GRU, float32, each part
 is timed on its own with the buffers and shapes the engine uses, median of ``--repeats`` back-to-back
 calls after one untimed call (steady state; ``--gap`` adds a pause before each, as ``bench_rnn.py`` does
