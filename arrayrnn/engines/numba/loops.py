@@ -53,6 +53,7 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from .. import gate_math as gm
 from ..gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from ..step_order import step_time
 from .packed_gemm import gate_group, gemm
 from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
 from .spin_barrier import barrier
@@ -156,9 +157,7 @@ def _one_of_impl(a):
     return lambda a: real(1.0)
 
 
-@register_jitable(inline="always")
-def _step_time(s, T, reverse):
-    return T - 1 - s if reverse else s
+_step_time = register_jitable(inline="always")(step_time)  # the one time-step order (.step_order)
 
 
 @register_jitable(inline="always")
