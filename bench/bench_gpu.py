@@ -1,6 +1,6 @@
 """GPU benchmark: the cudnn and cupy engines against torch.nn.LSTM / GRU on CUDA (which calls cuDNN).
 
-Shapes: BENCH_SHAPES (S1..S5, float32, time-major) and the same shapes at batch 256. For each engine, mode
+Shapes: bench/SHAPES.md (S1..S5, float32, time-major) and the same shapes at batch 256. For each engine, mode
 and shape: forward alone (training=False) and a training step (forward + backward of sum(y)), each pair
 (ours, torch) alternated in the same process, synchronised, median of the pairs, reported as the ratio
 ours / torch (below 1 is faster). Never run in CI; `.ci/gpu` runs it (``--quick`` by default there).

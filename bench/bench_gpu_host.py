@@ -51,7 +51,7 @@ import arrayrnn as ar  # noqa: E402
 import cudnn_bindings as cb  # noqa: E402
 from cudnn_bindings import _lib  # noqa: E402
 
-SHAPES = {"S1": (100, 64, 256, 256), "S3": (200, 1, 64, 128)}  # T, B, I, H (bench/BENCH_SHAPES.md)
+SHAPES = {"S1": (100, 64, 256, 256), "S3": (200, 1, 64, 128)}  # T, B, I, H (bench/SHAPES.md)
 MODES = ("lstm", "gru")
 STUBBED = ("cudnnRNNForward", "cudnnRNNBackwardData_v8", "cudnnRNNBackwardWeights_v8", "cudnnSetStream")
 

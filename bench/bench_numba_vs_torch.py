@@ -1,4 +1,4 @@
-"""The numba engine against PyTorch CPU on BENCH_SHAPES S1-S4 (LSTM, GRU; forward and training step).
+"""The numba engine against PyTorch CPU on bench/SHAPES.md's S1-S4 (LSTM, GRU; forward and training step).
 
 One process, 2 threads each, the two sides alternated per call, median of ``--rounds`` calls; prints one
 JSON object ``{"S1 lstm fwd": [ours_ms, torch_ms], ...}``. Run it once in each of two checkouts to compare

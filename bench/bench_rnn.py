@@ -1,10 +1,10 @@
-"""RNN benchmark: every CPU engine against PyTorch CPU and ONNX Runtime, shapes of shared/BENCH_SHAPES.md.
+"""RNN benchmark: every CPU engine against PyTorch CPU and ONNX Runtime, shapes of bench/SHAPES.md.
 
     python bench/bench_rnn.py --write          # full run, writes bench/RESULTS.md and bench/rnn_ratios.png
     python bench/bench_rnn.py --quick          # smoke run: tiny shapes, 3 pairs, prints only
     python bench/bench_rnn.py --quick --chart /tmp/r.png   # ... and the ratio chart
 
-Method (BENCH_SHAPES.md): float32, time-major, same process, ``torch.set_num_threads`` and ORT's
+Method (bench/SHAPES.md): float32, time-major, same process, ``torch.set_num_threads`` and ORT's
 ``intra_op_num_threads`` equal to our BLAS thread count (``--threads``, set through threadpoolctl). For
 each configuration the sides run in rounds (forward: ours, PyTorch, ONNX Runtime; training step: ours,
 PyTorch, as ORT has no training), the order rotated every round so that each side goes first in turn,
@@ -60,7 +60,8 @@ import onnx_peer  # noqa: E402
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call, simd_ir  # noqa: E402
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call  # noqa: E402
+from arrayrnn.engines.numba import simd_ir  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 CHART = ROOT / "bench" / "rnn_ratios.png"
@@ -492,7 +493,7 @@ def progress_line(row: Row) -> str:
 
 def render(rows: list[Row], mem_rows, compile_info, env_lines, command, pairs, gap, roofline: float,
            peak: float) -> str:
-    out = ["## RNN engines vs PyTorch CPU and ONNX Runtime (BENCH_SHAPES.md)", ""]
+    out = ["## RNN engines vs PyTorch CPU and ONNX Runtime (bench/SHAPES.md)", ""]
     out.append(f"Command: `{command}` (environment variables below)")
     out.append("")
     out.append(f"float32, time-major; {pairs} rounds per row, the sides' order rotated every round; "

@@ -12,8 +12,9 @@ calls before each timed one, so every setting starts from the same idle second c
 - ``columns``: 2 threads, the column split switched on for every batch below 16 rows: the plain LSTM
   forward splits its hidden units, one barrier per step (from 16 rows, the rows split as in ``rows``).
 
-The engine's default is ``columns`` for 8-15 rows and ``rows`` otherwise (arrayrnn/engines/loop_threads.py),
-from this benchmark's numbers (bench/RESULTS.md). Ratios < 1: faster than one thread.
+The engine's default is ``columns`` for 8-15 rows and ``rows`` otherwise
+(arrayrnn/engines/thresholds.py), from this benchmark's numbers (bench/RESULTS.md). Ratios < 1:
+faster than one thread.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads
+from arrayrnn.engines import thresholds
 
 CASES = ((200, 1, 64, 128), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256), (50, 8, 128, 512),
          (50, 16, 128, 512), (100, 64, 256, 256))
@@ -54,16 +55,16 @@ def measure(T: int, B: int, I: int, H: int, phase: str, rounds: int) -> dict[str
     params = ar.PackedParams.init(ar.RNNSpec("lstm", I, H), seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
     times: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    saved = (ar.get_num_threads(), loop_threads.COLUMN_SPLIT_MIN_ROWS)
+    saved = (ar.get_num_threads(), thresholds.COLUMN_SPLIT_MIN_ROWS)
     try:
         for _ in range(rounds):
             for name, (threads, column_min) in SETTINGS.items():
                 ar.set_num_threads(threads)
-                loop_threads.COLUMN_SPLIT_MIN_ROWS = column_min
+                thresholds.COLUMN_SPLIT_MIN_ROWS = column_min
                 times[name].append(time_call(params, x, phase))
     finally:
         ar.set_num_threads(saved[0])
-        loop_threads.COLUMN_SPLIT_MIN_ROWS = saved[1]
+        thresholds.COLUMN_SPLIT_MIN_ROWS = saved[1]
     return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
 
 

@@ -11,7 +11,8 @@ calls before each timed one):
 - ``layers``: 2 threads, no wavefront: layer by layer, each loop with the threads its rows allow (the
   rows split from 16 rows, the LSTM column split at 8-15 rows with large steps);
 - ``wavefront``: 2 threads, the stack's wavefront forced on at every batch (the engine's default: the
-  directions side by side from 4 rows, the layer pipeline off; :func:`arrayrnn.engines.wavefront.plan`).
+  directions side by side from 4 rows, the layer pipeline off;
+  :func:`arrayrnn.engines.numba.plan.wavefront_schedule`).
 
 Ratios < 1: faster than one thread. In ``wavefront`` a bidirectional layer's backward runs its directions
 side by side too (the engine's default: below 16 rows only); a unidirectional stack's backward runs layer
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_threads import time_call  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import wavefront  # noqa: E402
+from arrayrnn.engines.numba import plan  # noqa: E402
 
 CASES = ((100, 1, 256, 256), (100, 4, 256, 256), (100, 8, 256, 256), (100, 12, 256, 256),
          (50, 8, 128, 512), (50, 16, 128, 512), (100, 64, 256, 256))
@@ -41,27 +42,28 @@ SETTINGS = ("1 thread", "layers", "wavefront")
 
 
 def _forced(setting: str) -> Callable[..., str | None]:
-    """``wavefront.plan`` for ``setting``: the stack's wavefront at every batch (the backward: a
+    """``plan.wavefront_schedule`` for ``setting``: the stack's wavefront at every batch (the backward: a
     bidirectional layer's directions), or never."""
-    def plan(spec: ar.RNNSpec, rows: int, threads: int, backward: bool = False) -> str | None:
+    def schedule(spec: ar.RNNSpec, rows: int, threads: int, columns: bool = False,
+                 backward: bool = False) -> str | None:
         if setting != "wavefront" or threads < 2:
             return None
         if spec.bidirectional:
             return "directions"
         return None if backward else "layers"
-    return plan
+    return schedule
 
 
 @contextmanager
 def _setting(name: str) -> Iterator[None]:
-    saved = ar.get_num_threads(), wavefront.plan
+    saved = ar.get_num_threads(), plan.wavefront_schedule
     ar.set_num_threads(1 if name == "1 thread" else 2)
-    wavefront.plan = _forced(name)
+    plan.wavefront_schedule = _forced(name)
     try:
         yield
     finally:
         ar.set_num_threads(saved[0])
-        wavefront.plan = saved[1]
+        plan.wavefront_schedule = saved[1]
 
 
 def measure(spec: ar.RNNSpec, T: int, B: int, phase: str, rounds: int) -> dict[str, float]:

@@ -3,7 +3,7 @@
     python bench/cpu_peak.py [--threads 2]
 
 A numba intrinsic emits a loop of 24 independent ``llvm.fma`` chains on vectors of the SIMD variant's
-width (:mod:`arrayrnn.engines.simd_ir`); nothing touches memory in the loop, so the rate is the core's
+width (:mod:`arrayrnn.engines.numba.simd_ir`); nothing touches memory in the loop, so the rate is the core's
 FMA throughput at the clock it runs at. Each thread runs its own loop (numba ``prange`` over threads);
 the best of several runs is reported, in GFLOP/s (float32), with the FLOP/cycle it implies at the
 nominal clock of ``/proc/cpuinfo`` when known.
@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arrayrnn.engines import simd_ir  # noqa: E402
+from arrayrnn.engines.numba import simd_ir  # noqa: E402
 
 CHAINS = 24
 W = simd_ir.lanes(4)

@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_steps.py --write
 
-For one-layer shapes of ``shared/BENCH_SHAPES.md`` (S1, S3 by default; S5 with its variable lengths; a
+For one-layer shapes of ``bench/SHAPES.md`` (S1, S3 by default; S5 with its variable lengths; a
 layer-direction of a stack, ``S4-layer1``), LSTM and GRU, float32, each part
 is timed on its own with the buffers and shapes the engine uses, median of ``--repeats`` back-to-back
 calls after one untimed call (steady state; ``--gap`` adds a pause before each, as ``bench_rnn.py`` does
@@ -13,7 +13,7 @@ between peers, which this profile of one engine does not need):
   variable lengths, on each step's active rows where the engine does so);
 - ``time loop``: the compiled direction kernel alone (``NumbaKernel.forward`` / ``.backward``);
 - ``recurrent GEMM``: the same per-step products as the kernel (same shapes, same packed weights and
-  entry point, :func:`arrayrnn.engines.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
+  entry point, :func:`arrayrnn.engines.numba.packed_gemm.gemm`; gate-grouped packing in the forward; ``T``
   calls in one compiled loop), without any gate math;
 - ``gate math`` = ``time loop`` - ``recurrent GEMM`` (everything the kernel does between its GEMMs);
 - ``hoisted backward GEMMs``: ``dx``, ``dW_ih``, ``dW_hh`` and the bias sums, after the backward loop
@@ -26,7 +26,7 @@ A stack (``--shapes S1,S4-layer1,S4``) is timed whole, against the sum of its la
 calls (which must be in ``--shapes``). Parts are measured apart, so they need not add up exactly; ``rest``
 absorbs the difference. Each part
 runs with the threads the engine gives a call of its batch
-(:func:`arrayrnn.engines.loop_threads.engine_threads`: with 2 threads the time loops and per-step
+(:func:`arrayrnn.engines.numba.loop_threads.engine_threads`: with 2 threads the time loops and per-step
 products split the rows, BLAS is held to one thread and the hoisted products split their rows too).
 """
 
@@ -37,6 +37,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import threadpoolctl
@@ -48,8 +49,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import results_md  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import loop_threads, numba_engine, packed_gemm  # noqa: E402
-from arrayrnn.engines.simd_ir import simd_jit  # noqa: E402
+from arrayrnn.engines.numba import engine as numba_engine  # noqa: E402
+from arrayrnn.engines.numba import loop_threads, packed_gemm  # noqa: E402
+from arrayrnn.engines.numba.plan import call_threads, forward_plan, rows_split  # noqa: E402
+from arrayrnn.engines.numba.simd_ir import simd_jit  # noqa: E402
 from arrayrnn.engines.stack import (  # noqa: E402
     ActiveRows,
     _input_grad,
@@ -125,14 +128,17 @@ class Parts:
         return ar.rnn_backward(res, self.dy)
 
     def input_gemm(self):
-        return numba_engine.ENGINE.project_input(self.x, self.w, batch_sizes=self.bs)
+        run = SimpleNamespace(x=self.x, batch_sizes=self.bs, plan=forward_plan(self.spec, self.x, self.bs))
+        out = np.empty((*self.x.shape[:2], self.spec.gate_size), self.x.dtype)
+        return numba_engine.ENGINE.projector(run, 0, self.w)(self.x, out)
 
     def forward_loop(self, keep: bool):
         return self.kernel.forward(self.spec, self.w, self.xw.copy(), self.bs, self.h0, self.c0, False, keep)
 
     def _split_steps(self, a, packed, gates, c, accumulate):
         """:func:`_gemm_steps` over the engine's row ranges, one per thread, as the time loops split."""
-        ranges = loop_threads.row_ranges(self.bs, a.shape[1], loop_threads.thread_count(a.shape[1]))
+        ranges = loop_threads.row_ranges(self.bs, a.shape[1],
+                                          rows_split(a.shape[1], loop_threads.available_threads()))
         loop_threads.in_parallel(lambda r0, r1: _gemm_steps(a[:, r0:r1], packed, gates, c[:, r0:r1],
                                                            accumulate, self.bs, r0,
                                                            packed_gemm.new_scratch(np.float32)),
@@ -171,11 +177,16 @@ class Parts:
         return run
 
 
+def _engine_threads(rows: int):
+    """The engine's thread scope of a layer-by-layer call over ``rows`` rows."""
+    return loop_threads.engine_threads(call_threads(rows, loop_threads.available_threads(), None))
+
+
 def profile(mode: str, shape: str, repeats: int, gap: float) -> dict[str, dict[str, float]]:
     p = Parts(mode, *SHAPES[shape])
 
     def t(fn) -> float:
-        with loop_threads.engine_threads(p.x.shape[1]):  # each part with the threads the engine gives it
+        with _engine_threads(p.x.shape[1]):  # each part with the threads the engine gives it
             return _median_time(fn, repeats, gap) * 1e3
     fwd = {"total": t(p.forward_total), "input GEMM": t(p.input_gemm), "recurrent GEMM": t(p.forward_gemms)}
     loop = t(lambda: p.forward_loop(False))
@@ -206,7 +217,7 @@ def stack_totals(mode: str, name: str, repeats: int, gap: float) -> dict[str, fl
         return ar.rnn_backward(ar.rnn_forward(params, x, training=True, engine="numba"), dy)
     def forward():
         return ar.rnn_forward(params, x, engine="numba")
-    with loop_threads.engine_threads(B):
+    with _engine_threads(B):
         return {phase: _median_time(fn, repeats, gap) * 1e3 for phase, fn in (("forward", forward),
                                                                               ("train", train))}
 

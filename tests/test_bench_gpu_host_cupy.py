@@ -8,14 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_bench_smoke import _load_bench
+from support.bench_loader import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu_host_cupy.py"
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    module = _load_bench(monkeypatch, BENCH)
+    module = load_bench(monkeypatch, BENCH)
     monkeypatch.setattr(module, "SHAPES", {"short": 3, "long": 8})
     return module
 

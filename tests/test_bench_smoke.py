@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from support.bench_loader import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_rnn.py"
 QUICK = ["--quick", "--pairs", "1", "--no-memory", "--no-compile", "--modes", "lstm", "--shapes", "Q2"]
 
 
 def _load_bench(monkeypatch, path: Path = BENCH):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, path.stem, bench)  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench(monkeypatch, path)
 
 
 def _table_row(out: str, prefix: str) -> list[str]:
@@ -89,27 +85,29 @@ def test_step_profile_takes_lengths_and_times_a_stack_against_its_layers(capsys,
     assert whole > 0 and ratio == pytest.approx(whole / parts, abs=0.01)
 
 
-def test_step_gemm_bench_checks_both_orientations_agree(monkeypatch):
-    bench = _load_bench(monkeypatch, BENCH.with_name("bench_step_gemm.py"))
-    direct, flipped = bench.measure(8, 16, 4, bench.np.random.default_rng(0))
-    assert direct > 0 and flipped > 0
-
-
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
+    import numpy as np
+
     import arrayrnn as ar
-    from arrayrnn.engines import wavefront
+    from arrayrnn.engines.numba import plan
+
+    def schedule(spec, rows, threads, backward=False):
+        if backward:
+            return plan.backward_plan(spec, rows, threads).schedule
+        x = np.zeros((3, rows, spec.input_size), np.float32)
+        return plan.forward_plan(spec, x, np.full(3, rows), None, threads).schedule
 
     bench = _load_bench(monkeypatch, BENCH.parent / "bench_wavefront.py")
     bi = ar.RNNSpec("gru", 4, 4, num_layers=2, bidirectional=True)
     deep = ar.RNNSpec("gru", 4, 4, num_layers=2)
     with bench._setting("wavefront"):
-        assert wavefront.plan(bi, 1, 2) == wavefront.plan(bi, 64, 2, backward=True) == "directions"
-        assert wavefront.plan(deep, 64, 2) == "layers" and wavefront.plan(deep, 1, 2, backward=True) is None
+        assert schedule(bi, 1, 2) == schedule(bi, 64, 2, backward=True) == "directions"
+        assert schedule(deep, 64, 2) == "layers" and schedule(deep, 1, 2, backward=True) is None
     with bench._setting("layers"):
-        assert wavefront.plan(bi, 8, 2) is None and ar.get_num_threads() == 2
+        assert schedule(bi, 8, 2) is None and ar.get_num_threads() == 2
     with bench._setting("1 thread"):
         assert ar.get_num_threads() == 1
-    assert wavefront.plan(bi, 8, 2) == "directions"  # restored
+    assert schedule(bi, 8, 2) == "directions"  # restored
     monkeypatch.setattr(bench, "CASES", ((5, 2, 3, 4),))
     bench.main(["--rounds", "1", "--modes", "gru"])
     out = capsys.readouterr().out

@@ -9,12 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.engine_cases import EngineOnDevice, engine_fixture
-from support.rnn_cases import forward, forward_backward, host, make_case, on_device, xp_of
-from support.variant_oracle import run_oracle
-from test_rnn_gradcheck import check_directions, numeric_gradient
+from support.rnn_cases import forward, host, make_case
+from support.variant_checks import (
+    SEED,
+    check_against_the_scan_oracle,
+    check_central_differences,
+    variant_case,
+    variant_spec,
+)
 
 import arrayrnn as ar
-from arrayrnn import RNNSpec, rnn_backward, rnn_forward
+from arrayrnn import RNNSpec, rnn_backward
 from arrayrnn.engines import cudnn_format, engine_unavailable_reason, engines_for, probe_call
 
 _VARIANT_PROBE = RNNSpec("lstm", 2, 3, recurrent_dropout=0.5, weight_dropout=0.5, zoneout=0.5, peepholes=True,
@@ -48,79 +53,17 @@ CASES = [
     ("rnn_relu-zoneout", dict(mode="rnn_relu", zoneout=0.5, bias="single_inp"), 4, 2, "full"),
     ("lstm-peepholes-only", dict(mode="lstm", peepholes=True), 4, 2, "full"),
 ]
-SEED = 5
-
-
-def _spec(fields: dict) -> RNNSpec:
-    return RNNSpec(input_size=2, hidden_size=3, dtype="float64", **fields)
-
-
-def _case(case_id: str, fields: dict, T: int, B: int, lengths: str):
-    case = make_case(_spec(fields), T, B, seed=len(case_id), lengths=lengths, scale=1.5)
-    if case.spec.peepholes:  # init draws peepholes like any weight; make them matter
-        for layer in range(case.spec.num_layers):
-            for direction in range(case.spec.num_directions):
-                case.params.view(layer, direction, "P")[...] *= 3.0
-    return case
-
-
-def _all_cotangents(case, res):
-    rng = np.random.default_rng(1)
-    dh_all = rng.standard_normal(res.h_all.shape)
-    dc_all = rng.standard_normal(res.c_all.shape) if res.c_all is not None else None
-    return dh_all, dc_all
-
-
-def _loss(out: dict, case, dh_all, dc_all):
-    total = (out["y"] * case.dy).sum() + (out["h_n"] * case.dh_n).sum() + (out["h_all"] * dh_all).sum()
-    if out["c_n"] is not None:
-        total = total + (out["c_n"] * case.dc_n).sum() + (out["c_all"] * dc_all).sum()
-    return total
-
-
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
 @pytest.mark.parametrize("case_id, fields, T, B, lengths", CASES, ids=[c[0] for c in CASES])
 def test_values_and_every_gradient_equal_the_scan_oracle(case_id, fields, T, B, lengths, training, engine):
-    case = _case(case_id, fields, T, B, lengths)
-    dev = on_device(case, engine)
-    res = rnn_forward(dev.params, dev.x, dev.lengths, dev.h0, dev.c0, training=training, seed=SEED,
-                      engine=engine, return_all_states=True)
-    dh_all, dc_all = _all_cotangents(case, res)
-    xp = xp_of(engine)
-    grads = host(rnn_backward(res, dev.dy, dev.dh_n, dev.dc_n, dh_all=xp.asarray(dh_all),
-                              dc_all=xp.asarray(dc_all) if dc_all is not None else None))
-    expected = run_oracle(case.params, case.x, case.lengths, case.h0, case.c0, SEED, training)
-    for name, value in expected.items():
-        if value is not None:
-            np.testing.assert_allclose(host(getattr(res, name)), value, rtol=1e-10, atol=1e-12, err_msg=name)
-
-    def scalar(params, x, h0, c0=None):
-        return _loss(run_oracle(params, x, case.lengths, h0, c0, SEED, training), case, dh_all, dc_all)
-
-    args = (case.params, case.x, case.h0) + ((case.c0,) if case.spec.has_cell else ())
-    _, oracle = ar.value_and_grad(scalar, tuple(range(len(args))))(*args)
-    np.testing.assert_allclose(grads.dparams.data, oracle[0].data, rtol=1e-9, atol=1e-11, err_msg="dparams")
-    np.testing.assert_allclose(grads.dx, oracle[1], rtol=1e-9, atol=1e-11, err_msg="dx")
-    np.testing.assert_allclose(grads.dh0, oracle[2], rtol=1e-9, atol=1e-11, err_msg="dh0")
-    if case.spec.has_cell:
-        np.testing.assert_allclose(grads.dc0, oracle[3], rtol=1e-9, atol=1e-11, err_msg="dc0")
+    check_against_the_scan_oracle(case_id, fields, T, B, lengths, training, engine)
 
 
 @pytest.mark.parametrize("case_id, fields, T, B, lengths", CASES, ids=[c[0] for c in CASES])
 def test_every_gradient_entry_equals_central_differences(case_id, fields, T, B, lengths, engine):
-    """Independent of the scan oracle: d<y, dy> + <h_n, dh_n> + <c_n, dc_n> by float64 central differences
-    of the engine's own training forward (same seed, so the same masks)."""
-    case = _case(case_id, fields, T, B, lengths)
-    _, grads = map(host, forward_backward(case, engine, seed=SEED))
-    checks = {"params": grads.dparams.data, "x": grads.dx, "h0": grads.dh0}
-    if case.spec.has_cell:
-        checks["c0"] = grads.dc0
-    for name, analytic in checks.items():
-        if xp_of(engine) is not np:  # a GPU stand-in: along random directions (as test_rnn_gradcheck)
-            check_directions(analytic, case, engine, name, training=True, seed=SEED)
-            continue
-        numeric = numeric_gradient(case, engine, name, training=True, seed=SEED)
-        np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7, err_msg=f"d loss / d {name}")
+    """Independent of the scan oracle: float64 central differences of the engine's own training forward
+    (same seed, so the same masks)."""
+    check_central_differences(case_id, fields, T, B, lengths, engine)
 
 
 @pytest.mark.parametrize("field, value", [("recurrent_dropout", 0.5), ("weight_dropout", 0.5),
@@ -128,10 +71,10 @@ def test_every_gradient_entry_equals_central_differences(case_id, fields, T, B, 
 def test_each_variant_changes_the_result_and_dropouts_only_in_training(field, value, engine):
     """Each variant acts (so the oracle tests prove something about it); the dropouts act in training only,
     zoneout and peepholes in inference too."""
-    plain = make_case(_spec(dict(mode="lstm", peepholes=field == "peepholes")), 5, 3, seed=2)
+    plain = make_case(variant_spec(dict(mode="lstm", peepholes=field == "peepholes")), 5, 3, seed=2)
     if field == "peepholes":
         plain.params.view(0, 0, "P")[...] = 0.0  # zero peepholes compute the plain LSTM
-        with_variant = _case("x", dict(mode="lstm", peepholes=True), 5, 3, "unsorted")
+        with_variant = variant_case("x", dict(mode="lstm", peepholes=True), 5, 3, "unsorted")
         with_variant = plain.with_(params=with_variant.params)
     else:
         spec = plain.spec.replace(**{field: value})

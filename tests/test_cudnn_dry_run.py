@@ -24,7 +24,7 @@ from support.cudnn_cases import GRID, check
 
 import arrayrnn as ar
 from arrayrnn.core.errors import FormatConversionWarning
-from arrayrnn.engines import cudnn_format as cf
+from arrayrnn.engines import thresholds
 
 pytestmark = requires_cudnn
 
@@ -102,7 +102,7 @@ def test_all_rows_empty(cp):
 def test_long_sequences_through_auto_pick_cudnn(cp, batch_first):
     spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=6, proj_size=4, num_layers=2, bidirectional=True,
                       dtype="float64")
-    T = cf.AUTO_MIN_SEQ_LEN + 1
+    T = thresholds.AUTO_MIN_SEQ_LEN + 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FormatConversionWarning)
         got = check(cp, spec, lengths=[T, 0, 4, T - 3], batch_first=batch_first, engine="auto",

@@ -27,6 +27,7 @@ from support.cudnn_cases import GRID, check
 import arrayrnn as ar
 import cudnn_bindings as cb
 from arrayrnn.engines import cudnn_format as cf
+from arrayrnn.engines import thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
@@ -290,7 +291,7 @@ def test_gpu_dropout_masks_match_reference(batch_first: bool) -> None:
 def test_gpu_long_sequences_through_auto() -> None:
     spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=6, num_layers=2, bidirectional=True,
                       dtype="float64")
-    T = cf.AUTO_MIN_SEQ_LEN + 1
+    T = thresholds.AUTO_MIN_SEQ_LEN + 1
     assert check(_cupy(), spec, lengths=[T, 0, 4, T - 3], engine="auto")["engine"] == "cudnn"
 
 
@@ -405,14 +406,15 @@ def test_check_answers_each_call() -> None:
     spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
 
     def call(**over):
-        fields = dict(spec=spec, xp=fake_cupy, device=0, seq_len=cf.AUTO_MIN_SEQ_LEN, batch=2, training=True,
-                      dropout=False, params_format="canonical", has_zero_length=True, explicit=False)
+        fields = dict(spec=spec, xp=fake_cupy, device=0, seq_len=thresholds.AUTO_MIN_SEQ_LEN, batch=2,
+                      training=True, dropout=False, params_format="canonical", has_zero_length=True,
+                      explicit=False)
         return Call(**{**fields, **over})
 
     assert cf.check(call()) is None
     assert "NumPy arrays" in cf.check(call(xp=np))
-    short = cf.check(call(seq_len=cf.AUTO_MIN_SEQ_LEN - 1))
-    assert short.startswith(f"T = {cf.AUTO_MIN_SEQ_LEN - 1} is below cuDNN's threshold")
+    short = cf.check(call(seq_len=thresholds.AUTO_MIN_SEQ_LEN - 1))
+    assert short.startswith(f"T = {thresholds.AUTO_MIN_SEQ_LEN - 1} is below cuDNN's threshold")
     assert cf.check(call(seq_len=2, explicit=True)) is None
     assert cf.check(call(seq_len=2, params_format="cudnn")) is None
     gru = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4, reset_after=False)

@@ -7,54 +7,22 @@ timeout the whole group is killed and the test fails.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.dist_jobs import ROOT, TIMEOUT, mpiexec, run_job
 
 import arrayrnn as ar
 from arrayrnn.distributed import abort_on_error, allreduce_mean, broadcast_from_root
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "support" / "dist_workers" / "train.py"
-TIMEOUT = 120
 
 _spec = importlib.util.spec_from_file_location("dist_train_worker", WORKER)
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
-
-
-def _mpiexec() -> str:
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'arrayrnn[mpi]')")
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    assert found, "mpi4py imports but no mpiexec was found next to python or on PATH"
-    return found
-
-
-def run_job(cmd: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in a new session; kill its whole process group on timeout or when done."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s (killed); stdout:\n{out[-2000:]}\n"
-                    f"stderr:\n{err[-2000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _check_equal_to_single_process(out: Path, optimizer: str, steps: int) -> None:
@@ -68,14 +36,14 @@ def _check_equal_to_single_process(out: Path, optimizer: str, steps: int) -> Non
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_mpi_two_ranks_equal_one_process(tmp_path, optimizer):
-    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "--optimizer", optimizer,
+    res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "--optimizer", optimizer,
                    "--steps", "3", "--out", str(tmp_path)])
     assert res.returncode == 0, res.stderr
     _check_equal_to_single_process(tmp_path, optimizer, 3)
 
 
 def test_mpi_failing_rank_ends_the_job(tmp_path):
-    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "--out", str(tmp_path),
+    res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "--out", str(tmp_path),
                    "--fail-rank", "1"])
     assert res.returncode != 0
     assert "rank 1 fails on purpose" in res.stderr
@@ -136,7 +104,7 @@ def test_nccl_single_rank_mean_and_broadcast():
 
 
 def test_demo_distributed_runs_and_only_rank0_prints():
-    res = run_job([_mpiexec(), "-n", "2", sys.executable, "-m", "arrayrnn.demo", "--distributed", "--steps",
+    res = run_job([mpiexec(), "-n", "2", sys.executable, "-m", "arrayrnn.demo", "--distributed", "--steps",
                    "2", "--hidden", "8", "--engine", "reference"])
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("validation bits/char after 2 steps") == 1

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_distributed import ROOT, _mpiexec, run_job
+from support.dist_jobs import ROOT, mpiexec, run_job
 
 from arrayrnn.training.agreement import Collectives, agree
 
@@ -66,7 +66,7 @@ def _check_every_rank_raised(case: str, stdout: str) -> None:
 
 @pytest.mark.parametrize("case", ["count", "shape", "dtype", "refused", "root", "call", "uneven", "raising"])
 def test_mpi_ranks_that_disagree_all_raise(case):
-    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", case], timeout=TIMEOUT)
+    res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", case], timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_every_rank_raised(case, res.stdout)
 
@@ -82,7 +82,7 @@ def test_gloo_ranks_that_disagree_all_raise(tmp_path, case):
 def test_mpi_uneven_calls_inside_abort_on_error_and_join_end_the_job_naming_the_rank_and_count():
     """The README's pattern: before join(comm), one more all-reduce on one rank waited forever even inside
     abort_on_error."""
-    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "uneven-abort"],
+    res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "uneven-abort"],
                   timeout=TIMEOUT)
     assert res.returncode != 0
     said = "rank 0 has left join(comm) after 3 calls; this is call 4 on rank 1"
@@ -100,7 +100,7 @@ def _check_resumed_everywhere(stdout: str) -> None:
 
 
 def test_mpi_resume_broadcasts_every_optimizer_hyperparameter():
-    res = run_job([_mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "resume"], timeout=TIMEOUT)
+    res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "resume"], timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_resumed_everywhere(res.stdout)
 
@@ -113,7 +113,7 @@ def test_gloo_resume_broadcasts_every_optimizer_hyperparameter(tmp_path):
 
 
 def test_mpi_before_init_after_finalize_and_comm_null_raise():
-    res = run_job([_mpiexec(), "-n", "1", sys.executable, str(WORKER), "mpi-state"], timeout=TIMEOUT)
+    res = run_job([mpiexec(), "-n", "1", sys.executable, str(WORKER), "mpi-state"], timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     null = "ValueError: comm = MPI.COMM_NULL"
     expected = {

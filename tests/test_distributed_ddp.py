@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_distributed import ROOT, run_job
+from support.dist_jobs import ROOT, run_job
 
 pytest.importorskip("torch.distributed")
 WORKER = ROOT / "tests" / "support" / "dist_workers" / "ddp.py"

@@ -136,3 +136,16 @@ def test_the_graph_sees_imports_inside_functions_and_skips_type_checking():
               "def f():\n    try:\n        import mpi4py\n    except ImportError:\n        pass\n")
     found = {ast.unparse(n) for n in _executable_imports(ast.parse(source))}
     assert found == {"from typing import TYPE_CHECKING", "from ..engines import load_engine", "import mpi4py"}
+
+
+def test_the_numba_wing_stands_on_the_shared_driver_and_nothing_below_imports_it():
+    # arrayrnn/engines/numba/ may import the engines' shared modules; no other engine module imports the
+    # wing (the registry names it as a string), so the driver, the GPU engines and the data model never
+    # load numba's compiled code
+    graph = import_graph()
+    wing = "arrayrnn.engines.numba"
+    members = {m for m in graph if m == wing or m.startswith(wing + ".")}
+    assert {f"{wing}.engine", f"{wing}.loops", f"{wing}.packed_gemm", f"{wing}.simd_ir"} <= members
+    for module, edges in graph.items():
+        if module.startswith("arrayrnn.engines") and module not in members:
+            assert not edges & members, f"{module} imports the numba wing: {sorted(edges & members)}"

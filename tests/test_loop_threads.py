@@ -1,5 +1,5 @@
-"""The numba engine's threads (arrayrnn/engines/loop_threads.py, spin_barrier.py): the batch rows split by
-work, the results of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell
+"""The numba engine's threads (arrayrnn/engines/numba/loop_threads.py, spin_barrier.py): the batch rows split
+by work, the results of 2 threads equal to 1 thread's and to the reference engine, on every mode and cell
 variant, both directions and variable lengths; the LSTM forward's column split (small batches, a barrier
 per step) likewise; the barrier itself; errors in a worker reach the caller; a forked child gets its own
 workers."""
@@ -13,10 +13,15 @@ import threading
 import numba
 import numpy as np
 import pytest
+from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads, numba_engine, wavefront, workers
-from arrayrnn.engines.spin_barrier import barrier, cancel_barrier, new_sync
+from arrayrnn.engines import thresholds
+from arrayrnn.engines.base import CellMasks
+from arrayrnn.engines.numba import engine as numba_engine
+from arrayrnn.engines.numba import loop_threads, plan, workers
+from arrayrnn.engines.numba.packed_gemm import vector_lanes
+from arrayrnn.engines.numba.spin_barrier import barrier, cancel_barrier, new_sync
 
 
 # -- row ranges -----------------------------------------------------------------------------------
@@ -40,35 +45,70 @@ def test_row_ranges_cover_the_rows_with_balanced_work(lengths, parts, tile):
     assert max(shares) - work.sum() / len(ranges) <= 2 * tile * 9 + 9
 
 
-def test_column_split_only_for_mid_batches_with_large_steps(threads):
-    threads(2)
-    large = loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
-    assert loop_threads.column_parts(12, 16, large) == 2
-    assert loop_threads.column_parts(12, 16, large - 1) == 1      # the barrier would cost more
-    assert loop_threads.column_parts(12, 1, large) == 1           # one unit group: nothing to split
-    assert loop_threads.column_parts(loop_threads.COLUMN_SPLIT_MIN_ROWS - 1, 16, large) == 1
-    wide = loop_threads.COLUMN_SPLIT_WIDE_STEP_FMAS
-    rows_split = 2 * loop_threads.MIN_ROWS_PER_THREAD
-    assert loop_threads.column_parts(rows_split, 16, large) == 1        # the rows split, unless ...
-    assert loop_threads.column_parts(rows_split, 16, wide) == 2         # ... the steps are large
-    assert loop_threads.column_parts(loop_threads.COLUMN_SPLIT_MAX_ROWS, 16, wide) == 1
-    assert loop_threads.column_parts(rows_split, 16, wide, past_rows_split=False) == 1   # GRU
-    assert loop_threads.column_parts(rows_split - 1, 16, large, past_rows_split=False) == 2
-    threads(1)
-    assert loop_threads.column_parts(12, 16, large) == 1
+def test_column_split_only_for_mid_batches_with_large_steps(monkeypatch):
+    lstm = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=16 * vector_lanes(np.float32))  # 16 unit groups
+    gru = ar.RNNSpec(mode="gru", input_size=4, hidden_size=lstm.hidden_size)
+
+    def parts(spec, rows, threads=2, columns=True):
+        return plan.column_parts(spec, rows, np.float32, threads, columns)
+
+    def fmas(spec, rows):  # a step's multiply-adds
+        return rows * spec.gate_size * spec.output_size
+
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", fmas(lstm, 12))
+    assert parts(lstm, 12) == 2
+    assert parts(lstm, 12, columns=False) == 1                       # no column-split loop runs it
+    assert parts(lstm, 12, threads=1) == 1
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", fmas(lstm, 12) + 1)
+    assert parts(lstm, 12) == 1                                       # the barrier would cost more
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    one_group = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=vector_lanes(np.float32))
+    assert parts(one_group, 12) == 1                                  # one unit group: nothing to split
+    assert parts(lstm, thresholds.COLUMN_SPLIT_MIN_ROWS - 1) == 1
+    rows_split = 2 * thresholds.MIN_ROWS_PER_THREAD
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_WIDE_STEP_FMAS", fmas(lstm, rows_split) + 1)
+    assert parts(lstm, rows_split) == 1                               # the rows split, unless ...
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_WIDE_STEP_FMAS", fmas(lstm, rows_split))
+    assert parts(lstm, rows_split) == 2                               # ... the steps are large
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_WIDE_STEP_FMAS", 0)
+    assert parts(lstm, thresholds.COLUMN_SPLIT_MAX_ROWS) == 1
+    assert parts(gru, rows_split) == 1                                # the GRU's stops at the rows split
+    assert parts(gru, rows_split - 1) == 2
+
+
+def test_one_rule_says_which_forwards_have_a_column_loop(monkeypatch):
+    def spec(**fields):
+        return ar.RNNSpec(**{"mode": "lstm", "input_size": 4, "hidden_size": 4, **fields})
+
+    assert plan.column_loop(spec(), ()) and plan.column_loop(spec(mode="gru"), ())
+    assert plan.column_loop(spec(), ("weight",))                     # DropConnect scales W_hh before the loop
+    for variants in (("recurrent",), ("zoneout_h",), ("zoneout_c",), ("weight", "recurrent")):
+        assert not plan.column_loop(spec(), variants), variants
+    for fields in (dict(mode="gru", reset_after=False), dict(mode="rnn_tanh"), dict(proj_size=2),
+                   dict(peepholes=True)):
+        assert not plan.column_loop(spec(**fields), ()), fields
+    # the masks a call applies decide, not the spec's options: at inference recurrent dropout draws none
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    dropped = spec(recurrent_dropout=0.3, hidden_size=4 * vector_lanes(np.float32))
+    x, bs = np.zeros((3, 12, 4), np.float32), np.full(3, 12)
+    inference = plan.forward_plan(dropped, x, bs, masks=None, threads=2)
+    assert inference.variants == () and inference.column_parts == 2
+    recurrent = CellMasks(recurrent=np.ones((1, 12, dropped.hidden_size), np.float32))
+    training = plan.forward_plan(dropped, x, bs, masks=recurrent, threads=2)
+    assert training.variants == ("recurrent",) and training.column_parts == 1
 
 
 def test_row_ranges_of_an_empty_batch():
     assert loop_threads.row_ranges(np.zeros(3, np.int64), 0, 2) == []
 
 
-def test_thread_count_follows_numba_and_the_batch(threads):
+def test_rows_split_follows_the_threads_and_the_batch(threads):
     threads(2)
-    assert loop_threads.thread_count(64) == 2
-    assert loop_threads.thread_count(1) == 1
-    assert loop_threads.thread_count(2 * loop_threads.MIN_ROWS_PER_THREAD - 1) == 1
+    assert plan.rows_split(64, loop_threads.available_threads()) == 2
+    assert plan.rows_split(1, 2) == 1
+    assert plan.rows_split(2 * thresholds.MIN_ROWS_PER_THREAD - 1, 2) == 1
     threads(1)
-    assert loop_threads.thread_count(64) == 1
+    assert plan.rows_split(64, loop_threads.available_threads()) == 1
 
 
 # -- whole calls: 2 threads against 1 thread and the reference engine -------------------------------
@@ -83,23 +123,8 @@ CONFIGS = {
 }
 
 
-def _run(engine: str, spec: ar.RNNSpec, B: int = 21, training: bool = True):
-    rng = np.random.default_rng(5)
-    T = 8
-    dt = spec.dtype
-    L = spec.num_layers * spec.num_directions
-    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
-    lengths = rng.integers(0, T + 1, B)
-    lengths[:3] = (0, T, 1)
-    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
-    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=1), x, lengths, h0, c0, training=training, seed=7,
-                         engine=engine)
-    if not training:
-        return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
-    g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
-    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
-            "dparams": g.dparams.data}
+def _run(engine: str, spec: ar.RNNSpec, B: int = 21, training: bool = True) -> dict:
+    return engine_results(engine, spec, T=8, B=B, seed=5, training=training)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -109,22 +134,8 @@ def test_two_threads_equal_one_thread_and_the_reference(config, threads):
     one = _run("numba", spec)
     threads(2)
     two = _run("numba", spec)
-    oracle = _run("reference", spec)
-    for name, expected in oracle.items():
-        if expected is None:
-            assert one[name] is None and two[name] is None
-            continue
-        np.testing.assert_allclose(two[name], one[name], rtol=1e-13, atol=1e-14, err_msg=name)
-        np.testing.assert_allclose(two[name], expected, rtol=1e-11, atol=1e-12, err_msg=name)
-
-
-def _same(ours, one, oracle, rtol, atol):
-    for name, expected in oracle.items():
-        if expected is None:
-            assert ours[name] is None
-            continue
-        np.testing.assert_allclose(ours[name], one[name], rtol=rtol, atol=atol, err_msg=name)
-        np.testing.assert_allclose(ours[name], expected, rtol=100 * rtol, atol=100 * atol, err_msg=name)
+    assert_same_results(two, one, rtol=1e-13, atol=1e-14)
+    assert_same_results(two, _run("reference", spec), rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
@@ -139,9 +150,9 @@ def test_column_split_equals_one_thread_and_the_reference(mode, fields, dtype, r
     # 9 rows: below the rows split's threshold; 17: past it, where an LSTM's large steps split their units
     clip = dict(cell_clip=(-0.4, 0.5)) if mode == "lstm" and "num_layers" in fields else {}
     spec = ar.RNNSpec(mode=mode, input_size=5, hidden_size=37, dtype=dtype, **fields, **clip)
-    monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)  # small sizes, same code path
-    monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_WIDE_STEP_FMAS", 0)
-    monkeypatch.setattr(wavefront, "plan", lambda *a, **k: None)  # layer by layer (test_wavefront.py)
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)  # small sizes, same code path
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_WIDE_STEP_FMAS", 0)
+    monkeypatch.setattr(plan, "wavefront_schedule", lambda *a, **k: None)  # layer by layer (test_wavefront)
     calls = []
     real = numba_engine.run_columns
     monkeypatch.setattr(numba_engine, "run_columns", lambda *a: calls.append(a[1]) or real(*a))
@@ -151,7 +162,8 @@ def test_column_split_equals_one_thread_and_the_reference(mode, fields, dtype, r
     threads(2)
     two = _run("numba", spec, B=rows, training=training)
     assert calls and set(calls) == {2}
-    _same(two, one, _run("reference", spec, B=rows, training=training), rtol, atol)
+    assert_same_results(two, one, rtol, atol)
+    assert_same_results(two, _run("reference", spec, B=rows, training=training), 100 * rtol, 100 * atol)
 
 
 def test_the_barrier_holds_every_thread_at_each_step(threads):
@@ -239,7 +251,7 @@ def test_an_error_in_a_worker_reaches_the_caller_after_every_range(threads):
 
     batch_sizes = np.full(3, 16)
     with pytest.raises(RuntimeError, match=r"rows 8\.\.16 failed"):
-        loop_threads.run_split(loop, batch_sizes, 16, np.float32)
+        loop_threads.run_split(loop, (), batch_sizes, 16, 2, np.float32)
     assert done == [(0, 8)]
 
 
@@ -275,13 +287,15 @@ def test_split_matmul_equals_matmul_and_blas_is_held_to_one_thread_only_inside(t
     a, b = rng.standard_normal((517, 33)), rng.standard_normal((21, 33)).T  # a strided right operand
     blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
     before = [lib.num_threads for lib in blas.lib_controllers]
-    with loop_threads.engine_threads(loop_threads.COLUMN_SPLIT_MIN_ROWS) as n:
+    assert plan.call_threads(thresholds.COLUMN_SPLIT_MIN_ROWS, 2, None) == 2
+    with loop_threads.engine_threads(2) as n:
         assert n == 2 and loop_threads.gemm_threads() == 2
         assert [lib.num_threads for lib in blas.lib_controllers] == [1] * len(before)
         np.testing.assert_allclose(loop_threads.split_matmul(a, b), a @ b, rtol=1e-13, atol=1e-13)
     assert [lib.num_threads for lib in blas.lib_controllers] == before
     assert loop_threads.gemm_threads() == 1
-    with loop_threads.engine_threads(loop_threads.COLUMN_SPLIT_MIN_ROWS - 1) as n:  # loops stay on one
+    assert plan.call_threads(thresholds.COLUMN_SPLIT_MIN_ROWS - 1, 2, None) == 1  # loops stay on one
+    with loop_threads.engine_threads(1) as n:
         assert n == 1 and [lib.num_threads for lib in blas.lib_controllers] == before
 
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import sys
 import tracemalloc
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import ENGINES
+from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
 from arrayrnn import EngineUnavailableError
-from arrayrnn.engines import numba_engine, probe_call, select_engine
-from arrayrnn.engines.numba_blas import BlasNotFoundError
+from arrayrnn.engines import probe_call, select_engine
+from arrayrnn.engines.numba import engine as numba_engine
+from arrayrnn.engines.numba.plan import forward_plan
 from arrayrnn.engines.stack import direction_weights, input_projection
 
 SPEC = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
@@ -36,20 +39,10 @@ def test_auto_picks_reference_when_numba_is_not_installed(monkeypatch):
     # an entry of None in sys.modules makes "import numba" raise ImportError, as if it were absent; the
     # engine's modules are dropped from the import cache so that selecting it imports them afresh
     monkeypatch.setitem(sys.modules, "numba", None)
-    for name in ("numba_engine", "numba_kernels", "numba_blas"):
-        monkeypatch.delitem(sys.modules, f"arrayrnn.engines.{name}")
+    for name in [name for name in sys.modules if name.startswith("arrayrnn.engines.numba.")]:
+        monkeypatch.delitem(sys.modules, name)
     assert select_engine("auto", probe_call(SPEC)).name == "reference"
     with pytest.raises(EngineUnavailableError, match="engine = 'numba' cannot be imported"):
-        select_engine("numba", probe_call(SPEC))
-
-
-def test_auto_picks_reference_when_numpy_has_no_cblas(monkeypatch):
-    def no_blas():
-        raise BlasNotFoundError("no BLAS library loaded by NumPy exports cblas_sgemm/cblas_dgemm")
-
-    monkeypatch.setattr(numba_engine, "blas_binding", no_blas)
-    assert select_engine("auto", probe_call(SPEC)).name == "reference"
-    with pytest.raises(EngineUnavailableError, match="NumPy's BLAS .* cblas_sgemm"):
         select_engine("numba", probe_call(SPEC))
 
 
@@ -73,24 +66,8 @@ CONFIGS = {
 }
 
 
-def _run(engine: str, spec: ar.RNNSpec, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    T, B = 9, 37
-    dt = spec.dtype
-    L, D = spec.num_layers * spec.num_directions, spec.num_directions
-    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
-    lengths = rng.integers(0, T + 1, B)
-    lengths[:3] = (0, T, 1)
-    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
-    dy = rng.standard_normal((T, B, D * spec.output_size)).astype(dt)
-    dh_n = rng.standard_normal(h0.shape).astype(dt)
-    dc_n = rng.standard_normal(c0.shape).astype(dt) if c0 is not None else None
-    params = ar.PackedParams.init(spec, seed=seed)
-    res = ar.rnn_forward(params, x, lengths=lengths, h0=h0, c0=c0, training=True, engine=engine)
-    g = ar.rnn_backward(res, dy, dh_n, dc_n)
-    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
-            "dparams": g.dparams.data}
+def _run(engine: str, spec: ar.RNNSpec) -> dict:
+    return engine_results(engine, spec, T=9, B=37)
 
 
 @pytest.mark.parametrize("dtype, rtol, atol", [("float64", 1e-12, 1e-13), ("float32", 2e-5, 2e-6)])
@@ -98,11 +75,7 @@ def _run(engine: str, spec: ar.RNNSpec, seed: int = 0):
 def test_numba_equals_reference(config, dtype, rtol, atol):
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype=dtype, **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
-    for name, expected in oracle.items():
-        if expected is None:
-            assert ours[name] is None
-            continue
-        np.testing.assert_allclose(ours[name], expected, rtol=rtol, atol=atol, err_msg=name)
+    assert_same_results(ours, oracle, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -110,20 +83,18 @@ def test_inactive_rows_of_the_input_projection_are_never_read(config, monkeypatc
     """Variable lengths: the projection writes only each step's active rows (ACTIVE_PROJECTION_MAX_FILL);
     with NaN in the rest, every result still equals the reference's (the kernels never read them, and the
     caches they keep there are zeroed)."""
-    real, calls = numba_engine._project_active_rows, []
+    real, calls = numba_engine.project_active_rows, []
 
-    def poisoned(x, w, batch_sizes, out):
+    def poisoned(x, w, batch_sizes, out, threads):
         calls.append(batch_sizes)
         out = np.full((*x.shape[:2], w.W_ih.shape[0]), np.nan, x.dtype) if out is None else out
-        return real(x, w, batch_sizes, out)
+        return real(x, w, batch_sizes, out, threads)
 
-    monkeypatch.setattr(numba_engine, "_project_active_rows", poisoned)
+    monkeypatch.setattr(numba_engine, "project_active_rows", poisoned)
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
     assert calls and all(bs.sum() < bs.size * 37 for bs in calls)  # the path ran, on partly active steps
-    for name, expected in oracle.items():
-        if expected is not None:
-            np.testing.assert_allclose(ours[name], expected, rtol=1e-12, atol=1e-13, err_msg=name)
+    assert_same_results(ours, oracle, rtol=1e-12, atol=1e-13)
 
 
 GATHER_CASES = {
@@ -140,7 +111,7 @@ GATHER_CASES = {
 def test_backward_products_on_the_active_rows_equal_those_on_every_row(case, engine, monkeypatch):
     """The hoisted backward products gather the active (step, row) entries when at most
     ACTIVE_ROWS_MAX_FILL of them are active; gradients equal those of the products over every row."""
-    from arrayrnn.engines import stack
+    from arrayrnn.engines import stack, thresholds
 
     spec = ar.RNNSpec(input_size=5, hidden_size=6, dtype="float64", **GATHER_CASES[case])
     rng = np.random.default_rng(1)
@@ -157,7 +128,7 @@ def test_backward_products_on_the_active_rows_equal_those_on_every_row(case, eng
 
     monkeypatch.setattr(stack.ActiveRows, "__call__", spy)
     for fill in (1.0, 0.0):
-        monkeypatch.setattr(stack, "ACTIVE_ROWS_MAX_FILL", fill)
+        monkeypatch.setattr(thresholds, "ACTIVE_ROWS_MAX_FILL", fill)
         res = ar.rnn_forward(params, x, lengths, training=True, seed=4, engine=engine)
         grads[fill] = ar.rnn_backward(res, dy)
         assert set(gathered_stacks) == {fill == 1.0}
@@ -199,7 +170,9 @@ def test_active_rows_projection_writes_only_active_rows():
             x = rng.standard_normal((T, B, 7)).astype(dtype)
             bs = (np.array(lengths)[None] > np.arange(T)[:, None]).sum(axis=1).astype(np.int64)
             out = np.full((T, B, 15), np.nan, dtype)
-            xw = numba_engine.ENGINE.project_input(x, w, out=out, batch_sizes=bs)
+            run = SimpleNamespace(x=x, batch_sizes=bs, plan=forward_plan(spec, x, bs, threads=2))
+            assert run.plan.active_projection == partial
+            xw = numba_engine.ENGINE.projector(run, 0, w)(x, out)
             assert np.shares_memory(xw, out)
             active = np.arange(B)[None, :] < bs[:, None] if partial else np.ones((T, B), bool)
             np.testing.assert_allclose(out[active], input_projection(x, w)[active], rtol=1e-5, atol=1e-6)
@@ -212,9 +185,7 @@ def test_wide_hidden_sizes_cross_every_tile_edge(config):
     # vector, 4 with AVX2 or portable), 23 rows: several row tiles and a short last one
     spec = ar.RNNSpec(input_size=5, hidden_size=37, dtype="float64", **CONFIGS[config])
     ours, oracle = _run("numba", spec), _run("reference", spec)
-    for name, expected in oracle.items():
-        if expected is not None:
-            np.testing.assert_allclose(ours[name], expected, rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_same_results(ours, oracle, rtol=1e-11, atol=1e-12)
 
 
 def test_inference_forward_equals_training_forward():

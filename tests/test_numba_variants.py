@@ -1,14 +1,14 @@
 """The numba engine's cell variants beyond tests/test_cell_variants.py (whose engine fixture runs numba on
 every case there): projection with DropConnect, relu with recurrent dropout, the reset-before GRU with both
-biases, against that file's scan oracle and float64 central differences; and cell clipping together with
-the variants, against central differences only (the scan oracle has no clipping)."""
+biases, against the scan oracle (tests/support/variant_checks.py) and float64 central differences; and cell
+clipping together with the variants, against central differences only (the scan oracle has no clipping)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import test_cell_variants as shared
 from support.engine_cases import EngineOnDevice
+from support.variant_checks import check_against_the_scan_oracle, check_central_differences
 
 NUMBA = EngineOnDevice("numba", np)
 
@@ -36,10 +36,9 @@ def _ids(cases):
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
 @pytest.mark.parametrize("case_id, fields, T, B, lengths", CASES, ids=_ids(CASES))
 def test_values_and_every_gradient_equal_the_scan_oracle(case_id, fields, T, B, lengths, training):
-    shared.test_values_and_every_gradient_equal_the_scan_oracle(case_id, fields, T, B, lengths, training,
-                                                                NUMBA)
+    check_against_the_scan_oracle(case_id, fields, T, B, lengths, training, NUMBA)
 
 
 @pytest.mark.parametrize("case_id, fields, T, B, lengths", CASES + CLIPPED, ids=_ids(CASES + CLIPPED))
 def test_every_gradient_entry_equals_central_differences(case_id, fields, T, B, lengths):
-    shared.test_every_gradient_entry_equals_central_differences(case_id, fields, T, B, lengths, NUMBA)
+    check_central_differences(case_id, fields, T, B, lengths, NUMBA)

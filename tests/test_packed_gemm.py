@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from llvmlite import binding as llvm
 
-from arrayrnn.engines import packed_gemm as pg
-from arrayrnn.engines import simd_ir
+from arrayrnn.engines.numba import packed_gemm as pg
+from arrayrnn.engines.numba import simd_ir
 
 # (M, K, N, gates); K up to 300: longer than a tile's L1 share of the packed panel
 SHAPES = [(1, 1, 1, 1), (1, 7, 33, 1), (13, 5, 70, 1), (2, 3, 24, 2), (23, 3, 36, 3), (11, 9, 512, 4),
@@ -121,7 +121,7 @@ def test_other_variants_match_matmul(variant):
     env = dict(os.environ, ARRAYRNN_SIMD=variant, **_NUMBA_TARGET[variant])
     here = os.path.dirname(__file__)
     code = (f"import sys, numpy as np; sys.path.insert(0, {here!r}); import test_packed_gemm as t; "
-            f"from arrayrnn.engines import simd_ir; assert simd_ir.VARIANT == {variant!r}; "
+            f"from arrayrnn.engines.numba import simd_ir; assert simd_ir.VARIANT == {variant!r}; "
             "print(t.check_shapes(np.float32), t.check_shapes(np.float64))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -171,17 +171,20 @@ def test_k_loops_keep_accumulators_in_registers():
 
 
 def test_cache_key_covers_every_engine_module_the_time_loops_call_into():
-    # numba's cache of a caller misses a change in a callee's module: each such module must be digested
+    # numba's cache of a caller misses a change in a callee's module: each module of the engines that the
+    # compiled loops import must be digested (KERNEL_SOURCES: paths relative to arrayrnn/engines/)
     import ast
     from pathlib import Path
 
-    engines = Path(simd_ir.__file__).parent
-    tree = ast.parse((engines / "numba_kernels.py").read_text())
-    callees = {f"{node.module}.py" for node in ast.walk(tree)
-               if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
-    callees |= {f"{alias.name}.py" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.level == 1 and node.module is None for alias in node.names}
-    assert callees and callees <= set(simd_ir.KERNEL_SOURCES)
+    from arrayrnn.engines.numba import loops
+
+    callees = set()
+    for node in ast.walk(ast.parse(Path(loops.__file__).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level in (1, 2):
+            folder = "numba/" if node.level == 1 else ""
+            names = [node.module] if node.module else [alias.name for alias in node.names]
+            callees |= {f"{folder}{name}.py" for name in names}
+    assert {"gate_math.py", "numba/packed_gemm.py"} <= callees <= set(simd_ir.KERNEL_SOURCES)
 
 
 @pytest.mark.skipif(simd_ir.VARIANT != "avx512", reason=f"the SIMD variant here is {simd_ir.VARIANT}")
@@ -190,7 +193,7 @@ def test_time_loops_let_llvm_vectorise_at_512_bits():
 
     import numba
 
-    from arrayrnn.engines import numba_kernels
+    from arrayrnn.engines.numba import loops as numba_kernels
 
     # every time loop asks for it ...
     loops = [name for name, fn in vars(numba_kernels).items()

@@ -10,7 +10,7 @@ import torch
 from arrayrnn import RNNSpec, activations, ops
 from arrayrnn.core.params import PackedParams
 from arrayrnn.engines import cells
-from arrayrnn.engines import numba_kernels as nk
+from arrayrnn.engines.numba import loops as nk
 from arrayrnn.engines.pointwise import POINTWISE
 
 TORCH = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
@@ -74,7 +74,7 @@ def test_numba_activations_match_the_table(kind, name, dtype, ulps):
 
 def _one_step(spec: RNNSpec, seed: int = 0):
     """One step of the numba kernel (T = 1, forward direction) with its cache and gate gradients."""
-    from arrayrnn.engines.numba_engine import NumbaKernel
+    from arrayrnn.engines.numba.engine import NumbaKernel
     from arrayrnn.engines.stack import direction_weights, input_projection
 
     rng = np.random.default_rng(seed)

@@ -33,7 +33,8 @@ def _bias(params: PackedParams, name: str) -> np.ndarray:
 
 
 def loop_oracle(params: PackedParams, x: np.ndarray, h0: np.ndarray, c0: np.ndarray | None):
-    """One layer, one direction, full lengths, straight from DESIGN.md's formulas (float64)."""
+    """One layer, one direction, full lengths, straight from PyTorch's documented cell equations (float64;
+    the reset-after GRU's ``b_hn`` inside ``r * (W_hn h + b_hn)``)."""
     spec = params.spec
     W_ih, W_hh = params.view(0, 0, "W_ih"), params.view(0, 0, "W_hh")
     b_ih, b_hh = _bias(params, "b_ih"), _bias(params, "b_hh")

@@ -259,3 +259,32 @@ def test_plain_spec_dict_has_no_variant_fields_and_variant_dicts_round_trip():
         assert RNNSpec.from_dict(d) == spec and hash(RNNSpec.from_dict(d)) == hash(spec)
     assert RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()["zoneout"] == 0.1
     assert "zoneout_cell" not in RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()
+
+
+def test_one_rule_names_the_masks_a_call_applies():
+    def spec(**fields):
+        return RNNSpec(**{"mode": "lstm", "input_size": 3, "hidden_size": 4, **fields})
+
+    assert spec().call_masks(True) == () and not spec().draws_masks(True)
+    assert spec(dropout=0.5).call_masks(True) == ()                     # one layer: nothing between layers
+    assert spec(dropout=0.5, num_layers=2).call_masks(True) == ("dropout",)
+    assert spec(dropout=0.5, num_layers=2).call_masks(False) == ()
+    both = spec(recurrent_dropout=0.2, weight_dropout=0.3)
+    assert both.call_masks(True) == ("recurrent", "weight") and both.call_masks(False) == ()
+    assert both.draws_masks(True) and not both.draws_masks(False)
+    zoned = spec(zoneout=0.1)                                           # the cell follows h
+    assert zoned.call_masks(True) == zoned.call_masks(False) == ("zoneout_h", "zoneout_c")
+    assert zoned.draws_masks(True) and not zoned.draws_masks(False)     # inference: the expectation
+    assert spec(zoneout_cell=0.2).call_masks(False) == ("zoneout_c",)
+    assert RNNSpec("gru", 3, 4, zoneout=0.1).call_masks(True) == ("zoneout_h",)
+    assert spec(peepholes=True).call_masks(True) == ()                 # no mask
+
+
+def test_check_flag_raises_the_error_its_caller_names():
+    from arrayrnn.core.spec import check_flag
+
+    assert check_flag("f", np.bool_(True)) is True
+    with pytest.raises(ValueError, match="f = 1; expected True or False"):
+        check_flag("f", 1)
+    with pytest.raises(TypeError, match="g = 'yes'"):
+        check_flag("g", "yes", TypeError)

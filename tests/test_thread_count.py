@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_workers import ROOT, run_child
+from support.thread_jobs import ROOT, run_child
 
 import arrayrnn as ar
 

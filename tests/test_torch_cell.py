@@ -115,7 +115,7 @@ def test_gradcheck_and_gradgradcheck_in_float64(name):
 
 
 def test_first_order_runs_the_fused_step(monkeypatch):
-    from arrayrnn.engines.numba_step import NumbaStep
+    from arrayrnn.engines.numba.step import NumbaStep
 
     calls = []
     real = NumbaStep.backward
@@ -206,7 +206,7 @@ def test_a_nonlinearity_changed_after_construction_is_followed_like_torch():
 
 @pytest.mark.parametrize("context", ["bfloat16 input", "cpu autocast", "meta", "empty batch"])
 def test_what_the_step_does_not_serve_runs_torchs_forward(context, monkeypatch):
-    from arrayrnn.engines.numba_step import NumbaStep
+    from arrayrnn.engines.numba.step import NumbaStep
 
     monkeypatch.setattr(NumbaStep, "forward", lambda *a, **k: pytest.fail("the fused step ran"))
     ours, theirs = pair("LSTMCell", 3, 4)

@@ -108,7 +108,7 @@ def test_first_order_runs_the_fused_engines(monkeypatch):
 def test_one_step_calls_run_one_fused_step_per_layer_direction_and_equal_torch(mode, kwargs, monkeypatch):
     """T = 1 (online inference, a decoder feeding the module one step at a time): the fused cell step of
     each layer-direction (arrayrnn.torch_step), not the sequence engines; values and gradients as nn's."""
-    from arrayrnn.engines.numba_step import NumbaStep
+    from arrayrnn.engines.numba.step import NumbaStep
 
     steps = []
     real = NumbaStep.forward

@@ -1,5 +1,5 @@
-"""The numba engine's wavefront (arrayrnn/engines/wavefront.py): a small batch's bidirectional layers run
-their two directions side by side, a unidirectional stack pipelines its layers over chunks of time. The
+"""The numba engine's wavefront (arrayrnn/engines/numba/wavefront.py): a small batch's bidirectional layers
+run their two directions side by side, a unidirectional stack pipelines its layers over chunks of time. The
 results equal one thread's and the reference engine's on every mode and cell variant, with inter-layer
 dropout, variable lengths and both dtypes; the chunks run in dependency order; errors reach the caller."""
 
@@ -9,9 +9,12 @@ import threading
 
 import numpy as np
 import pytest
+from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
-from arrayrnn.engines import loop_threads, wavefront
+from arrayrnn.engines import thresholds
+from arrayrnn.engines.base import CellMasks
+from arrayrnn.engines.numba import plan, wavefront
 
 
 @pytest.fixture
@@ -38,21 +41,7 @@ CONFIGS = {
 
 
 def _run(engine: str, spec: ar.RNNSpec, B: int, T: int, training: bool) -> dict:
-    rng = np.random.default_rng(11)
-    dt = spec.dtype
-    L = spec.num_layers * spec.num_directions
-    x = rng.standard_normal((T, B, spec.input_size)).astype(dt)
-    lengths = rng.integers(0, T + 1, B)
-    lengths[:3] = (T, 0, 1)[:B]
-    c0 = rng.standard_normal((L, B, spec.hidden_size)).astype(dt) if spec.has_cell else None
-    h0 = rng.standard_normal((L, B, spec.output_size)).astype(dt)
-    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=3), x, lengths, h0, c0, training=training, seed=9,
-                         engine=engine)
-    out = {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
-    if training:
-        g = ar.rnn_backward(res, rng.standard_normal(res.y.shape).astype(dt))
-        out.update(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=g.dparams.data)
-    return out
+    return engine_results(engine, spec, T, B, seed=11, training=training, mask_seed=9)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
@@ -69,13 +58,8 @@ def test_side_by_side_equals_one_thread_and_the_reference(config, training, thre
     if training and spec.bidirectional:
         expected += ["backward_directions"] * spec.num_layers
     assert schedules == expected
-    oracle = _run("reference", spec, B, T, training)
-    for name, want in oracle.items():
-        if want is None:
-            assert two[name] is None
-            continue
-        np.testing.assert_allclose(two[name], one[name], rtol=1e-13, atol=1e-14, err_msg=name)
-        np.testing.assert_allclose(two[name], want, rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_same_results(two, one, rtol=1e-13, atol=1e-14)
+    assert_same_results(two, _run("reference", spec, B, T, training), rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("T", [1, 3, 4, 37])
@@ -85,45 +69,58 @@ def test_float32_pipeline_with_odd_chunks_equals_the_reference(T, threads, sched
     two = _run("numba", spec, 9, T, training=True)
     assert schedules == ["run_pipeline"]
     oracle = _run("reference", spec, 9, T, training=True)
-    for name, want in oracle.items():
-        np.testing.assert_allclose(two[name], want, rtol=2e-5, atol=2e-6, err_msg=name)
+    assert_same_results(two, oracle, rtol=2e-5, atol=2e-6)
 
 
 def test_plan_side_by_side_from_8_rows_the_pipeline_where_the_column_split_does_not_run(monkeypatch):
     def spec(**fields):
         return ar.RNNSpec(**{"mode": "lstm", "input_size": 4, "hidden_size": 4, **fields})
 
+    def schedule(spec, rows, threads, backward=False, masks=None):
+        """The schedule a call of ``rows`` rows takes (its variants: those ``spec`` draws in training)."""
+        if backward:
+            return plan.backward_plan(spec, rows, threads).schedule
+        x = np.zeros((5, rows, spec.input_size), np.float32)
+        return plan.forward_plan(spec, x, np.full(5, rows), masks, threads).schedule
+
     bi, deep = spec(bidirectional=True), spec(num_layers=2)
-    few = wavefront.MIN_ROWS
-    assert wavefront.plan(bi, few, 2) == wavefront.plan(bi, 64, 2) == "directions"
-    assert wavefront.plan(bi, few, 2, backward=True) == "directions"
-    assert wavefront.plan(bi, 16, 2, backward=True) is None   # the rows split, and less memory
-    assert wavefront.plan(bi, few - 1, 2) is None    # a small layer: the partner core's wake-up costs more
-    assert wavefront.plan(deep, few, 2) == wavefront.plan(deep, 15, 2) == "layers"
-    assert wavefront.plan(deep, few, 2, backward=True) is None
-    assert wavefront.plan(deep, 16, 2) is None       # the rows split takes both threads
-    assert wavefront.plan(deep, few - 1, 2) is None
-    assert wavefront.plan(spec(), few, 2) is None    # nothing to run beside the one loop
-    assert wavefront.plan(deep, few, 1) is None and wavefront.plan(bi, 64, 1) is None  # one thread
+    few = thresholds.WAVEFRONT_MIN_ROWS
+    assert schedule(bi, few, 2) == schedule(bi, 64, 2) == "directions"
+    assert schedule(bi, few, 2, backward=True) == "directions"
+    assert schedule(bi, 16, 2, backward=True) is None   # the rows split, and less memory
+    assert schedule(bi, few - 1, 2) is None    # a small layer: the partner core's wake-up costs more
+    assert schedule(deep, few, 2) == schedule(deep, 15, 2) == "layers"
+    assert schedule(deep, few, 2, backward=True) is None
+    assert schedule(deep, 16, 2) is None       # the rows split takes both threads
+    assert schedule(deep, few - 1, 2) is None
+    assert schedule(spec(), few, 2) is None    # nothing to run beside the one loop
+    assert schedule(deep, few, 1) is None and schedule(bi, 64, 1) is None  # one thread
     large = spec(num_layers=2, hidden_size=512)      # 8 x 2048 x 512 multiply-adds a step: column split
-    assert wavefront.plan(large, 8, 2) is None
-    assert wavefront.plan(spec(mode="gru", num_layers=2, hidden_size=512), 8, 2) is None   # columns too
+    assert schedule(large, 8, 2) is None
+    assert schedule(spec(mode="gru", num_layers=2, hidden_size=512), 8, 2) is None   # columns too
     before = spec(mode="gru", num_layers=2, hidden_size=512, reset_after=False)   # no column loop
-    assert wavefront.plan(before, 8, 2) == "layers"
-    assert wavefront.plan(spec(mode="rnn_tanh", num_layers=2, hidden_size=512), 8, 2) == "layers"
-    for variant in (dict(proj_size=64), dict(peepholes=True), dict(zoneout=0.1), dict(recurrent_dropout=0.2)):
-        # no column loop runs these: the pipeline does
-        assert wavefront.plan(spec(num_layers=2, hidden_size=512, **variant), 8, 2) == "layers", variant
-    assert wavefront.plan(spec(num_layers=2, hidden_size=512, weight_dropout=0.2), 8, 2) is None
-    monkeypatch.setattr(wavefront, "PIPELINE_LAYERS", False)
-    assert wavefront.plan(deep, few, 2) is None
+    assert schedule(before, 8, 2) == "layers"
+    assert schedule(spec(mode="rnn_tanh", num_layers=2, hidden_size=512), 8, 2) == "layers"
+    for variant in (dict(proj_size=64), dict(peepholes=True)):  # no column loop runs these: the pipeline does
+        assert schedule(spec(num_layers=2, hidden_size=512, **variant), 8, 2) == "layers", variant
+    H, rows = 512, 8
+    drawn = {"recurrent": CellMasks(recurrent=np.ones((2, rows, H), np.float32)),
+             "zoneout_h": CellMasks(zoneout_h=np.ones((2, 5, rows, H), np.float32)),
+             "zoneout_c": CellMasks(zoneout_c=np.ones((2, 5, rows, H), np.float32))}
+    for name, masks in drawn.items():   # masks applied in the loop: no column loop, the pipeline
+        assert schedule(large, rows, 2, masks=masks) == "layers", name
+    weight = CellMasks(weight=np.ones((2, 4 * H, H), np.float32))   # DropConnect scales W_hh before the loop
+    assert schedule(large, rows, 2, masks=weight) is None
+    monkeypatch.setattr(thresholds, "PIPELINE_LAYERS", False)
+    assert schedule(deep, few, 2) is None
 
 
 def test_a_column_split_loop_inside_the_pipeline_runs_on_its_one_thread(threads, monkeypatch):
     # a loop built for the column split, run as a pipeline task while the other worker is busy with the
     # other layer, would wait at its barrier for a part that never starts (the call hung before the fix)
-    monkeypatch.setattr(loop_threads, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
-    monkeypatch.setattr(wavefront, "plan", lambda *a, **k: "layers" if not k.get("backward") else None)
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    monkeypatch.setattr(plan, "wavefront_schedule",
+                        lambda *a, **k: "layers" if not k.get("backward") else None)
     spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=37, num_layers=2, dtype="float64")
     threads(2)
     result = {}
@@ -133,8 +130,7 @@ def test_a_column_split_loop_inside_the_pipeline_runs_on_its_one_thread(threads,
     call.join(timeout=300)
     assert not call.is_alive(), "the pipelined call did not finish"
     oracle = _run("reference", spec, 9, 11, training=False)
-    for name, want in oracle.items():
-        np.testing.assert_allclose(result[name], want, rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_same_results(result, oracle, rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3, 4, 9, 64, 1000])
@@ -142,9 +138,9 @@ def test_chunks_cover_the_steps_in_order(steps):
     bounds = wavefront.chunk_bounds(steps)
     assert bounds[0][0] == 0 and bounds[-1][1] == steps
     assert all(a[1] == b[0] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-    assert len(bounds) <= wavefront.CHUNKS
-    if steps >= wavefront.MIN_CHUNK_STEPS:
-        assert all(t1 - t0 >= wavefront.MIN_CHUNK_STEPS for t0, t1 in bounds)
+    assert len(bounds) <= thresholds.CHUNKS
+    if steps >= thresholds.MIN_CHUNK_STEPS:
+        assert all(t1 - t0 >= thresholds.MIN_CHUNK_STEPS for t0, t1 in bounds)
 
 
 @pytest.mark.parametrize("layers, chunks, workers", [(2, 5, 2), (3, 4, 2), (4, 1, 2), (1, 3, 2), (3, 3, 3)])

@@ -1,4 +1,4 @@
-"""The engine's worker threads (arrayrnn/engines/workers.py) under concurrency, interrupts and fork.
+"""The engine's worker threads (arrayrnn/engines/numba/workers.py) under concurrency, interrupts and fork.
 
 Each scenario runs tests/support/engine_threads_child.py in its own process with a watchdog (a hang
 there spins in compiled code, which no signal interrupts): Python threads calling at once under 3 and 4
@@ -10,33 +10,10 @@ calls, each child calling the engine. Before issue 34 each of these hung.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = ROOT / "tests" / "support" / "engine_threads_child.py"
-
-
-def run_child(*args: str, threads: int | None = 2, timeout: float = 240, **env: str) -> str:
-    """Run the child scenario with ``threads`` engine threads (None: the variables unset); its stdout, or a
-    failure naming the hang."""
-    full = {k: v for k, v in os.environ.items() if k not in ("ARRAYRNN_NUM_THREADS", "NUMBA_NUM_THREADS")}
-    if threads is not None:
-        full.update(ARRAYRNN_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
-    full.update(PYTHONPATH=str(ROOT), **env)
-    try:
-        proc = subprocess.run([sys.executable, str(CHILD), *args], cwd=ROOT, env=full, capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"{' '.join(args)} with {threads} threads hung (killed after {timeout} s): "
-                    f"{(err.stdout or b'')[-2000:]!r}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.splitlines()[-1] == "ok", proc.stdout
-    return proc.stdout
+from support.thread_jobs import run_child
 
 
 @pytest.mark.parametrize("threads", [3, 4])

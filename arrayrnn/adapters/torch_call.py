@@ -97,11 +97,7 @@ def capturing_graph() -> bool:
 def needs_seed(spec: ar.RNNSpec, training: bool) -> bool:
     """Whether a call draws masks: in training mode, with inter-layer dropout (two layers or more), recurrent
     dropout, DropConnect or zoneout (whose inference masks are constants)."""
-    if not training:
-        return False
-    inter_layer = spec.dropout > 0 and spec.num_layers > 1
-    variants = spec.recurrent_dropout or spec.weight_dropout or spec.zoneout or spec.zoneout_cell
-    return inter_layer or bool(variants)
+    return spec.draws_masks(training)
 
 
 @torch.compiler.assume_constant_result

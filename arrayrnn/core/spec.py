@@ -31,7 +31,7 @@ def _normalize_bias(bias: Any) -> str:
     raise ValueError(f"bias = {bias!r}; expected True, False or one of {BIAS_MODES}")
 
 
-def _normalize_dtype(dtype: Any) -> str:
+def normalize_dtype(dtype: Any) -> str:
     name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or dtype
     if isinstance(name, str) and name in DTYPES:
         return name
@@ -46,7 +46,7 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def _check_positive_int(field: str, value: Any, minimum: int = 1) -> int:
+def check_positive_int(field: str, value: Any, minimum: int = 1) -> int:
     if not (isinstance(value, numbers.Integral) and _is_real(value)) or not minimum <= value <= _INDEX_MAX:
         raise ValueError(f"{field} = {value!r}; expected an integer >= {minimum} (and <= {_INDEX_MAX})")
     return int(value)
@@ -58,9 +58,11 @@ def _check_probability(field: str, value: Any) -> float:
     return float(value)
 
 
-def _check_flag(field: str, value: Any) -> bool:
+def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
+    """The one flag rule: ``True`` or ``False`` (NumPy's too), else ``error`` naming ``name`` (``ValueError``
+    for a field of a spec or module, ``TypeError`` for a function's argument)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{field} = {value!r}; expected True or False")
+        raise error(f"{name} = {value!r}; expected True or False")
     return bool(value)
 
 
@@ -109,9 +111,9 @@ class RNNSpec:
         if self.mode not in MODES:
             raise ValueError(f"mode = {self.mode!r}; expected one of {MODES}")
         for field, minimum in (("input_size", 1), ("hidden_size", 1), ("num_layers", 1), ("proj_size", 0)):
-            object.__setattr__(self, field, _check_positive_int(field, getattr(self, field), minimum))
+            object.__setattr__(self, field, check_positive_int(field, getattr(self, field), minimum))
         for flag in ("bidirectional", "reset_after"):
-            object.__setattr__(self, flag, _check_flag(flag, getattr(self, flag)))
+            object.__setattr__(self, flag, check_flag(flag, getattr(self, flag)))
         if self.proj_size and self.mode != "lstm":
             raise ValueError(f"proj_size = {self.proj_size} with mode = {self.mode!r}; "
                              "projection exists only for mode='lstm' (use proj_size=0)")
@@ -128,11 +130,11 @@ class RNNSpec:
         self._normalize_variants()
         object.__setattr__(self, "bias", _normalize_bias(self.bias))
         object.__setattr__(self, "cell_clip", _normalize_cell_clip(self.cell_clip))
-        object.__setattr__(self, "dtype", _normalize_dtype(self.dtype))
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         self._check_matrix_sizes()
 
     def _normalize_variants(self) -> None:
-        object.__setattr__(self, "peepholes", _check_flag("peepholes", self.peepholes))
+        object.__setattr__(self, "peepholes", check_flag("peepholes", self.peepholes))
         if self.peepholes and self.mode != "lstm":
             raise ValueError(f"peepholes = True with mode = {self.mode!r}; peephole connections exist only "
                              "for mode='lstm' (use peepholes=False)")
@@ -146,6 +148,21 @@ class RNNSpec:
         else:
             cell = _check_probability("zoneout_cell", self.zoneout_cell)
         object.__setattr__(self, "zoneout_cell", cell)
+
+    def call_masks(self, training: bool) -> tuple[str, ...]:
+        """The one rule of which masks a call applies, by name: ``"dropout"`` between layers (training, two
+        layers or more), ``"recurrent"`` (recurrent dropout) and ``"weight"`` (DropConnect) in training
+        only, ``"zoneout_h"`` and ``"zoneout_c"`` always (drawn in training, their expectation otherwise).
+        The cell variants' names are the fields of :class:`arrayrnn.engines.base.CellMasks`."""
+        on = {"dropout": training and self.dropout > 0 and self.num_layers > 1,
+              "recurrent": training and self.recurrent_dropout > 0,
+              "weight": training and self.weight_dropout > 0,
+              "zoneout_h": bool(self.zoneout), "zoneout_c": bool(self.zoneout_cell)}
+        return tuple(name for name, used in on.items() if used)
+
+    def draws_masks(self, training: bool) -> bool:
+        """Whether a call draws random masks (and so needs a seed): in training, where any mask applies."""
+        return training and bool(self.call_masks(training))
 
     @property
     def variants(self) -> tuple[str, ...]:

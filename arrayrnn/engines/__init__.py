@@ -48,7 +48,7 @@ class EngineRecord:
 _BUILTINS = (
     EngineRecord("reference", "arrayrnn.engines.reference", ("cpu", "gpu"), "nothing beyond NumPy",
                  auto_rank=90, builtin=True),
-    EngineRecord("numba", "arrayrnn.engines.numba_engine", ("cpu",),
+    EngineRecord("numba", "arrayrnn.engines.numba.engine", ("cpu",),
                  "the numba package (pip install numba)", auto_rank=20, builtin=True),
     EngineRecord("cupy", "arrayrnn.engines.cupy_engine", ("gpu",),
                  "a CUDA GPU and CuPy (pip install 'arrayrnn[gpu]')", auto_rank=20, builtin=True),

@@ -125,15 +125,10 @@ def call_variants(call: Call) -> tuple[str, ...]:
     """The cell variants and options beyond the plain stack that ``call`` uses, as ``"name=value"``
     phrases (``()`` for a plain call): what an engine that lacks them names when it declines. Recurrent
     dropout and DropConnect act only in training; zoneout (its expectation) and peepholes always."""
-    spec, on = call.spec, []
-    if call.training and spec.recurrent_dropout:
-        on.append(f"recurrent_dropout={spec.recurrent_dropout}")
-    if call.training and spec.weight_dropout:
-        on.append(f"weight_dropout={spec.weight_dropout}")
-    if spec.zoneout:
-        on.append(f"zoneout={spec.zoneout}")
-    if spec.zoneout_cell:
-        on.append(f"zoneout_cell={spec.zoneout_cell}")
+    spec, masks = call.spec, call.spec.call_masks(call.training)
+    fields = {"recurrent": "recurrent_dropout", "weight": "weight_dropout", "zoneout_h": "zoneout",
+              "zoneout_c": "zoneout_cell"}
+    on = [f"{field}={getattr(spec, field)}" for mask, field in fields.items() if mask in masks]
     if spec.peepholes:
         on.append("peepholes=True")
     if call.all_states:

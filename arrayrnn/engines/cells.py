@@ -71,8 +71,8 @@ def split_biases(spec: RNNSpec, b_ih: Array | None, b_hh: Array | None) -> tuple
     """``(input_bias, inner_bias)``: what is added once into ``xw`` and what stays inside the step.
 
     Every bias is additive outside any product except the reset-after GRU's ``b_hn``, which sits in
-    ``r * (W_hn h + b_hn)``; that one stays with the kernel. Each bias keeps exactly the place
-    DESIGN.md gives it, so a single bias mode is a plain omission.
+    ``r * (W_hn h + b_hn)``; that one stays with the kernel. Each bias keeps exactly the place PyTorch's
+    cell equations give it, so a single bias mode is a plain omission.
     """
     inner = None
     outer_hh = b_hh

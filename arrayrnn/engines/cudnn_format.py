@@ -29,13 +29,10 @@ import cudnn_bindings as cb
 
 from ..core.layout import layout_of
 from ..core.spec import RNNSpec
+from . import thresholds
 from .base import call_variants
 
 Array = Any
-
-# "auto" leaves sequences shorter than this to the CuPy engine. NOT MEASURED: no GPU was available when
-# this was written; 16 is a placeholder to be replaced by bench/bench_gpu.py's crossover on a GPU.
-AUTO_MIN_SEQ_LEN = 16
 
 allow_tf32 = False  # float32 on TF32 tensor cores (CUDNN_DEFAULT_MATH) instead of CUDNN_FMA_MATH
 algo = "auto"  # cuDNN's RNN algorithm: "auto" (PyTorch's rule) or one of ALGOS
@@ -102,8 +99,8 @@ def check(call: Any) -> str | None:
         return "cuDNN runs on CuPy (GPU) arrays; these are NumPy arrays"
     reason = library_reason() or refusal(call.spec) or variant_refusal(call)
     if (reason is None and not call.explicit and call.params_format != "cudnn"
-            and call.seq_len < AUTO_MIN_SEQ_LEN):
-        reason = (f"T = {call.seq_len} is below cuDNN's threshold of {AUTO_MIN_SEQ_LEN} steps "
+            and call.seq_len < thresholds.AUTO_MIN_SEQ_LEN):
+        reason = (f"T = {call.seq_len} is below cuDNN's threshold of {thresholds.AUTO_MIN_SEQ_LEN} steps "
                   "(a placeholder, not yet measured on a GPU)")
     return reason
 

@@ -18,13 +18,14 @@ from ..core.spec import RNNSpec
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import BACKWARD_STEPS, FORWARD_STEPS
 from .stack import StackEngine
+from .step_order import step_time
 
 Array = Any
 
 
-def time_steps(T: int, reverse: bool) -> range:
-    """The order in which the forward pass visits steps."""
-    return range(T - 1, -1, -1) if reverse else range(T)
+def time_steps(T: int, reverse: bool) -> list[int]:
+    """The order in which the forward pass visits steps (:func:`.step_order.step_time`)."""
+    return [step_time(s, T, reverse) for s in range(T)]
 
 
 def empty_cache(xp: ModuleType, spec: RNNSpec, T: int, B: int, dtype: Any,

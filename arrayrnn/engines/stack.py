@@ -40,6 +40,7 @@ import numpy as np
 from ..core.backend import get_xp
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
+from . import thresholds
 from .base import (
     Call,
     CellMasks,
@@ -93,10 +94,16 @@ class StackRun:
     masks: tuple[Array, ...] | None   # inter-layer dropout, masks[l-1] multiplies the input of layer l
     cell_masks: CellMasks | None
     keep: bool                        # keep each direction's cache
+    plan: Any = None                  # what the engine decided for this call (StackEngine.forward_sorted)
 
     def index(self, layer: int, direction: int) -> int:
         """The layer-direction's index in ``h0`` / ``c0``."""
         return layer * self.params.spec.num_directions + direction
+
+    def states(self, layer: int, direction: int) -> tuple[Array, Array | None]:
+        """The layer-direction's initial states ``h0``, ``c0`` (``None`` but for the LSTM)."""
+        k = self.index(layer, direction)
+        return self.h0[k], self.c0[k] if self.c0 is not None else None
 
     def weights(self, layer: int, direction: int) -> DirectionWeights:
         return direction_weights(self.params, layer, direction, self.cell_masks)
@@ -122,6 +129,7 @@ class StackBackRun:
     grads: PackedParams               # out: each layer-direction's blocks
     dh0: Array                        # out: (L*D, B, H_out)
     dc0: Array | None                 # out: (L*D, B, H)
+    plan: Any = None                  # what the engine decided for this call (StackEngine.backward_sorted)
 
 
 def direction_weights(params: PackedParams, layer: int, direction: int,
@@ -199,22 +207,17 @@ def _rows(a: Array) -> Array:
     return a.reshape(-1, a.shape[-1])
 
 
-# the hoisted backward products gather the active (step, row) entries first when at most this fraction of
-# them is active (NumPy only: not measured on a GPU). S5 (about half active): training step 0.81-0.83x;
-# forced at 0.69-0.75 active 0.94-0.97x, at 0.81 1.02-1.07x (bench/RESULTS.md)
-ACTIVE_ROWS_MAX_FILL = 0.75
-
-
 class ActiveRows:
     """``(T, B, F)`` stacks as the ``(rows, F)`` operands of the hoisted backward products: every entry, or,
-    when most are padding, only the active ones (``b < batch_sizes[t]``), each stack gathered once. Padding
+    when most are padding (:data:`.thresholds.ACTIVE_ROWS_MAX_FILL`), only the active ones (``b <
+    batch_sizes[t]``), each stack gathered once. Padding
     entries of the stacks are zero, so both give the same products; the gathered ones skip the zeros.
     Stacks in ``owned`` (the backward's own temporaries) are compacted in place, the rest copied."""
 
     def __init__(self, xp: ModuleType, batch_sizes: np.ndarray, rows: int, owned: tuple[Array, ...] = ()):
         T = len(batch_sizes)
         active = np.arange(rows)[None, :] < np.asarray(batch_sizes)[:, None]
-        gather = xp is np and int(active.sum()) <= ACTIVE_ROWS_MAX_FILL * T * rows
+        gather = xp is np and int(active.sum()) <= thresholds.ACTIVE_ROWS_MAX_FILL * T * rows
         self.index = np.flatnonzero(active) if gather else None
         self._owned = {id(a) for a in owned if a is not None}
         self._gathered: dict[int, tuple[Array, Array]] = {}
@@ -260,6 +263,10 @@ class StackEngine(Engine):
     def check(self, call: Call) -> str | None:
         return None
 
+    def kernel_for(self, plan: Any) -> DirectionKernel:
+        """The direction kernel of a call the engine planned as ``plan`` (its one kernel, by default)."""
+        return self.kernel
+
     def project_input(self, x: Array, w: DirectionWeights, out: Array | None = None,
                       batch_sizes: np.ndarray | None = None) -> Array:
         """The hoisted input projection of one layer-direction (:func:`input_projection`, into ``out`` if
@@ -294,18 +301,20 @@ class StackEngine(Engine):
 
     def forward_sorted(self, params: PackedParams, x: Array, batch_sizes: np.ndarray, h0: Array,
                        c0: Array | None, masks: tuple[Array, ...] | None, keep_cache: bool,
-                       cell_masks: CellMasks | None = None, all_states: bool = False) -> StackForward:
+                       cell_masks: CellMasks | None = None, all_states: bool = False,
+                       plan: Any = None) -> StackForward:
         """The stack on sorted, time-major rows (the kernels' packed layout); ``y`` stays sorted.
 
         ``cell_masks``: the cell variants' masks, rows sorted; ``all_states``: also return every layer's
-        and direction's states (``h_all``, ``c_all``, rows sorted)."""
+        and direction's states (``h_all``, ``c_all``, rows sorted); ``plan``: what the engine decided for
+        the call, carried to every layer and direction on the :class:`StackRun`."""
         io_dtype = str(x.dtype)
         params, x, h0, c0, masks = _to_compute_dtype(params, x, h0, c0, masks)
         cell_masks = _masks_to(params.data.dtype, cell_masks)
         spec, xp = params.spec, get_xp(x)
         h_n, c_n = xp.empty_like(h0), (xp.empty_like(c0) if c0 is not None else None)
         keep_c = keep_cache or (all_states and spec.has_cell)  # c_all comes from the cache's c
-        layers = self.run_layers(StackRun(params, x, batch_sizes, h0, c0, masks, cell_masks, keep_c))
+        layers = self.run_layers(StackRun(params, x, batch_sizes, h0, c0, masks, cell_masks, keep_c, plan))
         for k, out in enumerate(out for outs in layers for out in outs):
             h_n[k] = out.h_n
             if c_n is not None:
@@ -339,12 +348,10 @@ class StackEngine(Engine):
     def run_direction(self, run: StackRun, layer: int, direction: int,
                       layer_input: Array) -> DirectionForward:
         """One layer-direction's forward: the hoisted input projection, then the kernel's time loop."""
-        k = run.index(layer, direction)
         w = run.weights(layer, direction)
         xw = self.project_input(layer_input, w, batch_sizes=run.batch_sizes)
-        return self.kernel.forward(run.params.spec, w, xw, run.batch_sizes,
-                                   run.h0[k], run.c0[k] if run.c0 is not None else None, direction == 1,
-                                   run.keep)
+        return self.kernel_for(run.plan).forward(run.params.spec, w, xw, run.batch_sizes,
+                                                 *run.states(layer, direction), direction == 1, run.keep)
 
     # -- backward -------------------------------------------------------------------------------
     def backward(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,
@@ -357,9 +364,10 @@ class StackEngine(Engine):
                           order.unsort(g.dc0), g.dparams)
 
     def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,
-                        dh_all: Array | None = None, dc_all: Array | None = None) -> StackGrads:
+                        dh_all: Array | None = None, dc_all: Array | None = None,
+                        plan: Any = None) -> StackGrads:
         """BPTT on sorted, time-major rows (``dy`` like ``forward_sorted``'s ``y``; ``dh_all`` / ``dc_all``
-        like its ``h_all`` / ``c_all``)."""
+        like its ``h_all`` / ``c_all``; ``plan`` as there, on the :class:`StackBackRun`)."""
         params = cache.params  # what the math ran with (the float32 copy for float16 params)
         spec, xp = params.spec, get_xp(cache.x)
         dtype = params.data.dtype
@@ -370,7 +378,7 @@ class StackEngine(Engine):
         grads = PackedParams.zeros(spec, xp)
         dh0 = xp.empty_like(cache.h0)
         dc0 = xp.empty_like(cache.c0) if cache.c0 is not None else None
-        back = StackBackRun(cache, dh_n, dc_n, dh_all, dc_all, grads, dh0, dc0)
+        back = StackBackRun(cache, dh_n, dc_n, dh_all, dc_all, grads, dh0, dc0, plan)
         d_layer = dy
         for layer in reversed(range(spec.num_layers)):
             d_input = self.backward_layer(back, layer, d_layer, self._layer_input(xp, cache, layer))
@@ -412,7 +420,7 @@ class StackEngine(Engine):
         if back.dh_all is not None:
             dy_d = dy_d + back.dh_all[k]  # dy_d may be the caller's dy itself
         per_step_dc = {"dc_seq": back.dc_all[k]} if back.dc_all is not None else {}  # only kernels taking it
-        g = self.kernel.backward(spec, w, fwd, h_prev, c_prev, dy_d, back.dh_n[k],
+        g = self.kernel_for(back.plan).backward(spec, w, fwd, h_prev, c_prev, dy_d, back.dh_n[k],
                                  back.dc_n[k] if back.dc_n is not None else None, bs, reverse, **per_step_dc)
         back.dh0[k] = g.dh0
         if back.dc0 is not None:

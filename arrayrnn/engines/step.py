@@ -12,7 +12,7 @@ weight-gradient products (:func:`.stack._weight_grads`) for ``dparams``. Roughly
     dW_ih = dpre.T @ x;  dW_hh = dpre.T @ h;  db = dpre.sum(0);  dx = dpre @ W_ih
 
 :class:`StepEngine` works on any stack engine (reference, cupy, numba through its generic kernel);
-:class:`~.numba_step.NumbaStep` replaces the parts where per-call work dominates a step: it packs the
+:class:`~.numba.step.NumbaStep` replaces the parts where per-call work dominates a step: it packs the
 weights once (:meth:`StepEngine.prepare`, which the caller keeps while the weights are unchanged) and
 calls the compiled loops directly. ``arrayrnn.frontend.cell.step_engine`` picks one.
 """

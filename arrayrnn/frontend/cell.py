@@ -28,13 +28,13 @@ import numpy as np
 
 from ..core.backend import as_array, device_id, get_xp, on_device
 from ..core.params import PackedParams
-from ..core.spec import RNNSpec
+from ..core.spec import RNNSpec, check_flag
 from ..engines import probe_call, select_engine
 from ..engines.base import DirectionForward, Engine
 from ..engines.stack import StackEngine
 from ..engines.step import StepEngine, StepWeights, check_cell_spec
 from . import guard
-from .rnn import _check_cotangent, _check_flag, _check_params
+from .rnn import _check_cotangent, _check_params
 
 Array = Any
 
@@ -85,7 +85,7 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
     if params.format != "canonical":
         raise ValueError(f"params.format = {params.format!r}; a cell step reads the canonical layout "
                          "(params.to_format('canonical'))")
-    training = _check_flag("training", training)
+    training = check_flag("training", training, TypeError)
     x = as_array(x, "x")
     h = as_array(h, "h") if h is not None else None
     c = as_array(c, "c") if c is not None else None
@@ -132,11 +132,11 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
 @functools.cache
 def step_engine(engine: Engine) -> StepEngine:
     """The step engine over ``engine`` (an engine :func:`~arrayrnn.engines.select_engine` chose):
-    :class:`~arrayrnn.engines.numba_step.NumbaStep` for the numba engine, a
+    :class:`~arrayrnn.engines.numba.step.NumbaStep` for the numba engine, a
     :class:`~arrayrnn.engines.step.StepEngine` for the other stack engines; ``ValueError`` for an engine
     that runs whole sequences only (cuDNN)."""
     if engine.name == "numba":
-        from ..engines.numba_step import NumbaStep  # numba is imported only where it is used
+        from ..engines.numba.step import NumbaStep  # numba is imported only where it is used
 
         return NumbaStep(engine)
     if not isinstance(engine, StackEngine):

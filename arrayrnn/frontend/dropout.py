@@ -145,15 +145,17 @@ def cell_masks(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, *, tra
         key = _mix_int((base + _STREAMS[kind]) & _MASK64)
         return uniform(xp, key, 0, int(np.prod(shape))).reshape(shape)
 
+    drawn = spec.call_masks(training)
+
     def dropout(kind: str, p: float, shape: tuple[int, ...]) -> Any:
-        if not (training and p):
+        if kind not in drawn:
             return None
         scale = np.dtype(dtype).type(1.0 / (1.0 - p))
         return (draw(kind, shape) >= p).astype(dtype) * scale
 
     def zoneout(kind: str, z: float | None, width: int) -> Any:
         shape = (kd, T, B, width)
-        if not z:
+        if kind not in drawn:
             return None
         return (draw(kind, shape) < z).astype(dtype) if training else xp.full(shape, z, dtype=dtype)
 

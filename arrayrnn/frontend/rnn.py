@@ -38,7 +38,7 @@ import numpy as np
 from ..core.backend import as_array, device_id, get_xp, on_device, to_host
 from ..core.errors import FormatConversionWarning
 from ..core.params import PackedParams
-from ..core.spec import RNNSpec, check_seed
+from ..core.spec import RNNSpec, check_flag, check_seed
 from ..engines import select_engine
 from ..engines.base import Call, Engine
 from . import guard
@@ -111,10 +111,10 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     """
     guard.raise_pending()
     spec = _check_params(params)
-    batch_first = _check_flag("batch_first", batch_first)
-    training = _check_flag("training", training)
+    batch_first = check_flag("batch_first", batch_first, TypeError)
+    training = check_flag("training", training, TypeError)
     seed = check_seed(seed)
-    return_all_states = _check_flag("return_all_states", return_all_states)
+    return_all_states = check_flag("return_all_states", return_all_states, TypeError)
     x = as_array(x, "x")
     h0 = as_array(h0, "h0") if h0 is not None else None
     c0 = as_array(c0, "c0") if c0 is not None else None
@@ -123,7 +123,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     _check_state("h0", h0, spec.state_shape(B), params)
     _check_c0(spec, c0, B, params)
     host_lengths = _lengths(lengths, T, B)
-    dropout = training and spec.dropout > 0 and spec.num_layers > 1
+    dropout = "dropout" in spec.call_masks(training)
     call = Call(spec=spec, xp=xp, device=device_id(params.data), seq_len=T, batch=B, training=training,
                 dropout=dropout, params_format=params.format,
                 has_zero_length=lengths is not None and not host_lengths.all(), all_states=return_all_states)
@@ -228,12 +228,6 @@ def _check_params(params: Any) -> RNNSpec:
         raise TypeError(f"params has type {type(params).__name__}; expected an arrayrnn.PackedParams "
                         "(e.g. PackedParams.init(spec) or PackedParams(spec, buffer))")
     return params.spec
-
-
-def _check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} = {value!r}; expected True or False")
-    return bool(value)
 
 
 def _check_x(spec: RNNSpec, params: PackedParams, x: Array, batch_first: bool, xp: Any) -> tuple[int, int]:

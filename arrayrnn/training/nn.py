@@ -27,7 +27,7 @@ from ..autodiff.bias_act import dense_bias_act
 from ..autodiff.tape import value_of
 from ..core.backend import get_xp, module_for
 from ..core.params import PackedParams
-from ..core.spec import RNNSpec, _check_flag, _check_positive_int, _normalize_dtype, check_seed
+from ..core.spec import RNNSpec, check_flag, check_positive_int, check_seed, normalize_dtype
 from ..engines import engine_names
 
 
@@ -52,9 +52,9 @@ class Dense:
                 raise ValueError(f"Dense: {name} = {n!r}; expected an integer >= 1")
         in_features, out_features = int(in_features), int(out_features)
         self.in_features, self.out_features = in_features, out_features
-        self.bias = _check_flag("bias", bias)
+        self.bias = check_flag("bias", bias)
         self.activation = get_activation(activation)
-        self.dtype = _normalize_dtype(dtype)
+        self.dtype = normalize_dtype(dtype)
         size = out_features * in_features + (out_features if self.bias else 0)
         bound = 1.0 / math.sqrt(in_features)
         host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, size).astype(self.dtype)
@@ -100,7 +100,7 @@ class Embedding:
             if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
                 raise ValueError(f"Embedding: {name} = {n!r}; expected an integer >= 1")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.dtype = _normalize_dtype(dtype)
+        self.dtype = normalize_dtype(dtype)
         rng = np.random.default_rng(check_seed(seed))
         host = rng.standard_normal((num_embeddings, embedding_dim)).astype(self.dtype)
         self.params = module_for(xp).asarray(host)
@@ -132,7 +132,7 @@ class _Recurrent:
         if not isinstance(engine, str) or engine not in engine_names():
             raise ValueError(f"{type(self).__name__}: engine = {engine!r}; expected one of {engine_names()}")
         self.spec = spec
-        self.batch_first = _check_flag("batch_first", batch_first)
+        self.batch_first = check_flag("batch_first", batch_first)
         self.engine = engine
         self.params = PackedParams.init(spec, seed=seed, xp=xp)
 
@@ -164,7 +164,7 @@ class _Recurrent:
 
     def initial_state(self, batch_size: int) -> tuple[Any, Any]:
         """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` None unless LSTM)."""
-        batch_size = _check_positive_int("batch_size", batch_size, minimum=0)
+        batch_size = check_positive_int("batch_size", batch_size, minimum=0)
         xp = get_xp(self.params.data)
         s = self.spec
         h0 = xp.zeros(s.state_shape(batch_size), dtype=s.dtype)

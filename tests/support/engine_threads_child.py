@@ -93,7 +93,7 @@ def run_callers(callers: int, iterations: int) -> None:
 def run_busy_worker() -> None:
     """One worker stays busy (a part of another caller's call, which waits for this thread) while a
     column split asks for every thread: its barrier must not wait on a part that has no thread."""
-    from arrayrnn.engines import loop_threads
+    from arrayrnn.engines.numba import loop_threads
 
     call = make_call("lstm-columns")
     expected = call()
@@ -115,11 +115,11 @@ def run_busy_worker() -> None:
 
 # -- interrupts at every hand-off ---------------------------------------------------------------------
 def _traced_files() -> set[str]:
-    from arrayrnn.engines import loop_threads, wavefront
+    from arrayrnn.engines.numba import loop_threads, wavefront
 
     files = {loop_threads.__file__, wavefront.__file__}
     try:
-        from arrayrnn.engines import workers
+        from arrayrnn.engines.numba import workers
     except ImportError:  # before issue 34
         return files
     return files | {workers.__file__}
@@ -182,7 +182,7 @@ def run_interrupts(case: str, opcodes: bool) -> None:
 
 def _check_no_worker_lost() -> None:
     """Every helper a call may use is free again once the interrupted calls' parts have ended."""
-    from arrayrnn.engines import workers
+    from arrayrnn.engines.numba import workers
 
     deadline = time.monotonic() + 30
     while workers.busy_helpers() and time.monotonic() < deadline:

@@ -44,9 +44,14 @@ class Case:
 
 def make_lengths(kind: str, T: int, B: int, rng: np.random.Generator) -> np.ndarray | None:
     """``"full"``: None; ``"unsorted"``: random in 1..T with T and a short row present; ``"sorted"``:
-    descending; ``"zeros"``: like unsorted with some rows of length 0; ``"short"``: all < T (T >= 2)."""
+    descending; ``"zeros"``: like unsorted with some rows of length 0; ``"short"``: all < T (T >= 2);
+    ``"edges"``: random in 0..T, the first rows T, 0 and 1."""
     if kind == "full":
         return None
+    if kind == "edges":
+        lengths = rng.integers(0, T + 1, B)
+        lengths[:3] = (T, 0, 1)[:B]
+        return lengths
     lengths = rng.integers(1, T + 1, B)
     if kind == "sorted":
         return np.sort(lengths)[::-1].copy()
@@ -135,6 +140,31 @@ def forward_backward(case: Case, engine: Any, **kw) -> tuple[RNNResult, RNNGrads
     dev = on_device(case, engine)
     res = _forward(dev, engine, training=True, **kw)
     return res, rnn_backward(res, dev.dy, dev.dh_n, dev.dc_n)
+
+
+# -- one engine against another ------------------------------------------------------------------
+def engine_results(engine: str, spec: RNNSpec, T: int, B: int, seed: int = 0, training: bool = True,
+                   mask_seed: int = 7) -> dict[str, Any]:
+    """``engine``'s results on ``make_case(spec, T, B, seed, lengths="edges")`` (rows of length 0, 1 and
+    T, unsorted; random initial states): ``y``, ``h_n``, ``c_n`` and, ``training``, the gradients of the
+    case's cotangents; every mask drawn from ``mask_seed``."""
+    case = make_case(spec, T, B, seed, lengths="edges")
+    if not training:
+        res = forward(case, engine, seed=mask_seed)
+        return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n}
+    res, g = forward_backward(case, engine, seed=mask_seed)
+    return {"y": res.y, "h_n": res.h_n, "c_n": res.c_n, "dx": g.dx, "dh0": g.dh0, "dc0": g.dc0,
+            "dparams": g.dparams.data}
+
+
+def assert_same_results(got: dict[str, Any], want: dict[str, Any], rtol: float, atol: float) -> None:
+    """Every result of :func:`engine_results` ``got`` equals ``want``'s (absent where it is absent)."""
+    assert got.keys() == want.keys()
+    for name, expected in want.items():
+        if expected is None:
+            assert got[name] is None, name
+            continue
+        np.testing.assert_allclose(host(got[name]), host(expected), rtol=rtol, atol=atol, err_msg=name)
 
 
 def loss(res, case: Case) -> float:

@@ -2,7 +2,7 @@
 
 A stack has independent work beyond one loop's rows:
 
-- **directions** (from :data:`MIN_ROWS` rows): the two directions of a
+- **directions** (from :data:`~arrayrnn.engines.thresholds.WAVEFRONT_MIN_ROWS` rows): the two directions of a
   bidirectional layer read the same input and nothing of each other; each runs its input projection and
   its time loop on its own thread (:func:`run_directions`), reading its weights once per step for every
   row of the batch (the rows split has each thread read all of them for half the rows);
@@ -17,9 +17,10 @@ A stack has independent work beyond one loop's rows:
               xw[layer][t0:t1] = input(layer)[t0:t1] @ W_ih[layer].T + bias[layer]
               loop[layer].run(t0, t1)             # the states carry over to the next chunk
 
-Each task runs on one thread (:func:`.loop_threads.one_thread`) and NumPy's BLAS is held to one thread
-meanwhile. Which calls take which schedule: :func:`plan`. The backward of a bidirectional layer runs its
-directions side by side too (:func:`backward_directions`); layers go one after the other there.
+Each task runs on one thread (:func:`.loop_threads.one_thread`; its loops' plan gives them one) and NumPy's
+BLAS is held to one thread meanwhile. Which calls take which schedule: :func:`.plan.wavefront_schedule`.
+The backward of a bidirectional layer runs its directions side by side too (:func:`backward_directions`);
+layers go one after the other there.
 """
 
 from __future__ import annotations
@@ -31,35 +32,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..core.spec import RNNSpec
-from . import loop_threads, workers
-from .base import DirectionForward, DirectionWeights
-from .loop_threads import MIN_ROWS_PER_THREAD, available_threads, in_parallel, one_thread
-from .stack import StackBackRun, StackRun
+from .. import thresholds
+from ..base import DirectionForward, DirectionWeights
+from ..stack import StackBackRun, StackRun
+from . import workers
+from .loop_threads import in_parallel, one_thread
 
 Array = Any
-
-# the wavefront runs from this many rows (bench/bench_wavefront.py, ratios to layer by layer: directions
-# 0.61-0.94x forward from 8 rows, 0.93-1.00x at 64, training steps 0.70-0.92x; at 1-4 rows up to 1.5x
-# slower: the partner core's wake-up and the slower clock of two busy cores cost more than the overlap
-# saves on small layers)
-MIN_ROWS = 8
-# the layer pipeline runs where the column split does not (fill and drain, re-reading W_ih per chunk and
-# the two cores' slower clock make it lose to the column split, 1.1-1.5x at 8 rows with H = 512, and to
-# the rows split from 16 rows); at 8-12 rows without them: 0.68-0.84x of layer by layer
-PIPELINE_LAYERS = True
-# a unidirectional stack's time is cut into this many chunks at most (fill and drain of a 2-layer pipeline
-# cost 1 / CHUNKS of the sequential time), each of at least MIN_CHUNK_STEPS steps (a chunk's waits,
-# projection call and loop launch cost ~tens of microseconds, a small step a few)
-CHUNKS = 6
-MIN_CHUNK_STEPS = 4
+Projector = Callable[[Array, Array], Array]   # (steps of a layer's input, out) -> out
 
 
 class ChunkedEngine(Protocol):
-    """What the wavefront needs of an engine: the direction forward, the input projection of chunks of
-    steps into a buffer and a kernel whose forward runs a chunk of steps at a time."""
-
-    kernel: Any
+    """What the wavefront needs of an engine: a direction's forward and backward, a direction's loop started
+    (its weights and the loop, to run a chunk of steps at a time) and the input projection into its
+    buffer."""
 
     def run_direction(self, run: StackRun, layer: int, direction: int,
                       layer_input: Array) -> DirectionForward: ...
@@ -67,33 +53,10 @@ class ChunkedEngine(Protocol):
     def backward_direction(self, back: StackBackRun, layer: int, direction: int, d_layer: Array,
                            layer_input: Array) -> Array: ...
 
-    def input_projector(self, x: Array, w: DirectionWeights) -> Callable[[Array, Array], Array]: ...
+    def start_direction(self, run: StackRun, layer: int, direction: int) -> tuple[DirectionWeights, Any]: ...
 
-
-def plan(spec: RNNSpec, rows: int, threads: int, backward: bool = False) -> str | None:
-    """``"directions"``, ``"layers"`` or ``None`` (layer by layer, each loop with the threads its rows
-    allow). From :data:`MIN_ROWS` rows: a bidirectional stack's directions side by side; a unidirectional
-    one's layers pipelined below the rows split, unless its LSTM or reset-after GRU steps are large
-    enough for the column split. The ``backward`` runs directions side by side only below the rows split:
-    there both directions' residuals and ``dx`` would be live at once, a training step's peak memory (S4:
-    +50 MiB) for a few percent; it never pipelines layers."""
-    if threads < 2 or rows < MIN_ROWS:
-        return None
-    below_rows_split = rows < 2 * MIN_ROWS_PER_THREAD
-    if spec.num_directions == 2:
-        return "directions" if below_rows_split or not backward else None
-    if not (PIPELINE_LAYERS and spec.num_layers > 1 and below_rows_split) or backward:
-        return None
-    step_fmas = rows * spec.gate_size * spec.output_size
-    columns = _has_column_loop(spec) and step_fmas >= loop_threads.COLUMN_SPLIT_MIN_STEP_FMAS
-    return None if columns else "layers"
-
-
-def _has_column_loop(spec: RNNSpec) -> bool:
-    """A column-split loop runs this spec's forward: a plain LSTM or a reset-after GRU (no projection,
-    peepholes, zoneout or recurrent dropout; DropConnect only scales ``W_hh``)."""
-    variants = spec.proj_size or spec.peepholes or spec.zoneout or spec.zoneout_cell or spec.recurrent_dropout
-    return not variants and (spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after))
+    def projector(self, run: StackRun, layer: int, w: DirectionWeights,
+                  chunks: bool = False) -> Projector: ...
 
 
 def run_directions(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionForward, ...]]:
@@ -135,39 +98,33 @@ def _both_directions(engine: ChunkedEngine, run: StackRun, layer: int,
 
 
 def chunk_bounds(steps: int) -> list[tuple[int, int]]:
-    """``[t0, t1)`` chunks covering ``[0, steps)``: :data:`CHUNKS` at most, :data:`MIN_CHUNK_STEPS` long
-    at least (but one)."""
-    chunks = max(1, min(CHUNKS, steps // MIN_CHUNK_STEPS))
+    """``[t0, t1)`` chunks covering ``[0, steps)``: :data:`~arrayrnn.engines.thresholds.CHUNKS` at most,
+    :data:`~arrayrnn.engines.thresholds.MIN_CHUNK_STEPS` long at least (but one)."""
+    chunks = max(1, min(thresholds.CHUNKS, steps // thresholds.MIN_CHUNK_STEPS))
     edges = [steps * j // chunks for j in range(chunks + 1)]
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def run_pipeline(engine: ChunkedEngine, run: StackRun) -> list[tuple[DirectionForward, ...]]:
-    """A unidirectional stack's layers pipelined over chunks of time (module doc)."""
+    """A unidirectional stack's layers pipelined over chunks of time (module doc); each loop runs on its
+    task's thread (the plan gives it one)."""
     spec = run.params.spec
-    T, B = run.x.shape[:2]
-    weights = [run.weights(layer, 0) for layer in range(spec.num_layers)]
-    loops, inputs, xws = [], [run.x], []
-    for layer, w in enumerate(weights):
-        xws.append(xw := np.empty((T, B, w.W_hh.shape[0]), run.x.dtype))
-        with one_thread():  # each loop runs on one thread: chosen for that
-            loops.append(engine.kernel.start_forward(spec, w, xw, run.batch_sizes, run.h0[layer],
-                                                     run.c0[layer] if run.c0 is not None else None, False,
-                                                     run.keep))
-        y = loops[-1].result().y
-        inputs.append(y if run.masks is None else np.empty_like(y))
-    bounds = chunk_bounds(T)
-    projectors = [engine.input_projector(inputs[layer], w) for layer, w in enumerate(weights)]
+    started = [engine.start_direction(run, layer, 0) for layer in range(spec.num_layers)]
+    loops = [loop for _, loop in started]
+    inputs = [run.x] + [loop.result().y if run.masks is None else np.empty_like(loop.result().y)
+                        for loop in loops[:-1]]
+    projectors = [engine.projector(run, layer, w, chunks=True) for layer, (w, _) in enumerate(started)]
+    bounds = chunk_bounds(run.x.shape[0])
 
     def chunk(layer: int, j: int) -> None:
         t0, t1 = bounds[j]
-        projectors[layer](inputs[layer][t0:t1], xws[layer][t0:t1])
+        projectors[layer](inputs[layer][t0:t1], loops[layer].xw[t0:t1])
         loops[layer].run(t0, t1)
         if run.masks is not None and layer + 1 < spec.num_layers:
             y = loops[layer].result().y
             inputs[layer + 1][t0:t1] = run.layer_input(layer + 1, y[t0:t1], slice(t0, t1))
 
-    in_dependency_order(chunk, spec.num_layers, len(bounds), available_threads())
+    in_dependency_order(chunk, spec.num_layers, len(bounds), run.plan.threads)
     return [(loop.result(),) for loop in loops]
 
 

@@ -18,12 +18,14 @@ Semantics equal :mod:`arrayrnn.engines.cells` (the oracle); per active row of st
     i, f, g, o = sig(xw_i), sig(xw_f), tanh(xw_g), sig(xw_o)   # stored over xw[t] (the cache)
     c = clip(f * c + i * g);  h = o * tanh(c)        # h = (o * tanh(c)) @ W_hr.T with projection
 
-Argument conventions, to keep one compiled signature per dtype: every array is C-contiguous; an absent
-array (no projection, no cache, no inner bias) is a zero-size array, announced by a flag; ``bs`` is the
-int64 ``batch_sizes``; ``reverse`` runs ``t = T-1 .. 0``; ``*_p`` are packed weights
-(:func:`.packed_gemm.pack_b`, zero-size when absent) and ``scratch`` is :func:`.packed_gemm.new_scratch`.
-Buffers are preallocated by the caller; nothing is allocated per step. Entries of inactive rows
-(``b >= bs[t]``) of ``y``, the residuals and the gradient stacks are set to zero.
+Arguments: a loop takes its row range ``r0, r1`` (a column split: its part, the number of parts and the
+barrier's state), named bundles (:mod:`.bundles`: the sequence, the state, the cell's packed weights and
+options, the cache or residuals, the variants' masks, the row buffers), each a plain tuple that the loop
+unpacks on entry into locals named like its fields, and ``scratch``, the thread's tile
+(:func:`.packed_gemm.new_scratch`). Helpers compiled apart take the same bundles; inlined ones take arrays.
+An absent array is zero-size, announced by a flag, so each loop keeps one compiled signature per dtype.
+Buffers are preallocated by the caller; nothing is allocated per step. Entries of inactive rows (``b >=
+bs[t]``) of ``y``, the residuals and the gradient stacks are set to zero.
 
 The cell variants run in the same loops behind run-time flags, each with its zero-size stand-ins when
 off (one signature still): recurrent dropout (the products read ``h * h_mask``, their ``dh`` is masked),
@@ -49,8 +51,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
 
-from . import gate_math as gm
-from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from .. import gate_math as gm
+from ..gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from ..step_order import step_time
 from .packed_gemm import gate_group, gemm
 from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
 from .spin_barrier import barrier
@@ -154,9 +157,7 @@ def _one_of_impl(a):
     return lambda a: real(1.0)
 
 
-@register_jitable(inline="always")
-def _step_time(s, T, reverse):
-    return T - 1 - s if reverse else s
+_step_time = register_jitable(inline="always")(step_time)  # the one time-step order (.step_order)
 
 
 @register_jitable(inline="always")
@@ -237,8 +238,9 @@ def _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc):
 @register_jitable(inline="always")
 def _lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi):
     """The LSTM gate math of rows ``i0 .. i1``, units ``j0 .. j1`` of step ``t`` (pre-activations in
-    ``xw[t]``, just written by the tile's GEMM). The loop runs over views that start at ``j0``: indexed
-    from ``j0`` directly, LLVM did not vectorise it (scalar divisions, several times slower)."""
+    ``xw[t]``, just written by the tile's GEMM); ``o * tanh(c)`` into ``y[t]``, or, with ``project``, into
+    ``m``. The loop runs over views that start at ``j0``: indexed from ``j0`` directly, LLVM did not
+    vectorise it (scalar divisions, several times slower)."""
     for b in range(i0, i1):
         g = xw[t, b]
         gi_, gf_ = g[LSTM_I * H + j0:LSTM_I * H + j1], g[LSTM_F * H + j0:LSTM_F * H + j1]
@@ -281,36 +283,36 @@ def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, cl
 
 
 @simd_jit(**_JIT)
-def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y, m, keep, c_all, tanh_c_all,
-                      clip_lo, clip_hi, masked, h_mask, hm, zone_h, m_h, zone_c, m_c, c_prev, c_cand_all,
-                      peep, P, scratch):
-    """``xw (T,B,4H)`` in (x side, overwritten by the gate activations), ``h (B,H_out)``,
-    ``c (B,H)`` states in/out, ``y (T,B,H_out)`` out; ``m (B,H)`` scratch for ``o*tanh(c)`` (projection);
-    ``c_all``/``tanh_c_all (T,B,H)`` residuals when ``keep`` (``tanh_c_all`` with projection only).
-    ``W_hh_p = pack_b(W_hh.T, gates=4)``, ``W_hr_p = pack_b(W_hr.T)``. Per step, per unit group and
-    row tile: the tile's four gates (one GEMM tile) and at once their gate math. ``masked``: recurrent
-    dropout, the GEMM reads ``hm = h * h_mask (B,H_out)`` (else both are zero-size). ``zone_h``/``zone_c``:
-    zoneout of ``h``/``c`` with the masks ``m_h (T,B,H_out)``/``m_c (T,B,H)`` after the step (``h~`` reads
-    the cell before zoneout, kept in ``c_cand_all (T,B,H)`` when ``keep``; ``c_prev (B,H)`` scratch).
-    ``peep``: peepholes ``P (3,H)`` (:func:`_lstm_peephole_tile`)."""
+def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch):
+    """The LSTM forward of rows ``r0 .. r1`` (bundles: :class:`.Steps`, ``xw (T,B,4H)``; :class:`.State`;
+    :class:`.LSTMCell` packed for the forward; :class:`.LSTMCache`; :class:`.Variants`;
+    :class:`.ForwardWork`). Per step, per unit group and row tile: the tile's four gates (one GEMM tile)
+    and at once their gate math; the projection ``(o * tanh(c)) @ W_hr.T`` from ``rows``. Recurrent
+    dropout: the GEMM reads ``hm = h * h_mask``; zoneout after the step (``h~`` reads the cell before
+    zoneout, kept in ``c_cand_all``; ``c_prev`` scratch); peepholes: :func:`_lstm_peephole_tile`."""
     prefer_full_vectors()
-    T = xw.shape[0]
-    H = c.shape[1]
+    xw, bs, y, reverse = steps
+    h, c = state
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    keep, c_all, tanh_c_all, c_cand_all = cache
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, hm, c_prev = work
+    T, H = xw.shape[0], c.shape[1]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            gates = xw[t]
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
             if zone_c:
                 c_prev[r0:n] = c[r0:n]
-            _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, gates, True, scratch)
+            _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, xw[t], True, scratch)
             if peep:
-                _lstm_peephole_tile(xw, t, r0, n, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P)
+                _lstm_peephole_tile(xw, t, r0, n, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi,
+                                    P)
             else:
-                _lstm_tile(xw, t, r0, n, 0, H, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi)
+                _lstm_tile(xw, t, r0, n, 0, H, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi)
             if zone_c:
                 if keep:
                     c_cand_all[t, r0:n] = c[r0:n]
@@ -319,18 +321,24 @@ def lstm_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_hr_p, project, h, c, y,
                 for b in range(r0, n):
                     c_all[t, b] = c[b]
             if project:
-                gemm(m[r0:n], W_hr_p, 1, y[t, r0:n], False, scratch)
+                gemm(rows[r0:n], W_hr_p, 1, y[t, r0:n], False, scratch)
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
-        y[t, max(n, r0):r1] = 0.0
-        if keep:
-            xw[t, max(n, r0):r1] = 0.0
-            c_all[t, max(n, r0):r1] = 0.0
-            if project:
-                tanh_c_all[t, max(n, r0):r1] = 0.0
-            if zone_c:
-                c_cand_all[t, max(n, r0):r1] = 0.0
+        _idle_rows(t, max(n, r0), r1, y, keep, xw, c_all, project, tanh_c_all, zone_c, c_cand_all)
+
+
+@register_jitable(inline="always")
+def _idle_rows(t, i0, i1, y, keep, xw, c_all, project, tanh_c_all, zone_c, c_cand_all):
+    """Rows ``i0 .. i1``, idle at step ``t`` of an LSTM forward: zero output, zero residuals where kept."""
+    y[t, i0:i1] = 0.0
+    if keep:
+        xw[t, i0:i1] = 0.0
+        c_all[t, i0:i1] = 0.0
+        if project:
+            tanh_c_all[t, i0:i1] = 0.0
+        if zone_c:
+            c_cand_all[t, i0:i1] = 0.0
 
 
 @register_jitable(inline="always")
@@ -365,24 +373,26 @@ def unit_range(part, parts, groups, W, H):
 
 
 @simd_jit(**_JIT)
-def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y, m, keep, c_all, clip_lo,
-                         clip_hi, scratch):
+def lstm_forward_columns(part, parts, sync, steps, state, cell, cache, work, scratch):
     """:func:`lstm_forward_loop` (no projection, no cell variants) over the units of one of ``parts``
     threads: each thread computes every row's gates of its unit groups, so it streams only its share of
     ``W_hh`` (the column split; the rows split needs every thread to stream all of it). The threads meet
-    once per step (:func:`.spin_barrier.barrier` on ``sync``); ``h_buf (2,B,H)`` double-buffers the state
-    (step ``s`` reads ``h_buf[s % 2]``, holding ``h0`` first, and writes its units of the other), so the
-    final state is ``h_buf[T % 2]``. ``m (B,H)``: scratch for ``tanh(c)``."""
+    once per step (:func:`.spin_barrier.barrier` on ``sync``); :class:`.ColumnState` double-buffers the
+    state, so the final state is ``h_buf[T % 2]``. ``rows (B,H)``: scratch for ``tanh(c)``."""
     prefer_full_vectors()
-    T, B = xw.shape[0], xw.shape[1]
-    H = c.shape[1]
+    xw, bs, y, reverse = steps
+    h_buf, c = state
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    keep, c_all, tanh_c_all, c_cand_all = cache
+    rows, hm, c_prev = work
+    T, B, H = xw.shape[0], xw.shape[1], c.shape[1]
     u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], B)
         src, dst, gates = h_buf[s % 2], h_buf[(s + 1) % 2], xw[t]
         _unit_groups(src, 0, n, W_hh_p, 4, u0, u1, gates, True, scratch)
-        _lstm_tile(xw, t, 0, n, j0, j1, H, c, y, m, False, keep, c_all, clip_lo, clip_hi)
+        _lstm_tile(xw, t, 0, n, j0, j1, H, c, y, rows, False, keep, c_all, clip_lo, clip_hi)
         _column_step_end(xw, t, n, j0, j1, H, 4, src, dst, y, keep)
         if keep:
             for b in range(n):
@@ -393,86 +403,117 @@ def lstm_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, h_buf, c, y
 
 
 @simd_jit(**_JIT)
-def lstm_backward_loop(r0, r1, gates, c_all, c_prev, tanh_c_all, bs, reverse, W_hh_p, W_hr_p, project,
-                       dy, dh, dc, dpre_in, d_h, dm, use_clip, clip_lo, clip_hi, masked, h_mask, has_seq,
-                       dc_seq, zone_h, m_h, zone_c, m_c, carry_h, carry_c, peep, P, scratch):
-    """Steps in reverse order of the forward. ``gates``/``c_all``/``c_prev``: the
-    forward's residuals and the cell entering each step; ``dy (T,B,H_out)``; ``dh``/``dc`` carries in
-    (``dh_n``/``dc_n``) and out (``dh0``/``dc0``); ``dpre_in (T,B,4H)`` and, with projection, ``d_h (T,B,P)``
-    out; ``dm (B,H)`` scratch for the gradient of ``o*tanh(c)`` under projection.
-    ``W_hh_p = pack_b(W_hh)``, ``W_hr_p = pack_b(W_hr)``. ``masked``: recurrent dropout, the GEMM's
-    ``dh`` times ``h_mask (B,H_out)``; ``has_seq``: ``dc_seq (T,B,H)``, every step's cell cotangent
-    (``return_all_states``), joins the carry (both zero-size when off). ``zone_h``/``zone_c``: zoneout, each
-    state's cotangent splits into the step's share and the carried share (``carry_h``/``carry_c`` scratch),
-    added to the carry after the step; ``c_all`` is then the cell before zoneout. ``peep``: peepholes
-    ``P (3,H)`` (:func:`.gate_math.lstm_peephole_cell_grads`)."""
+def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, scratch):
+    """The LSTM backward of rows ``r0 .. r1``, steps in reverse order of the forward (bundles:
+    :class:`.LSTMResiduals`; :class:`.BackSteps`, ``dpre (T,B,4H)`` out; :class:`.Cotangents` ``dh``,
+    ``dc``, carried in and out; :class:`.LSTMCell` packed for the backward; :class:`.Variants`;
+    :class:`.BackwardWork`). Per step: the carried cotangents' shares (:func:`_lstm_carried_in`), the
+    gate gradients (peepholes: :func:`_lstm_peephole_grads`), ``dh = dpre @ W_hh`` (times ``h_mask``
+    under recurrent dropout), the carried shares of zoneout added back."""
     prefer_full_vectors()
-    T = gates.shape[0]
-    H = dc.shape[1]
+    gates, c_all, c_prev, tanh_c_all = residuals
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    T, H = gates.shape[0], dc.shape[1]
     one = one_of(gates)
     for s in range(T):
         t = _step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
-            if has_seq:
+            _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch)
+            if peep:
+                _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work)
+            else:
                 for b in range(r0, n):
-                    dcb, seq = dc[b], dc_seq[t, b]
-                    for j in range(H):
-                        dcb[j] += seq[j]
-            if zone_c:
-                _split_zoned(one, m_c, t, dc, dc, carry_c, r0, n)
-            if zone_h:  # the step's share of dy + dh, read below as dh (or d_h with projection)
-                _dy_plus_dh(dy, t, dh, dh, r0, n)
-                _split_zoned(one, m_h, t, dh, d_h[t] if project else dh, carry_h, r0, n)
-            if project:
-                if not zone_h:
-                    _dy_plus_dh(dy, t, dh, d_h[t], r0, n)
-                gemm(d_h[t, r0:n], W_hr_p, 1, dm[r0:n], False, scratch)
-            for b in range(r0, n):
-                g = gates[t, b]
-                d = dpre_in[t, b]
-                cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
-                dyb, dhb, dmb = dy[t, b], dh[b], dm[b]
-                tcb = tanh_c_all[t, b] if project else cb
-                if peep:
+                    g, d = gates[t, b], dpre[t, b]
+                    cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
+                    dyb, dhb, dmb = dy[t, b], dh[b], rows[b]
+                    tcb = tanh_c_all[t, b] if project else cb
                     for j in range(H):
                         gi, gf = g[LSTM_I * H + j], g[LSTM_F * H + j]
                         gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
                         tc = tcb[j] if project else tanh(cb[j])
                         dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-                        di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
-                            one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi,
-                            P[0, j], P[1, j], P[2, j])
-                        d[LSTM_I * H + j] = di
-                        d[LSTM_F * H + j] = df
-                        d[LSTM_G * H + j] = dg
-                        d[LSTM_O * H + j] = do
-                        dcb[j] = dcp
-                    continue
-                for j in range(H):
-                    gi = g[LSTM_I * H + j]
-                    gf = g[LSTM_F * H + j]
-                    gg = g[LSTM_G * H + j]
-                    go = g[LSTM_O * H + j]
-                    tc = tcb[j] if project else tanh(cb[j])
-                    dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-                    di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj,
-                                                             dcb[j], use_clip, clip_lo, clip_hi)
-                    d[LSTM_I * H + j] = di
-                    d[LSTM_F * H + j] = df
-                    d[LSTM_G * H + j] = dg
-                    d[LSTM_O * H + j] = do
-                    dcb[j] = dcp
+                        di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj,
+                                                                 dcb[j], use_clip, clip_lo, clip_hi)
+                        _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
             if zone_c:
                 _add_rows(carry_c, dc, r0, n)
-            gemm(dpre_in[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            gemm(dpre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             if masked:
                 _scale_rows(dh, h_mask, r0, n)
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
-        dpre_in[t, max(n, r0):r1] = 0.0
+        dpre[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
+
+
+@register_jitable(inline="always")
+def _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp):
+    """Unit ``j``'s gate gradients into ``d`` (a row of ``dpre``), the entering cell's into ``dcb``."""
+    d[LSTM_I * H + j] = di
+    d[LSTM_F * H + j] = df
+    d[LSTM_G * H + j] = dg
+    d[LSTM_O * H + j] = do
+    dcb[j] = dcp
+
+
+@simd_jit(**_JIT)
+def _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch):
+    """Step ``t``'s share of the carried cotangents, rows ``r0 .. n``: every step's ``dc_seq`` joins ``dc``;
+    zoneout splits ``dc`` and ``dy + dh`` (the step's share, read as ``dh``, or ``d_h`` with projection);
+    with projection, ``d_h = dy + dh`` and ``rows = d_h @ W_hr``. Compiled apart (glue, once a step)."""
+    prefer_full_vectors()
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    one = one_of(dy)
+    if has_seq:
+        _add_rows(dc_seq[t], dc, r0, n)
+    if zone_c:
+        _split_zoned(one, m_c, t, dc, dc, carry_c, r0, n)
+    if zone_h:
+        _dy_plus_dh(dy, t, dh, dh, r0, n)
+        _split_zoned(one, m_h, t, dh, d_h[t] if project else dh, carry_h, r0, n)
+    if project:
+        if not zone_h:
+            _dy_plus_dh(dy, t, dh, d_h[t], r0, n)
+        gemm(d_h[t, r0:n], W_hr_p, 1, rows[r0:n], False, scratch)
+
+
+@simd_jit(**_JIT)
+def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work):
+    """The gate gradients of step ``t``, rows ``r0 .. n``, with peepholes
+    (:func:`.gate_math.lstm_peephole_cell_grads`); compiled apart like :func:`_lstm_peephole_tile`."""
+    prefer_full_vectors()
+    gates, c_all, c_prev, tanh_c_all = residuals
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    H = dc.shape[1]
+    one = one_of(dy)
+    for b in range(r0, n):
+        g, d = gates[t, b], dpre[t, b]
+        cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
+        dyb, dhb, dmb = dy[t, b], dh[b], rows[b]
+        tcb = tanh_c_all[t, b] if project else cb
+        for j in range(H):
+            gi, gf = g[LSTM_I * H + j], g[LSTM_F * H + j]
+            gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
+            tc = tcb[j] if project else tanh(cb[j])
+            dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
+            di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
+                one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi, P[0, j],
+                P[1, j], P[2, j])
+            _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
 
 
 # -- GRU ------------------------------------------------------------------------------------------
@@ -501,21 +542,24 @@ def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
 
 
 @simd_jit(**_JIT)
-def gru_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, b_hn, h_buf, y, hh, keep, hn_all,
-                        scratch):
+def gru_forward_columns(part, parts, sync, steps, state, cell, cache, work, scratch):
     """:func:`gru_forward_loop` (reset-after, no cell variants) over the units of one of ``parts`` threads,
-    the column split of :func:`lstm_forward_columns` (``h_buf (2,B,H)`` likewise). ``hh (B,3H)``: scratch
-    the parts share, each writing and reading only its units' columns."""
+    the column split of :func:`lstm_forward_columns` (:class:`.ColumnState` likewise). ``rows (B,3H)``:
+    scratch the parts share, each writing and reading only its units' columns."""
     prefer_full_vectors()
-    T, B = xw.shape[0], xw.shape[1]
-    H = h_buf.shape[2]
+    xw, bs, y, reverse = steps
+    h_buf, c = state
+    W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
+    keep, hn_all = cache
+    rows, hm, c_prev = work
+    T, B, H = xw.shape[0], xw.shape[1], h_buf.shape[2]
     u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 3, W_hh_p.shape[2], H)
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], B)
         src, dst = h_buf[s % 2], h_buf[(s + 1) % 2]
-        _unit_groups(src, 0, n, W_hh_p, 3, u0, u1, hh, False, scratch)
-        _gru_after_tile(xw, t, 0, n, j0, j1, H, src, hh, b_hn, y, hn_all, keep)
+        _unit_groups(src, 0, n, W_hh_p, 3, u0, u1, rows, False, scratch)
+        _gru_after_tile(xw, t, 0, n, j0, j1, H, src, rows, b_hn, y, hn_all, keep)
         _column_step_end(xw, t, n, j0, j1, H, 3, src, dst, y, keep)
         if keep:
             hn_all[t, n:, j0:j1] = 0.0
@@ -524,48 +568,33 @@ def gru_forward_columns(part, parts, sync, xw, bs, reverse, W_hh_p, b_hn, h_buf,
 
 
 @simd_jit(**_JIT)
-def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, b_hn, h, y, hh, keep,
-                     hn_all, masked, h_mask, hm, zone_h, m_h, scratch):
-    """``xw (T,B,3H)`` in (overwritten by r, z, n); ``h (B,H)`` in/out; ``y (T,B,H)``;
-    ``hh (B,3H)`` scratch (reset-after: ``h @ W_hh.T``; reset-before: ``r*h`` in its first H columns);
-    ``b_hn (H,)`` inner bias or zeros; ``keep``: ``xw`` is the backward's cache (inactive rows zeroed) and,
-    reset-after, ``hn_all (T,B,H)`` keeps ``W_hn h + b_hn``.
-    Reset-after: ``W_hh_p = pack_b(W_hh.T, gates=3)``, one fused tile per unit group and row tile.
-    Reset-before: ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (``pack_b(W.T)``);
-    the n product needs every unit's ``r * h`` first, so it runs after the r, z product. ``masked``:
-    recurrent dropout, the products read ``hm = h * h_mask (B,H)`` (``z * h`` keeps the carried ``h``).
-    ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)`` after the step."""
+def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch):
+    """The GRU forward of rows ``r0 .. r1`` (bundles: :class:`.Steps`, ``xw (T,B,3H)`` overwritten by r, z,
+    n; :class:`.State` (``h``); :class:`.GRUCell` packed for the forward; :class:`.GRUCache` (reset-after:
+    ``hn_all`` keeps ``W_hn h + b_hn``); :class:`.Variants`; :class:`.ForwardWork`, ``rows (B,3H)``).
+    Reset-after: one fused tile per unit group and row tile. Reset-before (:func:`_gru_before_step`): the
+    n product needs every unit's ``r * h`` first, so it runs after the r, z product. Recurrent dropout: the
+    products read ``hm = h * h_mask`` (``z * h`` keeps the carried ``h``); zoneout of ``h`` after the step."""
     prefer_full_vectors()
-    T = xw.shape[0]
-    H = h.shape[1]
-    R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
+    xw, bs, y, reverse = steps
+    h, c = state
+    W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
+    keep, hn_all = cache
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, hm, c_prev = work
+    T, H = xw.shape[0], h.shape[1]
     for s in range(T):
         t = _step_time(s, T, reverse)
         n = min(bs[t], r1)
         if n > r0:
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
-            src = hm if masked else h
             if reset_after:
-                _unit_groups(src, r0, n, W_hh_p, 3, 0, W_hh_p.shape[0] // 3, hh, False, scratch)
-                _gru_after_tile(xw, t, r0, n, 0, H, H, h, hh, b_hn, y, hn_all, keep)
+                _unit_groups(hm if masked else h, r0, n, W_hh_p, 3, 0, W_hh_p.shape[0] // 3, rows, False,
+                             scratch)
+                _gru_after_tile(xw, t, r0, n, 0, H, H, h, rows, b_hn, y, hn_all, keep)
             else:
-                gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
-                for b in range(r0, n):
-                    g, hb, q = xw[t, b], src[b], hh[b]
-                    for j in range(H):
-                        r = sigmoid(g[R + j])
-                        g[R + j] = r
-                        g[Z + j] = sigmoid(g[Z + j])
-                        q[j] = r * hb[j]
-                gemm(hh[r0:n, :H], W_n_p, 1, xw[t, r0:n, N:N + H], True, scratch)
-                for b in range(r0, n):
-                    g, hb, yb = xw[t, b], h[b], y[t, b]
-                    for j in range(H):
-                        nn = tanh(g[N + j])
-                        z = g[Z + j]
-                        g[N + j] = nn
-                        yb[j] = gm.gru_output(z, nn, hb[j])
+                _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch)
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
             h[r0:n] = y[t, r0:n]
@@ -577,20 +606,55 @@ def gru_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after
 
 
 @simd_jit(**_JIT)
-def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p, W_n_p, reset_after, dy, dh,
-                      dpre_in, dn_rec, rec, drh, masked, h_mask, zone_h, m_h, carry_h, scratch):
-    """``dpre_in (T,B,3H)`` out; reset-after: ``dn_rec (T,B,H)`` out, the n part of the gradient of
-    ``W_hh h + b_hh`` (``dpre_in``'s times r; its r, z parts are ``dpre_in``'s), and ``rec (B,3H)``
-    scratch for a step's whole row of it (the per-step product's operand); reset-before: both unused.
-    ``drh (B,H)`` scratch (reset-before: the gradient of ``r*h``). ``W_hh_p = pack_b(W_hh)``
-    (reset-after); ``W_rz_p``/``W_n_p``: the r, z rows and the n rows of ``W_hh`` packed (reset-before).
-    ``masked``: recurrent dropout, the products' share of ``dh`` times ``h_mask (B,H)`` (the product then
-    lands in ``drh`` first). ``zone_h``: zoneout, ``dy + dh`` splits into the step's share and the carried
-    share (``carry_h (B,H)`` scratch, added after the step)."""
+def _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch):
+    """A reset-before GRU step, rows ``r0 .. n``: the r, z product and gates, ``r * h`` (of the masked ``h``
+    under recurrent dropout) into ``rows``, its n product, the output. Compiled apart, like
+    :func:`_lstm_peephole_tile`."""
     prefer_full_vectors()
-    T = gates.shape[0]
-    H = dh.shape[1]
+    xw, bs, y, reverse = steps
+    h, c = state
+    W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, hm, c_prev = work
+    H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
+    src = hm if masked else h
+    gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
+    for b in range(r0, n):
+        g, hb, q = xw[t, b], src[b], rows[b]
+        for j in range(H):
+            r = sigmoid(g[R + j])
+            g[R + j] = r
+            g[Z + j] = sigmoid(g[Z + j])
+            q[j] = r * hb[j]
+    gemm(rows[r0:n, :H], W_n_p, 1, xw[t, r0:n, N:N + H], True, scratch)
+    for b in range(r0, n):
+        g, hb, yb = xw[t, b], h[b], y[t, b]
+        for j in range(H):
+            nn = tanh(g[N + j])
+            z = g[Z + j]
+            g[N + j] = nn
+            yb[j] = gm.gru_output(z, nn, hb[j])
+
+
+@simd_jit(**_JIT)
+def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, scratch):
+    """The GRU backward of rows ``r0 .. r1`` (bundles: :class:`.GRUResiduals`; :class:`.BackSteps`,
+    ``dpre (T,B,3H)`` out and, reset-after, ``dn_rec (T,B,H)``, the n part of the gradient of ``W_hh h +
+    b_hh`` (``dpre``'s times r; its r, z parts are ``dpre``'s); :class:`.Cotangents` ``dh``;
+    :class:`.GRUCell` packed for the backward; :class:`.Variants`; :class:`.BackwardWork`). Per step: the z
+    and n gradients, then the r gradient and the recurrent products (:func:`_gru_after_grads`,
+    :func:`_gru_before_grads`). Recurrent dropout: the products' share of ``dh`` times ``h_mask``;
+    zoneout: ``dy + dh`` splits into the step's share and the carried share (``carry_h``, added after)."""
+    prefer_full_vectors()
+    gates, hn_all, h_prev = residuals
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    T, H = gates.shape[0], dh.shape[1]
+    Z, N = GRU_Z * H, GRU_N * H
     one = one_of(gates)
     for s in range(T):
         t = _step_time(T - 1 - s, T, reverse)
@@ -600,67 +664,107 @@ def gru_backward_loop(r0, r1, gates, hn_all, h_prev, bs, reverse, W_hh_p, W_rz_p
                 _dy_plus_dh(dy, t, dh, dh, r0, n)
                 _split_zoned(one, m_h, t, dh, dh, carry_h, r0, n)
             for b in range(r0, n):
-                g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], dpre_in[t, b]
+                g, hp, dyb, dhb, d = gates[t, b], h_prev[t, b], dy[t, b], dh[b], dpre[t, b]
                 for j in range(H):
-                    r, z, nn = g[R + j], g[Z + j], g[N + j]
+                    z, nn = g[Z + j], g[N + j]
                     dhj = dhb[j] if zone_h else dyb[j] + dhb[j]
-                    dz, dn, carry = gm.gru_zn_grads(one, z, nn, hp[j], dhj)
+                    dz, dn, carried = gm.gru_zn_grads(one, z, nn, hp[j], dhj)
                     d[N + j] = dn
                     d[Z + j] = dz
-                    dhb[j] = carry
+                    dhb[j] = carried
             if reset_after:
-                for b in range(r0, n):
-                    g, hnb, d, e, en = gates[t, b], hn_all[t, b], dpre_in[t, b], rec[b], dn_rec[t, b]
-                    for j in range(H):
-                        r = g[R + j]
-                        dr = gm.sigmoid_grad(one, r, d[N + j] * hnb[j])
-                        d[R + j] = dr
-                        e[R + j] = dr
-                        e[Z + j] = d[Z + j]
-                        dn = d[N + j] * r
-                        e[N + j] = dn
-                        en[j] = dn
-                if masked:
-                    gemm(rec[r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
-                    _add_masked(drh, h_mask, dh, r0, n)
-                else:
-                    gemm(rec[r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
-            elif masked:
-                gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
-                for b in range(r0, n):
-                    g, hp, d, q, mb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], h_mask[b]
-                    for j in range(H):
-                        r = g[R + j]
-                        d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j] * mb[j])
-                        q[j] *= r  # now the gradient of the masked h through r * h
-                gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
-                _add_masked(drh, h_mask, dh, r0, n)
+                _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch)
             else:
-                gemm(dpre_in[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
-                for b in range(r0, n):
-                    g, hp, d, q, dhb = gates[t, b], h_prev[t, b], dpre_in[t, b], drh[b], dh[b]
-                    for j in range(H):
-                        r = g[R + j]
-                        d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
-                        dhb[j] += q[j] * r
-                gemm(dpre_in[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
+                _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch)
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
-        dpre_in[t, max(n, r0):r1] = 0.0
+        dpre[t, max(n, r0):r1] = 0.0
         if reset_after:
             dn_rec[t, max(n, r0):r1] = 0.0
 
 
+@simd_jit(**_JIT)
+def _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch):
+    """Reset-after, step ``t``, rows ``r0 .. n``: the r gradient, the product's operand ``rows`` (and
+    ``dn_rec``), then ``dh += rows @ W_hh`` (through ``drh`` and ``h_mask`` under recurrent dropout)."""
+    prefer_full_vectors()
+    gates, hn_all, h_prev = residuals
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    H = dh.shape[1]
+    R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
+    one = one_of(dh)
+    for b in range(r0, n):
+        g, hnb, d, e, en = gates[t, b], hn_all[t, b], dpre[t, b], rows[b], dn_rec[t, b]
+        for j in range(H):
+            r = g[R + j]
+            dr = gm.sigmoid_grad(one, r, d[N + j] * hnb[j])
+            d[R + j] = dr
+            e[R + j] = dr
+            e[Z + j] = d[Z + j]
+            dn = d[N + j] * r
+            e[N + j] = dn
+            en[j] = dn
+    if masked:
+        gemm(rows[r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
+        _add_masked(drh, h_mask, dh, r0, n)
+    else:
+        gemm(rows[r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
+
+
+@simd_jit(**_JIT)
+def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch):
+    """Reset-before, step ``t``, rows ``r0 .. n``: ``drh``, the gradient of ``r * h`` through the n rows; the
+    r gradient; the r, z rows' share and ``r * drh`` into ``dh`` (through ``h_mask`` under recurrent
+    dropout)."""
+    prefer_full_vectors()
+    gates, hn_all, h_prev = residuals
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    H = dh.shape[1]
+    R, N, RZ = GRU_R * H, GRU_N * H, GRU_RZ_FIRST * H
+    one = one_of(dh)
+    gemm(dpre[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
+    if masked:
+        for b in range(r0, n):
+            g, hp, d, q, mb = gates[t, b], h_prev[t, b], dpre[t, b], drh[b], h_mask[b]
+            for j in range(H):
+                r = g[R + j]
+                d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j] * mb[j])
+                q[j] *= r  # now the gradient of the masked h through r * h
+        gemm(dpre[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
+        _add_masked(drh, h_mask, dh, r0, n)
+        return
+    for b in range(r0, n):
+        g, hp, d, q, dhb = gates[t, b], h_prev[t, b], dpre[t, b], drh[b], dh[b]
+        for j in range(H):
+            r = g[R + j]
+            d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
+            dhb[j] += q[j] * r
+    gemm(dpre[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
+
+
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
 @simd_jit(**_JIT)
-def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask, hm, zone_h, m_h, scratch):
-    """``y[t] = act(xw[t] + h @ W_hh.T)``; ``xw (T,B,H)`` is used as scratch; ``W_hh_p = pack_b(W_hh.T)``.
-    The activation runs on each GEMM tile (one vector of units) as it is written. ``masked``: recurrent
-    dropout, the GEMM reads ``hm = h * h_mask (B,H)``. ``zone_h``: zoneout of ``h`` with ``m_h (T,B,H)``
-    after the step; ``xw[t]`` then keeps the step's own output ``h~`` (the backward's residual)."""
+def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, scratch):
+    """``y[t] = act(xw[t] + h @ W_hh.T)`` for rows ``r0 .. r1`` (bundles: :class:`.Steps`, ``xw (T,B,H)``
+    used as scratch; :class:`.State` (``h``); :class:`.RNNCell` packed for the forward; :class:`.Variants`;
+    :class:`.ForwardWork`). The activation runs on each GEMM tile (one vector of units) as it is written.
+    Recurrent dropout: the GEMM reads ``hm = h * h_mask``; zoneout of ``h`` after the step, ``xw[t]`` then
+    keeps the step's own output ``h~`` (the backward's residual)."""
     prefer_full_vectors()
-    T = xw.shape[0]
-    H = h.shape[1]
+    xw, bs, y, reverse = steps
+    h, c = state
+    W_hh_p, relu = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, hm, c_prev = work
+    T, H = xw.shape[0], h.shape[1]
     zero = one_of(xw) * 0
     for s in range(T):
         t = _step_time(s, T, reverse)
@@ -683,13 +787,19 @@ def rnn_forward_loop(r0, r1, xw, bs, reverse, W_hh_p, relu, h, y, masked, h_mask
 
 
 @simd_jit(**_JIT)
-def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, masked, h_mask, zone_h, m_h,
-                      carry_h, scratch):
-    """``W_hh_p = pack_b(W_hh)``; ``masked``: recurrent dropout, the GEMM's ``dh`` times ``h_mask``;
-    ``zone_h``: zoneout (``y`` is then each step's own output ``h~``; ``carry_h (B,H)`` scratch)."""
+def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, scratch):
+    """The plain RNN backward of rows ``r0 .. r1``: ``y (T,B,H)`` each step's own output (the forward's
+    ``y``, or its ``xw`` under zoneout); bundles :class:`.BackSteps`, ``dpre (T,B,H)`` out;
+    :class:`.Cotangents` ``dh``; :class:`.RNNCell` packed for the backward; :class:`.Variants`;
+    :class:`.BackwardWork` (``carry_h`` under zoneout). Recurrent dropout: the GEMM's ``dh`` times
+    ``h_mask``."""
     prefer_full_vectors()
-    T = y.shape[0]
-    H = dh.shape[1]
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, relu = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    T, H = y.shape[0], dh.shape[1]
     one = one_of(y)
     for s in range(T):
         t = _step_time(T - 1 - s, T, reverse)
@@ -699,12 +809,12 @@ def rnn_backward_loop(r0, r1, y, bs, reverse, W_hh_p, relu, dy, dh, d_pre, maske
                 _dy_plus_dh(dy, t, dh, dh, r0, n)
                 _split_zoned(one, m_h, t, dh, dh, carry_h, r0, n)
             for b in range(r0, n):
-                yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], d_pre[t, b]
+                yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], dpre[t, b]
                 for j in range(H):
                     d[j] = gm.rnn_grad(one, relu, yb[j], dhb[j] if zone_h else dyb[j] + dhb[j])
-            gemm(d_pre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            gemm(dpre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             if masked:
                 _scale_rows(dh, h_mask, r0, n)
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
-        d_pre[t, max(n, r0):r1] = 0.0
+        dpre[t, max(n, r0):r1] = 0.0

@@ -106,19 +106,22 @@ SMALL_TILE_SETS = 4 if _REGISTERS[VARIANT] == 32 else 2
 
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
-KERNEL_SOURCES = ("simd_ir.py", "packed_gemm.py", "gate_math.py", "spin_barrier.py")
-"""The engine modules whose compiled code the time loops call into (their digest keys the cache)."""
+KERNEL_SOURCES = ("numba/simd_ir.py", "numba/packed_gemm.py", "gate_math.py", "step_order.py",
+                  "numba/spin_barrier.py", "numba/bundles.py")
+"""The modules whose compiled code the time loops call into, relative to ``arrayrnn/engines/`` (their
+digest keys the cache)."""
 
 
 def _kernel_sources_digest() -> str:
     """A digest of the source of this module and of the other modules the time loops call into
-    (:mod:`.packed_gemm`, :mod:`.gate_math`, :mod:`.spin_barrier`): numba's cache of a caller does not
-    notice a change in a callee's module, so the key of every function compiled with :func:`simd_jit`
-    carries it."""
-    here = Path(__file__).resolve().parent
+    (:mod:`.packed_gemm`, :mod:`arrayrnn.engines.gate_math`, :mod:`arrayrnn.engines.step_order`,
+    :mod:`.spin_barrier`) or read their arguments with (:mod:`.bundles`): numba's cache of a caller does
+    not notice a change in a callee's module (nor in a named tuple's fields), so the key of every function
+    compiled with :func:`simd_jit` carries it."""
+    engines = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for name in KERNEL_SOURCES:
-        digest.update((here / name).read_bytes())
+        digest.update((engines / name).read_bytes())
     return digest.hexdigest()[:16]
 
 

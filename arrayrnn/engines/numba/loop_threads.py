@@ -1,12 +1,11 @@
 """Threads for the numba engine's time loops: the rows or the units of a step split between persistent
-worker threads.
+worker threads. How many, and which split, a call's plan decides (:mod:`.plan`); this module runs them.
 
-Rows split (:func:`run_split`, batches of ``2 * MIN_ROWS_PER_THREAD`` rows and more, every loop). Rows
-of a direction's batch never interact inside its time loop (each row's state feeds only its own next
-step), so every compiled loop of :mod:`.numba_kernels` takes a row range ``[r0, r1)`` and runs the whole
-sequence for it, with no barrier at all: the threads meet once, when the call returns. The loops
-release the GIL (``nogil=True``) and write disjoint rows of the shared buffers; each thread gets its own
-scratch tile. Semantics roughly equal to this Python loop, run concurrently::
+Rows split (:func:`run_split`, every loop). Rows of a direction's batch never interact inside its time loop
+(each row's state feeds only its own next step), so every compiled loop of :mod:`.loops` takes a row range
+``[r0, r1)`` and runs the whole sequence for it, with no barrier at all: the threads meet once, when the
+call returns. The loops release the GIL (``nogil=True``) and write disjoint rows of the shared buffers;
+each thread gets its own scratch tile. Semantics roughly equal to this Python loop, run concurrently::
 
     for r0, r1 in row_ranges(batch_sizes, threads):
         loop(r0, r1, *args, new_scratch(dtype))
@@ -15,22 +14,17 @@ Rows are split by work, not by count: the batch is sorted by length (longest fir
 is its length, and the first range holds fewer, longer rows. A range boundary is rounded to the
 loop's row tile when that keeps the balance (a partial tile runs below the kernel's peak).
 
-Columns split (:func:`run_columns`, the plain LSTM and reset-after GRU forwards of
-``MIN_ROWS_PER_THREAD`` to ``2 * MIN_ROWS_PER_THREAD - 1`` rows with steps of
-:data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more, and the LSTM's up to ``COLUMN_SPLIT_MAX_ROWS - 1`` rows with
-steps of :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more): each thread computes every row's gates of its share
-of the hidden units, so it streams only its share of ``W_hh``; the threads meet at a spinning barrier
-(:mod:`.spin_barrier`) once per step, since the next step reads every unit of the state.
+Columns split (:func:`run_columns`, the plain LSTM and reset-after GRU forwards the plan gives
+``column_parts``): each thread computes every row's gates of its share of the hidden units, so it streams
+only its share of ``W_hh``; the threads meet at a spinning barrier (:mod:`.spin_barrier`) once per step,
+since the next step reads every unit of the state.
 
-How many threads: :func:`arrayrnn.get_num_threads` (``arrayrnn.set_num_threads`` or
-``ARRAYRNN_NUM_THREADS``, :mod:`.thread_count`), at most one per :data:`MIN_ROWS_PER_THREAD` rows for the
-rows split; below :data:`COLUMN_SPLIT_MIN_ROWS` rows everything runs on the calling thread (measured: a
-smaller share loses more to the second core's start-up than the split saves). That is what a call asks
-for: it gets the threads that are free (:mod:`.workers`: each part on a thread that starts it at once,
-fewer parts while other callers hold the workers), and the ranges are cut for the threads it got.
+A call asks for its plan's threads and gets the threads that are free (:mod:`.workers`: each part on a
+thread that starts it at once, fewer parts while other callers hold the workers); the ranges are cut for
+the threads it got.
 
-BLAS: a call of ``COLUMN_SPLIT_MIN_ROWS`` rows or more runs inside :func:`engine_threads`, which holds
-NumPy's BLAS to one thread and splits the hoisted products' rows over the same workers instead
+BLAS: a call whose plan has more than one thread runs inside :func:`engine_threads`, which holds NumPy's
+BLAS to one thread and splits the hoisted products' rows over the same workers instead
 (:func:`split_matmul`). Left at its own threads, OpenBLAS's workers spin-wait for ~0.1 s after every
 product on the core the time loop's second thread needs (measured, S1 LSTM forward: 2 loop threads beside
 2 OpenBLAS threads ran no faster than 1; with OpenBLAS at 1 thread they ran 1.3x faster), and a barrier
@@ -50,26 +44,10 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
+from ..thread_count import get_num_threads
 from . import workers
 from .packed_gemm import new_scratch
 from .spin_barrier import cancel_barrier, new_sync
-from .thread_count import get_num_threads
-
-# below this many rows per thread one thread ran faster (B = 8: 2 threads 1.2-1.4x slower; B = 16: 0.7x)
-MIN_ROWS_PER_THREAD = 8
-# from this many rows up to the rows split's 2 * MIN_ROWS_PER_THREAD, the plain LSTM forward splits its
-# units instead (column split, a barrier per step), when a step has COLUMN_SPLIT_MIN_STEP_FMAS or more
-# multiply-adds (bench/bench_threads.py: 0.74-0.86x of one thread at B = 12, H = 256 (3.1M) and B = 8,
-# H = 512 (8.4M); 1.33x at B = 8, H = 256 (2.1M), 1.6x at B = 4, 3.4x at B = 1, where the barrier and
-# the second core's wake-up cost more than the halved step saves)
-COLUMN_SPLIT_MIN_ROWS = MIN_ROWS_PER_THREAD
-COLUMN_SPLIT_MIN_STEP_FMAS = 3_000_000
-# from 2 * MIN_ROWS_PER_THREAD rows below this many, the column split also beats the rows split on large
-# steps (same process, medians of 9: 0.89-0.90x at B = 16, H = 384 (9.4M) and H = 512 (16.8M); 1.04x at
-# B = 16, H = 256 (4.2M); 1.00x at B = 24, 1.03x at B = 32, H = 512; 1.11x at B = 32, H = 256); the LSTM
-# only: the GRU's column split at 16 rows ran 1.04x (H = 512) and 1.10x (H = 384) of its rows split
-COLUMN_SPLIT_MAX_ROWS = 24
-COLUMN_SPLIT_WIDE_STEP_FMAS = 8_000_000
 
 # gemm_threads: the threads split_matmul uses in this thread's current call; one_thread: see one_thread()
 _state = threading.local()
@@ -90,26 +68,6 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         _state.one_thread, _state.gemm_threads = before
-
-
-def thread_count(rows: int) -> int:
-    """Threads a time loop over ``rows`` batch rows runs on."""
-    return max(1, min(available_threads(), rows // MIN_ROWS_PER_THREAD))
-
-
-def column_parts(rows: int, groups: int, step_fmas: int | None = None, past_rows_split: bool = True) -> int:
-    """Threads for the column split of a time loop over ``rows`` rows and ``groups`` unit groups, whose
-    per-step product is ``step_fmas`` multiply-adds: more than one only from :data:`COLUMN_SPLIT_MIN_ROWS`
-    rows up to where the rows split takes over for steps of :data:`COLUMN_SPLIT_MIN_STEP_FMAS` or more,
-    and, ``past_rows_split``, on to :data:`COLUMN_SPLIT_MAX_ROWS` for steps of
-    :data:`COLUMN_SPLIT_WIDE_STEP_FMAS` or more (``None``: could be)."""
-    top = COLUMN_SPLIT_MAX_ROWS if past_rows_split else 2 * MIN_ROWS_PER_THREAD
-    if not COLUMN_SPLIT_MIN_ROWS <= rows < top:
-        return 1
-    floor = COLUMN_SPLIT_WIDE_STEP_FMAS if rows >= 2 * MIN_ROWS_PER_THREAD else COLUMN_SPLIT_MIN_STEP_FMAS
-    if step_fmas is not None and step_fmas < floor:
-        return 1
-    return max(1, min(available_threads(), groups))
 
 
 def row_ranges(batch_sizes: np.ndarray, rows: int, threads: int, tile: int = 1) -> list[tuple[int, int]]:
@@ -142,13 +100,13 @@ def run_columns(loop: Callable[..., Any], parts: int, dtype: Any, *args: Any) ->
     workers.in_parallel(plan, parts, cancel=lambda: cancel_barrier(sync))
 
 
-def run_split(loop: Callable[..., Any], batch_sizes: np.ndarray, rows: int, dtype: Any, *args: Any,
-              tile: int = 1) -> None:
-    """``loop(r0, r1, *args, scratch)`` over the row ranges of :func:`row_ranges` for the threads free (of
-    :func:`thread_count`), one per thread; the calling thread runs the first. Waits for every range before
-    returning or raising."""
+def run_split(loop: Callable[..., Any], args: tuple[Any, ...], batch_sizes: np.ndarray, rows: int,
+              threads: int, dtype: Any, tile: int = 1) -> None:
+    """``loop(r0, r1, *args, scratch)`` over the row ranges of :func:`row_ranges` for the threads free of
+    ``threads``, one per thread; the calling thread runs the first. Waits for every range before returning
+    or raising."""
     in_parallel_split(lambda r0, r1: loop(r0, r1, *args, new_scratch(dtype)),
-                      lambda n: row_ranges(batch_sizes, rows, n, tile), thread_count(rows))
+                      lambda n: row_ranges(batch_sizes, rows, n, tile), threads)
 
 
 def split_rows(rows: int, parts: int, align: int = 16) -> list[tuple[int, int]]:
@@ -248,14 +206,11 @@ def _settle_blas() -> None:
 
 
 @contextmanager
-def engine_threads(rows: int, wavefront: bool = False) -> Iterator[int]:
-    """The scope of one engine call over ``rows`` batch rows: yields the threads its loops may use; with
+def engine_threads(threads: int) -> Iterator[int]:
+    """The scope of one engine call that may split over ``threads`` threads (its plan's): yields them; with
     more than one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc).
-    Where no loop splits (below :data:`COLUMN_SPLIT_MIN_ROWS` rows) and no ``wavefront`` runs layers or
-    directions side by side, BLAS keeps its own threads."""
+    With one, BLAS keeps its own threads."""
     with workers.engine_call():
-        split = wavefront or thread_count(rows) > 1 or column_parts(rows, available_threads()) > 1
-        threads = available_threads() if split else 1
         if threads == 1:
             yield 1
             return

@@ -45,7 +45,7 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-from .thread_count import get_num_threads
+from ..thread_count import get_num_threads
 
 Job = Callable[[], Any]
 Plan = Callable[[int], Sequence[Job]]   # parts -> at most that many jobs, the first for the caller

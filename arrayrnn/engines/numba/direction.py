@@ -1,0 +1,225 @@
+"""One direction's compiled loop, ready to run: its buffers, its named bundles (:mod:`.bundles`) and its
+results, for a whole sequence (:class:`.engine.NumbaKernel`) and for one cell step (:class:`.step.NumbaStep`)
+alike: both build their loop calls here.
+
+:func:`cell_of` packs a direction's recurrent weights (once per call; a cell step keeps them between
+steps) and :func:`variants_of` takes its masks; :func:`forward`, :func:`columns_forward` and :func:`backward`
+allocate the buffers of one run and return a :class:`LoopCall` with the results it will fill.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ...core.spec import RNNSpec
+from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from ..cells import gate_slice
+from . import bundles as bd
+from . import loops
+from .bundles import absent
+from .packed_gemm import pack_b, vector_lanes
+from .simd_ir import ROWS_BY_NV
+
+Array = Any
+
+
+@dataclass(frozen=True, eq=False)
+class LoopCall:
+    """A compiled loop and its arguments between the row range (or a column split's part) and the scratch
+    tile; ``tile``: the rows of the loop's GEMM tile (a row range's bounds round to it)."""
+
+    loop: Callable[..., Any]
+    args: tuple[Any, ...]
+    tile: int = 1
+
+    def chunk(self, t0: int, t1: int) -> LoopCall:
+        """This call for steps ``t0 .. t1-1`` (the states carry over between chunks)."""
+        return replace(self, args=bd.chunk(self.args, t0, t1))
+
+    def plain_args(self) -> tuple[Any, ...]:
+        """The arguments as the loop takes them (:func:`.bundles.plain`)."""
+        return bd.plain(self.args)
+
+    def __call__(self, r0: int, r1: int, scratch: np.ndarray) -> None:
+        """Rows ``r0 .. r1`` on this thread."""
+        self.loop(r0, r1, *self.plain_args(), scratch)
+
+
+@functools.cache
+def no_packed(dtype: Any) -> np.ndarray:
+    """Zero-size packed weights (an absent matrix)."""
+    return np.empty((0, 0, vector_lanes(dtype)), dtype=dtype)
+
+
+def _c(a: Array) -> np.ndarray:
+    return np.ascontiguousarray(a)
+
+
+def _copy(a: Array, dtype: Any) -> np.ndarray:
+    """A contiguous copy: a state the loop carries in place."""
+    return np.array(a, dtype=dtype, order="C", copy=True)
+
+
+# -- the cell and its variants ----------------------------------------------------------------------
+def cell_of(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = False) -> bd.Cell:
+    """``w``'s recurrent weights packed for the forward loops (``h @ W.T``, gate-grouped) or the
+    ``backward`` ones (``d @ W``), with the mode's options."""
+    def packed(W: Array, gates: int = 1) -> np.ndarray:
+        return pack_b(W) if backward else pack_b(W.T, gates=gates)
+
+    dtype = np.dtype(dtype)
+    if spec.mode == "lstm":
+        lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
+        W_hr_p = packed(w.W_hr) if w.W_hr is not None else no_packed(dtype)
+        P = _c(w.P) if w.P is not None else absent(dtype, 2)
+        return bd.LSTMCell(packed(w.W_hh, gates=4), W_hr_p, w.W_hr is not None, spec.cell_clip is not None,
+                           dtype.type(lo), dtype.type(hi), w.P is not None, P)
+    if spec.mode == "gru":
+        b_hn = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(spec.hidden_size, dtype)
+        if spec.reset_after:
+            return bd.GRUCell(packed(w.W_hh, gates=3), no_packed(dtype), no_packed(dtype), True, b_hn)
+        W_rz, W_n = w.W_hh[gate_slice(spec, "r", "z")], w.W_hh[gate_slice(spec, "n")]
+        return bd.GRUCell(no_packed(dtype), packed(W_rz), packed(W_n), False, b_hn)
+    return bd.RNNCell(packed(w.W_hh), spec.mode == "rnn_relu")
+
+
+def variants_of(w: DirectionWeights, dtype: Any) -> bd.Variants:
+    """``w``'s cell-variant masks (recurrent dropout, zoneout), zero-size where off."""
+    if w.h_mask is None and w.zoneout_h is None and w.zoneout_c is None:
+        return bd.no_variants(dtype)
+
+    def mask(m: Array | None, ndim: int) -> np.ndarray:
+        return absent(dtype, ndim) if m is None else _c(m).astype(dtype, copy=False)
+
+    return bd.Variants(w.h_mask is not None, mask(w.h_mask, 2), w.zoneout_h is not None, mask(w.zoneout_h, 3),
+                       w.zoneout_c is not None, mask(w.zoneout_c, 3))
+
+
+def _rows_if(on: bool, B: int, width: int, dtype: Any) -> np.ndarray:
+    """A ``(B, width)`` row buffer where its feature is ``on``, else zero-size."""
+    return np.empty((B, width), dtype) if on else absent(dtype, 2)
+
+
+def _steps_if(on: bool, T: int, B: int, width: int, dtype: Any) -> np.ndarray:
+    """A ``(T, B, width)`` stack where it is kept (``on``), else zero-size."""
+    return np.empty((T, B, width), dtype) if on else absent(dtype, 3)
+
+
+# -- forward ----------------------------------------------------------------------------------------
+def forward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, xw: np.ndarray, batch_sizes: np.ndarray,
+            h0: Array, c0: Array | None, reverse: bool, keep: bool) -> tuple[LoopCall, DirectionForward]:
+    """The forward loop over ``xw (T, B, G*H)`` (contiguous; overwritten by the activations, the cache),
+    ``batch_sizes`` int64; ``h0``, ``c0`` are copied (the loop carries the state in place)."""
+    T, B, _ = xw.shape
+    dtype, H = xw.dtype, spec.hidden_size
+    steps = bd.Steps(xw, batch_sizes, np.empty((T, B, spec.output_size), dtype), reverse)
+    h = _copy(h0, dtype)
+    masked_h = _rows_if(variants.masked, B, spec.output_size, dtype)
+    if spec.mode == "lstm":
+        return _lstm_forward(spec, cell, variants, steps, h, _copy(c0, dtype), masked_h, keep)
+    if spec.mode == "gru":
+        hn = np.empty((T if keep else 1, B, H), dtype) if cell.reset_after else absent(dtype, 3)
+        work = bd.ForwardWork(np.empty((B, 3 * H), dtype), masked_h, absent(dtype, 2))
+        args = (steps, bd.State(h, absent(dtype, 2)), cell, bd.GRUCache(keep, hn), variants, work)
+        cache = DirectionCache(gates=xw, hn=hn if keep and cell.reset_after else None)
+        return (LoopCall(loops.gru_forward_loop, args, ROWS_BY_NV[3]),
+                DirectionForward(steps.y, h, None, cache if keep else None))
+    work = bd.ForwardWork(absent(dtype, 2), masked_h, absent(dtype, 2))
+    args = (steps, bd.State(h, absent(dtype, 2)), cell, variants, work)
+    cache = DirectionCache(gates=xw if variants.zone_h else None)  # with zoneout: each step's own output
+    return (LoopCall(loops.rnn_forward_loop, args, ROWS_BY_NV[1]),
+            DirectionForward(steps.y, h, None, cache if keep else None))
+
+
+def _lstm_forward(spec: RNNSpec, cell: bd.LSTMCell, variants: bd.Variants, steps: bd.Steps, h: np.ndarray,
+                  c: np.ndarray, masked_h: np.ndarray, keep: bool) -> tuple[LoopCall, DirectionForward]:
+    T, B, _ = steps.xw.shape
+    dtype, H = steps.xw.dtype, spec.hidden_size
+    tanh_c = np.empty((T if keep else 1, B, H), dtype) if cell.project else absent(dtype, 3)
+    kept = bd.LSTMCache(keep, _steps_if(keep, T, B, H, dtype), tanh_c,
+                        _steps_if(keep and variants.zone_c, T, B, H, dtype))
+    work = bd.ForwardWork(np.empty((B, H), dtype), masked_h, _rows_if(variants.zone_c, B, H, dtype))
+    args = (steps, bd.State(h, c), cell, kept, variants, work)
+    cache = DirectionCache(gates=steps.xw, c=kept.c_all, tanh_c=tanh_c if cell.project else None,
+                           c_cand=kept.c_cand_all if variants.zone_c else None)
+    return (LoopCall(loops.lstm_forward_loop, args, ROWS_BY_NV[4]),
+            DirectionForward(steps.y, h, c, cache if keep else None))
+
+
+def columns_forward(spec: RNNSpec, cell: bd.LSTMCell | bd.GRUCell, xw: np.ndarray, batch_sizes: np.ndarray,
+                    h0: Array, c0: Array | None, reverse: bool,
+                    keep: bool) -> tuple[LoopCall, DirectionForward]:
+    """The column-split forward (:func:`.loops.lstm_forward_columns`, :func:`.loops.gru_forward_columns`;
+    no projection, peepholes, recurrent dropout or zoneout). The state is double-buffered, ``(2, B, H)``:
+    the result's ``h_n`` is its first half, where :class:`.engine.ColumnsLoop` leaves it after a chunk."""
+    T, B, _ = xw.shape
+    dtype, H = xw.dtype, spec.hidden_size
+    steps = bd.Steps(xw, batch_sizes, np.empty((T, B, H), dtype), reverse)
+    h_buf = np.empty((2, B, H), dtype)
+    h_buf[0] = h0
+    if spec.mode == "lstm":
+        c = _copy(c0, dtype)
+        kept = bd.LSTMCache(keep, _steps_if(keep, T, B, H, dtype), absent(dtype, 3), absent(dtype, 3))
+        work = bd.ForwardWork(np.empty((B, H), dtype), absent(dtype, 2), absent(dtype, 2))
+        args = (steps, bd.ColumnState(h_buf, c), cell, kept, work)
+        cache = DirectionCache(gates=xw, c=kept.c_all)
+        return LoopCall(loops.lstm_forward_columns, args), DirectionForward(steps.y, h_buf[0], c,
+                                                                             cache if keep else None)
+    hn = np.empty((T if keep else 1, B, H), dtype)
+    args = (steps, bd.ColumnState(h_buf, absent(dtype, 2)), cell, bd.GRUCache(keep, hn),
+            bd.ForwardWork(np.empty((B, 3 * H), dtype), absent(dtype, 2), absent(dtype, 2)))
+    cache = DirectionCache(gates=xw, hn=hn if keep else None)
+    return LoopCall(loops.gru_forward_columns, args), DirectionForward(steps.y, h_buf[0], None,
+                                                                        cache if keep else None)
+
+
+# -- backward ---------------------------------------------------------------------------------------
+def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: DirectionForward, h_prev: Array,
+             c_prev: Array | None, dy: Array, dh_n: Array, dc_n: Array | None, batch_sizes: np.ndarray,
+             reverse: bool, dc_seq: Array | None = None) -> tuple[LoopCall, DirectionGrads]:
+    """The backward loop of the forward ``fwd`` (with its cache); ``h_prev``, ``c_prev``: the states
+    entering each step; ``dh_n``, ``dc_n`` are copied (the loop carries the cotangents in place)."""
+    dy = _c(dy)
+    T, B, _ = dy.shape
+    dtype, H, G = dy.dtype, spec.hidden_size, spec.gates
+    d_h = _steps_if(spec.proj_size > 0, T, B, spec.output_size, dtype)
+    dn_rec = _steps_if(spec.mode == "gru" and spec.reset_after, T, B, H, dtype)
+    seq = (True, _c(dc_seq)) if dc_seq is not None else (False, absent(dtype, 3))
+    grads = bd.BackSteps(batch_sizes, reverse, dy, np.empty((T, B, G * H), dtype), d_h, dn_rec, *seq)
+    dh = _copy(dh_n, dtype)
+    carry_h = _rows_if(variants.zone_h, B, spec.output_size, dtype)
+    if spec.mode == "lstm":
+        return _lstm_backward(cell, variants, fwd.cache, c_prev, grads, dh, _copy(dc_n, dtype), carry_h)
+    if spec.mode == "gru":
+        after = spec.reset_after
+        residuals = bd.GRUResiduals(_c(fwd.cache.gates), _c(fwd.cache.hn) if after else absent(dtype, 3),
+                                    _c(h_prev))
+        work = bd.BackwardWork(_rows_if(after, B, 3 * H, dtype), np.empty((B, H), dtype), carry_h,
+                               absent(dtype, 2))
+        args = (residuals, grads, bd.Cotangents(dh, absent(dtype, 2)), cell, variants, work)
+        return (LoopCall(loops.gru_backward_loop, args),
+                DirectionGrads(grads.dpre, grads.dpre, None, dh, None, dn_rec if after else None))
+    own_output = fwd.cache.gates if variants.zone_h else fwd.y  # with zoneout y is not the step's own output
+    work = bd.BackwardWork(absent(dtype, 2), absent(dtype, 2), carry_h, absent(dtype, 2))
+    args = (_c(own_output), grads, bd.Cotangents(dh, absent(dtype, 2)), cell, variants, work)
+    return LoopCall(loops.rnn_backward_loop, args), DirectionGrads(grads.dpre, grads.dpre, None, dh, None)
+
+
+def _lstm_backward(cell: bd.LSTMCell, variants: bd.Variants, cache: DirectionCache, c_prev: Array,
+                   grads: bd.BackSteps, dh: np.ndarray, dc: np.ndarray,
+                   carry_h: np.ndarray) -> tuple[LoopCall, DirectionGrads]:
+    B, H = dc.shape
+    dtype = dc.dtype
+    cell_seen = cache.c_cand if variants.zone_c else cache.c  # the cell h~ and the clip saw
+    residuals = bd.LSTMResiduals(_c(cache.gates), _c(cell_seen), _c(c_prev),
+                                 _c(cache.tanh_c) if cell.project else absent(dtype, 3))
+    work = bd.BackwardWork(np.empty((B, H), dtype), absent(dtype, 2), carry_h,
+                           _rows_if(variants.zone_c, B, H, dtype))
+    args = (residuals, grads, bd.Cotangents(dh, dc), cell, variants, work)
+    return (LoopCall(loops.lstm_backward_loop, args),
+            DirectionGrads(grads.dpre, grads.dpre, grads.d_h if cell.project else None, dh, dc))

@@ -1,0 +1,259 @@
+"""The numba engine: the shared stack driver with compiled per-direction time loops (the default on CPU).
+
+The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and the GEMMs hoisted out of the
+time loop (input projections, weight gradients, ``dx``, through NumPy's BLAS; a small input
+projection on the packed kernel, :meth:`NumbaEngine.projector`). :class:`NumbaKernel`
+replaces the per-direction time loop: the loop itself, the per-step recurrent products and the fused
+gate math run in compiled code (:mod:`.loops`, its arguments built by :mod:`.direction`) on the engine's
+own packed SIMD GEMM (:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and
+``W_hr`` with projection) is packed once per call, in compiled code: gate-grouped for the forward (one
+GEMM tile computes every gate of a group of hidden units; each group's weights are read once per step
+for all the rows, then the gate math runs over the step's rows while they are in L2), plain for the
+backward's ``dgates @ W_hh``. Buffers are allocated once per call.
+
+Each call is planned once (:mod:`.plan`: threads, schedule, each loop's split, the projection's path),
+and the plan travels on the driver's run objects. Threads (:mod:`.loop_threads`, count from
+:func:`arrayrnn.get_num_threads`): from 16 rows the time loops split the batch rows between worker
+threads (no barrier); the plain LSTM and reset-after GRU forwards of 8-15 rows (the LSTM's to 23) split
+their hidden units instead where a step is large enough (one barrier per step); below 8 rows everything
+runs on the calling thread. From 8 rows a stack also runs side by side what does not depend on each
+other (:mod:`.wavefront`): a bidirectional layer's two directions, or a unidirectional stack's layers
+over chunks of time (:meth:`NumbaEngine.start_direction` runs a chunk of steps at a time). While a call's
+loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split their rows over the same
+workers (:meth:`NumbaEngine.matmul`).
+
+Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too); the first call in a
+fresh environment compiles the kernels for the dtype in use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...core.spec import RNNSpec
+from ..base import (
+    Call,
+    CellMasks,
+    DirectionForward,
+    DirectionGrads,
+    DirectionWeights,
+    StackForward,
+    StackGrads,
+)
+from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
+from . import direction, wavefront
+from .direction import LoopCall, cell_of, variants_of
+from .loop_threads import (
+    available_threads,
+    engine_threads,
+    in_parallel_split,
+    run_columns,
+    run_split,
+    split_matmul,
+    split_rows,
+)
+from .packed_gemm import gemm, gemm_steps, new_scratch, pack_b
+from .plan import DIRECTIONS, LAYERS, NumbaPlan, backward_plan, forward_plan, loop_plan
+from .wavefront import Projector
+
+Array = Any
+
+
+class ForwardLoop:
+    """One direction's compiled forward loop and its buffers. ``run(t0, t1)`` runs steps ``t0 .. t1-1``
+    (the states carry over between chunks; a reverse loop's chunks run from the last one back),
+    ``result()`` once every step has run; ``xw`` is the loop's input buffer (a chunk's steps of it need only
+    be written before that chunk runs). The rows split over ``threads`` threads per chunk
+    (:func:`.loop_threads.run_split`)."""
+
+    def __init__(self, call: LoopCall, rows: int, threads: int, result: DirectionForward):
+        self._call, self._rows, self._threads, self._result = call, rows, threads, result
+
+    @property
+    def xw(self) -> np.ndarray:
+        return self._call.args[0].xw
+
+    def run(self, t0: int, t1: int) -> None:
+        chunk = self._call.chunk(t0, t1)
+        run_split(chunk.loop, chunk.plain_args(), chunk.args[0].bs, self._rows, self._threads, self.xw.dtype,
+                  tile=chunk.tile)
+
+    def result(self) -> DirectionForward:
+        return self._result
+
+
+class ColumnsLoop(ForwardLoop):
+    """:class:`ForwardLoop` of a column-split loop (:func:`.loops.lstm_forward_columns`,
+    :func:`.loops.gru_forward_columns`) over ``parts`` threads: the state lives in ``h[0]`` of its ``(2, B,
+    H)`` buffer between chunks."""
+
+    def run(self, t0: int, t1: int) -> None:
+        chunk = self._call.chunk(t0, t1)
+        # as many parts as threads are free, up to self._threads (run_columns: no part waits for a thread)
+        run_columns(chunk.loop, self._threads, self.xw.dtype, *chunk.plain_args())
+        if (t1 - t0) % 2:  # the chunk's last step wrote h[1]
+            h_buf = chunk.args[1].h_buf
+            h_buf[0] = h_buf[1]
+
+
+class NumbaKernel:
+    """:class:`~arrayrnn.engines.base.DirectionKernel` running the time loop in compiled code, on the threads
+    of ``plan`` (a call's :class:`.plan.NumbaPlan`; ``None``: a direction run alone plans for itself)."""
+
+    def __init__(self, plan: NumbaPlan | None = None):
+        self.plan = plan
+
+    def _plan(self, spec: RNNSpec, w: DirectionWeights, rows: int, dtype: Any) -> NumbaPlan:
+        if self.plan is not None:
+            return self.plan
+        variants = tuple(name for name, m in (("recurrent", w.h_mask), ("zoneout_h", w.zoneout_h),
+                                              ("zoneout_c", w.zoneout_c)) if m is not None)
+        return loop_plan(spec, rows, dtype, variants, available_threads())
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, spec: RNNSpec, w: DirectionWeights, xw: Array, batch_sizes: np.ndarray, h0: Array,
+                c0: Array | None, reverse: bool, keep_cache: bool) -> DirectionForward:
+        loop = self.start_forward(spec, w, np.ascontiguousarray(xw), batch_sizes, h0, c0, reverse, keep_cache)
+        loop.run(0, xw.shape[0])
+        return loop.result()
+
+    def start_forward(self, spec: RNNSpec, w: DirectionWeights, xw: np.ndarray, batch_sizes: np.ndarray,
+                      h0: Array, c0: Array | None, reverse: bool, keep_cache: bool) -> ForwardLoop:
+        """The forward's buffers and compiled loop, to run a chunk of steps at a time
+        (:meth:`ForwardLoop.run`). ``xw``: contiguous ``(T, B, G*H)``, overwritten in place by the
+        activations (the cache)."""
+        B, dtype = xw.shape[1], xw.dtype
+        plan = self._plan(spec, w, B, dtype)
+        bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
+        cell = cell_of(spec, w, dtype)
+        if plan.column_parts > 1:
+            call, result = direction.columns_forward(spec, cell, xw, bs, h0, c0, reverse, keep_cache)
+            return ColumnsLoop(call, B, plan.column_parts, result)
+        call, result = direction.forward(spec, cell, variants_of(w, dtype), xw, bs, h0, c0, reverse,
+                                         keep_cache)
+        return ForwardLoop(call, B, plan.row_threads, result)
+
+    # -- backward -------------------------------------------------------------------------------
+    def backward(self, spec: RNNSpec, w: DirectionWeights, fwd: DirectionForward, h_prev: Array,
+                 c_prev: Array | None, dy: Array, dh_n: Array, dc_n: Array | None, batch_sizes: np.ndarray,
+                 reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
+        B, dtype = dy.shape[1], np.dtype(fwd.y.dtype)
+        bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
+        cell, variants = cell_of(spec, w, dtype, backward=True), variants_of(w, dtype)
+        call, grads = direction.backward(spec, cell, variants, fwd, h_prev, c_prev, dy, dh_n, dc_n, bs,
+                                         reverse, dc_seq)
+        run_split(call.loop, call.plain_args(), bs, B, self._plan(spec, w, B, dtype).row_threads, dtype)
+        return grads
+
+
+def project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.ndarray, out: np.ndarray | None,
+                        threads: int) -> np.ndarray:
+    """``x @ W_ih.T + input_bias`` on the active rows of each step only (the rest of ``out`` unwritten),
+    the packed columns split over up to ``threads`` threads (each reads its part of W_ih once a step, and
+    every active row)."""
+    T, B, _ = x.shape
+    xw = np.empty((T, B, w.W_ih.shape[0]), x.dtype) if out is None else out
+    bias = w.input_bias if w.input_bias is not None else np.empty(0, x.dtype)
+    packed, a = pack_b(w.W_ih.T), np.ascontiguousarray(x)
+    bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
+    in_parallel_split(lambda v0, v1: gemm_steps(v0, v1, a, packed, xw, bias, bs, new_scratch(x.dtype)),
+                      lambda n: split_rows(packed.shape[0], n, align=1), threads)
+    return xw
+
+
+def packed_projector(w: DirectionWeights, rows: int) -> Projector:
+    """``x @ W_ih.T + input_bias`` on the packed kernel, this thread, for chunks of steps of ``rows`` rows,
+    ``W_ih`` packed once."""
+    N = w.W_ih.shape[0]
+    packed, scratch = pack_b(w.W_ih.T), new_scratch(w.W_ih.dtype)
+
+    def project(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
+        steps, I = chunk.shape[0], chunk.shape[2]
+        xw = out.reshape(steps * rows, N)
+        bias = w.input_bias is not None
+        if bias:
+            xw[...] = w.input_bias
+        gemm(np.ascontiguousarray(chunk.reshape(steps * rows, I)), packed, 1, xw, bias, scratch)
+        return out
+
+    return project
+
+
+class NumbaEngine(StackEngine):
+    """The shared stack driver over :class:`NumbaKernel`; NumPy arrays (CPU) only."""
+
+    def __init__(self) -> None:
+        super().__init__("numba", NumbaKernel())
+
+    def check(self, call: Call) -> str | None:
+        if call.xp is not np:
+            return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
+        return None
+
+    def kernel_for(self, plan: NumbaPlan | None) -> NumbaKernel:
+        return NumbaKernel(plan)
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        return split_matmul(a, b)
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward_sorted(self, params: Any, x: Array, batch_sizes: np.ndarray, h0: Array, c0: Array | None,
+                       masks: tuple[Array, ...] | None, keep_cache: bool, cell_masks: CellMasks | None = None,
+                       all_states: bool = False, plan: NumbaPlan | None = None) -> StackForward:
+        plan = plan or forward_plan(params.spec, x, batch_sizes, cell_masks)
+        with engine_threads(plan.threads):
+            return super().forward_sorted(params, x, batch_sizes, h0, c0, masks, keep_cache, cell_masks,
+                                          all_states, plan)
+
+    def run_layers(self, run: StackRun) -> list[tuple[DirectionForward, ...]]:
+        if run.plan.schedule == DIRECTIONS:
+            return wavefront.run_directions(self, run)
+        if run.plan.schedule == LAYERS:
+            return wavefront.run_pipeline(self, run)
+        return super().run_layers(run)
+
+    def run_direction(self, run: StackRun, layer: int, direction: int,
+                      layer_input: Array) -> DirectionForward:
+        w, loop = self.start_direction(run, layer, direction)
+        self.projector(run, layer, w)(layer_input, loop.xw)
+        loop.run(0, layer_input.shape[0])
+        return loop.result()
+
+    def start_direction(self, run: StackRun, layer: int,
+                        direction: int) -> tuple[DirectionWeights, ForwardLoop]:
+        """One layer-direction's weights and its forward loop, whose input buffer (``loop.xw``) is still to
+        be filled."""
+        w = run.weights(layer, direction)
+        T, B = run.x.shape[:2]
+        xw = np.empty((T, B, w.W_hh.shape[0]), run.x.dtype)
+        loop = self.kernel_for(run.plan).start_forward(run.params.spec, w, xw, run.batch_sizes,
+                                                      *run.states(layer, direction), direction == 1, run.keep)
+        return w, loop
+
+    def projector(self, run: StackRun, layer: int, w: DirectionWeights, chunks: bool = False) -> Projector:
+        """The input projection of layer ``layer`` into a loop's buffer, the path the plan chose: each
+        step's active rows (a whole sequence only), the packed kernel (small products) or BLAS."""
+        plan = run.plan
+        if plan.active_projection and not chunks:
+            return lambda x, out: project_active_rows(x, w, run.batch_sizes, out, plan.direction_threads)
+        if plan.packed_projection[layer]:
+            return packed_projector(w, run.x.shape[1])
+        return lambda x, out: input_projection(x, w, split_matmul, out)
+
+    # -- backward -------------------------------------------------------------------------------
+    def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,
+                        dh_all: Array | None = None, dc_all: Array | None = None,
+                        plan: NumbaPlan | None = None) -> StackGrads:
+        plan = plan or backward_plan(cache.params.spec, cache.x.shape[1])
+        with engine_threads(plan.threads):
+            return super().backward_sorted(cache, dy, dh_n, dc_n, dh_all, dc_all, plan)
+
+    def backward_layer(self, back: StackBackRun, layer: int, d_layer: Array, layer_input: Array) -> Array:
+        if back.plan.schedule == DIRECTIONS:
+            return wavefront.backward_directions(self, back, layer, d_layer, layer_input)
+        return super().backward_layer(back, layer, d_layer, layer_input)
+
+
+ENGINE = NumbaEngine()

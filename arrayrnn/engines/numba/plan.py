@@ -1,0 +1,162 @@
+"""How the numba engine runs one call: a frozen :class:`NumbaPlan`, made once per call and carried on the
+driver's run objects (``StackRun.plan``, ``StackBackRun.plan``); the thresholds come from
+:mod:`arrayrnn.engines.thresholds`.
+
+A forward's plan (:func:`forward_plan`), from the spec, the batch (sorted rows), the threads the call may
+use (:func:`.loop_threads.available_threads`) and the cell variants it applies:
+
+- ``schedule`` (:func:`wavefront_schedule`): a bidirectional layer's directions side by side, a
+  unidirectional stack's layers pipelined (:mod:`.wavefront`), or layer by layer;
+- each time loop's threads: its rows split (:func:`rows_split`), or, for the plain LSTM and reset-after GRU
+  forwards (:func:`column_loop`, the one rule of which forwards have a column-split loop), its hidden
+  units split (:func:`column_parts`); under a schedule every loop runs on its task's one thread;
+- ``threads``: the call's, where any of these may split (then NumPy's BLAS is held to one thread and the
+  hoisted products split their rows, :func:`.loop_threads.engine_threads`), else 1;
+- the input projection of each layer: on each step's active rows (:func:`active_projection`), on the
+  packed kernel (:func:`packed_projection`) or on BLAS.
+
+A backward's plan (:func:`backward_plan`) has the threads and the schedule only (a bidirectional layer's
+directions side by side below the rows split); its loops split their rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...core.spec import RNNSpec
+from .. import thresholds as th
+from ..base import CellMasks
+from .loop_threads import available_threads
+from .packed_gemm import vector_lanes
+
+DIRECTIONS, LAYERS = "directions", "layers"
+
+
+@dataclass(frozen=True)
+class NumbaPlan:
+    """One call's decisions (module doc)."""
+
+    threads: int                          # the call's threads; > 1: BLAS at one thread, products split
+    schedule: str | None                  # DIRECTIONS, LAYERS (the wavefront) or None: layer by layer
+    row_threads: int                      # threads a time loop's rows split over
+    column_parts: int                     # threads a forward's hidden units split over (1: no column split)
+    active_projection: bool = False       # the input projection on each step's active rows only
+    packed_projection: tuple[bool, ...] = ()   # per layer: the input projection on the packed kernel
+    variants: tuple[str, ...] = ()        # the cell variants' masks the call applies (CellMasks fields)
+
+    @property
+    def direction_threads(self) -> int:
+        """Threads one direction's work may split over: 1 under a schedule (each task on its thread)."""
+        return 1 if self.schedule else self.threads
+
+
+def applied(masks: CellMasks | None) -> tuple[str, ...]:
+    """The masks of ``masks`` in use, by field name (``()`` for none)."""
+    if masks is None:
+        return ()
+    names = ("recurrent", "weight", "zoneout_h", "zoneout_c")
+    return tuple(name for name, m in zip(names, masks, strict=True) if m is not None)
+
+
+def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: CellMasks | None = None,
+                 threads: int | None = None) -> NumbaPlan:
+    """The plan of a forward over ``x (T, B, I)`` (rows sorted by length) with the cell variants ``masks``
+    on ``threads`` threads (``None``: :func:`.loop_threads.available_threads`)."""
+    T, B = x.shape[:2]
+    threads = available_threads() if threads is None else threads
+    variants = applied(masks)
+    schedule = wavefront_schedule(spec, B, threads, column_loop(spec, variants))
+    loops = loop_plan(spec, B, x.dtype, variants, 1 if schedule else threads)
+    packed = tuple(packed_projection(T, B, spec.layer_input_size(layer), spec.gate_size, x.dtype)
+                   for layer in range(spec.num_layers))
+    return NumbaPlan(call_threads(B, threads, schedule), schedule, loops.row_threads, loops.column_parts,
+                     active_projection(x, batch_sizes), packed, variants)
+
+
+def backward_plan(spec: RNNSpec, rows: int, threads: int | None = None) -> NumbaPlan:
+    """The plan of a backward over ``rows`` batch rows."""
+    threads = available_threads() if threads is None else threads
+    schedule = wavefront_schedule(spec, rows, threads, columns=False, backward=True)
+    row_threads = rows_split(rows, 1 if schedule else threads)
+    return NumbaPlan(call_threads(rows, threads, schedule), schedule, row_threads, column_parts=1)
+
+
+def loop_plan(spec: RNNSpec, rows: int, dtype: Any, variants: tuple[str, ...], threads: int) -> NumbaPlan:
+    """The plan of time loops over ``rows`` rows on ``threads`` threads, no schedule (also a direction run
+    alone: :class:`.engine.NumbaKernel` without a call's plan)."""
+    columns = column_parts(spec, rows, dtype, threads, column_loop(spec, variants))
+    return NumbaPlan(threads, None, rows_split(rows, threads), columns, variants=variants)
+
+
+def column_loop(spec: RNNSpec, variants: tuple[str, ...]) -> bool:
+    """Whether a column-split loop runs this forward: a plain LSTM or a reset-after GRU (no projection, no
+    peepholes; of the variants' masks, only DropConnect's, which scales ``W_hh`` before the loop)."""
+    cell = spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after)
+    return cell and not spec.proj_size and not spec.peepholes and set(variants) <= {"weight"}
+
+
+def rows_split(rows: int, threads: int) -> int:
+    """Threads a time loop over ``rows`` rows splits them over."""
+    return max(1, min(threads, rows // th.MIN_ROWS_PER_THREAD))
+
+
+def column_parts(spec: RNNSpec, rows: int, dtype: Any, threads: int, columns: bool) -> int:
+    """Threads a forward's hidden units split over: more than one only where a column-split loop runs
+    (``columns``), from :data:`~.thresholds.COLUMN_SPLIT_MIN_ROWS` rows up to the rows split for steps of
+    :data:`~.thresholds.COLUMN_SPLIT_MIN_STEP_FMAS` multiply-adds or more, and, for the LSTM, on to
+    :data:`~.thresholds.COLUMN_SPLIT_MAX_ROWS` for steps of :data:`~.thresholds.COLUMN_SPLIT_WIDE_STEP_FMAS`
+    or more; at most one per unit group of the packed ``W_hh``."""
+    top = th.COLUMN_SPLIT_MAX_ROWS if spec.mode == "lstm" else 2 * th.MIN_ROWS_PER_THREAD
+    if not columns or not th.COLUMN_SPLIT_MIN_ROWS <= rows < top:
+        return 1
+    wide = rows >= 2 * th.MIN_ROWS_PER_THREAD
+    if rows * spec.gate_size * spec.output_size < (th.COLUMN_SPLIT_WIDE_STEP_FMAS if wide
+                                                    else th.COLUMN_SPLIT_MIN_STEP_FMAS):
+        return 1
+    groups = -(-spec.hidden_size // vector_lanes(dtype))
+    return max(1, min(threads, groups))
+
+
+def wavefront_schedule(spec: RNNSpec, rows: int, threads: int, columns: bool,
+                       backward: bool = False) -> str | None:
+    """:data:`DIRECTIONS`, :data:`LAYERS` or ``None`` (layer by layer). From
+    :data:`~.thresholds.WAVEFRONT_MIN_ROWS` rows: a bidirectional stack's directions side by side; a
+    unidirectional one's layers pipelined below the rows split, unless ``columns`` (a column-split loop
+    runs its forward) and its steps are large enough for the column split. The ``backward`` runs
+    directions side by side only below the rows split: there both directions' residuals and ``dx`` would
+    be live at once, a training step's peak memory (S4: +50 MiB) for a few percent; it never pipelines."""
+    if threads < 2 or rows < th.WAVEFRONT_MIN_ROWS:
+        return None
+    below_rows_split = rows < 2 * th.MIN_ROWS_PER_THREAD
+    if spec.num_directions == 2:
+        return DIRECTIONS if below_rows_split or not backward else None
+    if backward or not (th.PIPELINE_LAYERS and spec.num_layers > 1 and below_rows_split):
+        return None
+    large = rows * spec.gate_size * spec.output_size >= th.COLUMN_SPLIT_MIN_STEP_FMAS
+    return None if columns and large else LAYERS
+
+
+def call_threads(rows: int, threads: int, schedule: str | None) -> int:
+    """The call's threads where a schedule, a rows split or a column split may run (from
+    :data:`~.thresholds.COLUMN_SPLIT_MIN_ROWS` rows), else 1 (BLAS keeps its own threads)."""
+    splits = (schedule is not None or rows_split(rows, threads) > 1
+              or th.COLUMN_SPLIT_MIN_ROWS <= rows < th.COLUMN_SPLIT_MAX_ROWS)
+    return threads if splits and threads > 1 else 1
+
+
+def active_projection(x: np.ndarray, batch_sizes: np.ndarray) -> bool:
+    """Whether the input projection of ``x (T, B, I)`` runs on each step's active rows: variable lengths
+    with at most :data:`~.thresholds.ACTIVE_PROJECTION_MAX_FILL` of the entries active and
+    :data:`~.thresholds.ACTIVE_PROJECTION_MIN_ROWS` active rows a step on average."""
+    T, B = x.shape[:2]
+    active = int(np.asarray(batch_sizes).sum())
+    return (x.dtype in (np.float32, np.float64) and active <= th.ACTIVE_PROJECTION_MAX_FILL * T * B
+            and active >= th.ACTIVE_PROJECTION_MIN_ROWS * T)
+
+
+def packed_projection(T: int, B: int, I: int, N: int, dtype: Any) -> bool:
+    """Whether a ``(T*B, I) @ (I, N)`` input projection runs on the packed kernel (small), not BLAS."""
+    return T * B * I * N <= th.PACKED_PROJECTION_MAX and np.dtype(dtype) in (np.float32, np.float64)
