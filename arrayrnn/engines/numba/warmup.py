@@ -60,7 +60,8 @@ class Family(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> Family:
-        kind, dtype, phase = (text.split(":") + ["", "", ""])[:3] if text.count(":") == 2 else ("", "", "")
+        parts = text.split(":") if isinstance(text, str) else []
+        kind, dtype, phase = parts if len(parts) == 3 else ("", "", "")
         if kind not in KINDS or dtype not in DTYPES or phase not in ("training", "forward"):
             raise ValueError(f"family = {text!r}; expected KIND:DTYPE:PHASE with KIND in {KINDS}, DTYPE in "
                              f"{DTYPES} and PHASE 'forward' or 'training'")
