@@ -5,7 +5,7 @@ A call of ``engine="auto"`` whose compiled loops this process has not loaded yet
 :class:`Family` is not loaded it declines (``"auto"`` runs the call on the reference engine, NumPy, at
 once) and the family is queued. One daemon thread works through the queue, roughly::
 
-    for family in queue:                       # the forward family before the training one
+    for family in queue:                       # a training family loads its inference calls too
         signatures = run([python, "-m", "arrayrnn", "warmup", "--family", family, "--signatures", "-"])
         for dispatcher, signature in signatures:
             dispatcher.compile(signature)      # numba's on-disk cache: a load, not a compile
@@ -186,7 +186,7 @@ def compile_family(family: Family, progress: Any = None) -> Signatures:
         call()
         if progress is not None:
             progress.update(1)
-    _loaded.add(family)
+    _loaded.update({family, family._replace(training=False)})
     return new_signatures(before, compiled_signatures())
 
 
@@ -205,9 +205,9 @@ class _Queue:
         self.done = threading.Condition(self.lock)
 
     def ask(self, family: Family) -> None:
-        wanted = [Family(family.kind, family.dtype, False), family] if family.training else [family]
-        with self.lock:
-            self.waiting += [f for f in wanted if f not in self.waiting and f not in _loaded]
+        with self.lock:  # a training family's probes run the inference calls too (compile_family)
+            if family not in self.waiting and family not in _loaded:
+                self.waiting.append(family)
             if self.thread is None and self.waiting and not self.stop.is_set():
                 self.thread = threading.Thread(target=self._work, name="arrayrnn-numba-compile", daemon=True)
                 self.thread.start()
@@ -261,7 +261,7 @@ def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
         _log.warning("arrayrnn: the background compile of the numba engine's %s loops failed (%s); "
                      "calls of engine='auto' will compile them when they run", family.text(), err)
     if not stop.is_set():
-        _loaded.add(family)
+        _loaded.update({family, family._replace(training=False)})
         forget_choices()
 
 
@@ -358,7 +358,6 @@ def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str |
         for family in todo:
             bar.set_postfix_str(family.text())
             compile_family(family, bar)
-            _loaded.add(Family(family.kind, family.dtype, False))
     from .. import forget_choices
 
     forget_choices()
