@@ -11,6 +11,7 @@ from .core.io import load, save
 from .core.layout import Layout, layout_of
 from .core.params import PackedParams
 from .core.spec import RNNSpec
+from .engines.numba.warmup import warmup
 from .engines.thread_count import get_num_threads, set_num_threads
 from .frontend.cell import CellGrads, CellResult, cell_step, cell_step_backward
 from .frontend.dropout import cell_masks
@@ -41,6 +42,7 @@ __all__ = [
     "optim",
     "scan",
     "value_and_grad",
+    "warmup",
     "from_torch",
     "load",
     "save",

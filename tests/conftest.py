@@ -11,8 +11,15 @@ moves a case's arrays to ``engine.xp`` and keeps the results there.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+
+# engine='auto' picks the numba engine and waits for its compile, as the suite expects (test_warmup.py
+# runs the background compile in child processes of its own)
+os.environ.setdefault("ARRAYRNN_BACKGROUND_COMPILE", "0")
+
 from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
 
 import arrayrnn as ar

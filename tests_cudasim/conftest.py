@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+os.environ.setdefault("ARRAYRNN_BACKGROUND_COMPILE", "0")  # engine='auto' waits for numba, as in tests/
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..core.spec import RNNSpec, check_count, check_seed
 from ..engines.base import CellMasks
+from ..engines.numba.warmup import background_enabled
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -63,7 +64,9 @@ def dropout_masks(spec: RNNSpec, seq_len: int, batch: int, seed: int | None,
 
 def uniform(xp: ModuleType, key: int, start: int, count: int) -> Any:
     """Entries ``start .. start+count-1`` of the stream of ``key``: float64 in ``[0, 1)``."""
-    if xp is np:  # one compiled pass instead of NumPy's eight temporaries (zoneout draws (T, B, H) per call)
+    if xp is np and _uniform_host.signatures:  # compiled (by the numba engine's warm-up): one pass instead
+        return _uniform_host(np.uint64(key), np.uint64(start), count)  # of NumPy's eight temporaries
+    if xp is np and not background_enabled():
         return _uniform_host(np.uint64(key), np.uint64(start), count)
     return uniform_arrays(xp, key, start, count)
 

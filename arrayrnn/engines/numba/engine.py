@@ -22,8 +22,9 @@ over chunks of time (:meth:`NumbaEngine.start_direction` runs a chunk of steps a
 loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split their rows over the same
 workers (:meth:`NumbaEngine.matmul`).
 
-Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too); the first call in a
-fresh environment compiles the kernels for the dtype in use.
+Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too). A call of ``"auto"``
+never waits for the compile: until the call's loops are loaded, :meth:`NumbaEngine.check` declines it
+(the reference engine runs it) while a child process compiles them (:mod:`.warmup`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from ..base import (
     StackGrads,
 )
 from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
-from . import direction, wavefront
+from . import direction, warmup, wavefront
 from .direction import LoopCall, cell_of, variants_of
 from .loop_threads import (
     available_threads,
@@ -190,6 +191,9 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
+        if not call.explicit and not warmup.loaded(call.spec, call.training):
+            return ("its compiled loops for this call are compiling in the background (engine='numba' "
+                    "waits for them; arrayrnn.warmup() compiles them ahead)")
         return None
 
     def kernel_for(self, plan: NumbaPlan | None) -> NumbaKernel:

@@ -160,6 +160,21 @@ def _one_of_impl(a):
 _step_time = register_jitable(inline="always")(step_time)  # the one time-step order (.step_order)
 
 
+# array-to-array copies go element by element: numba's broadcasting assignment (``a[i:j] = b[i:j]``)
+# compiles its shape-mismatch message, about 6 s of every compiling process's first compile (issue 36)
+@register_jitable(inline="always")
+def _copy_row(dst, src):
+    for j in range(src.shape[0]):
+        dst[j] = src[j]
+
+
+@register_jitable(inline="always")
+def _copy_rows(dst, src):
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = src[i, j]
+
+
 @register_jitable(inline="always")
 def _masked_rows(h, h_mask, hm, r0, n):
     """``hm[r0:n] = h[r0:n] * h_mask[r0:n]``: the recurrent-dropout-masked state the step's GEMM reads."""
@@ -306,7 +321,7 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
             if zone_c:
-                c_prev[r0:n] = c[r0:n]
+                _copy_rows(c_prev[r0:n], c[r0:n])
             _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, xw[t], True, scratch)
             if peep:
                 _lstm_peephole_tile(xw, t, r0, n, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi,
@@ -315,16 +330,16 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch
                 _lstm_tile(xw, t, r0, n, 0, H, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi)
             if zone_c:
                 if keep:
-                    c_cand_all[t, r0:n] = c[r0:n]
+                    _copy_rows(c_cand_all[t, r0:n], c[r0:n])
                 _zone_rows(m_c, t, c_prev, c, r0, n)
             if keep:
                 for b in range(r0, n):
-                    c_all[t, b] = c[b]
+                    _copy_row(c_all[t, b], c[b])
             if project:
                 gemm(rows[r0:n], W_hr_p, 1, y[t, r0:n], False, scratch)
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
-            h[r0:n] = y[t, r0:n]
+            _copy_rows(h[r0:n], y[t, r0:n])
         _idle_rows(t, max(n, r0), r1, y, keep, xw, c_all, project, tanh_c_all, zone_c, c_cand_all)
 
 
@@ -356,9 +371,9 @@ def _column_step_end(xw, t, n, j0, j1, H, gates, src, dst, y, keep):
     """The end of a column-split step for units ``j0 .. j1``: active rows' new state from ``y``; idle rows
     carry their state, their ``y`` and (``keep``) their ``gates`` activations in ``xw`` are zero."""
     for b in range(n):
-        dst[b, j0:j1] = y[t, b, j0:j1]
+        _copy_row(dst[b, j0:j1], y[t, b, j0:j1])
     for b in range(n, dst.shape[0]):
-        dst[b, j0:j1] = src[b, j0:j1]
+        _copy_row(dst[b, j0:j1], src[b, j0:j1])
         y[t, b, j0:j1] = 0.0
         if keep:
             for g in range(gates):
@@ -396,7 +411,7 @@ def lstm_forward_columns(part, parts, sync, steps, state, cell, cache, work, scr
         _column_step_end(xw, t, n, j0, j1, H, 4, src, dst, y, keep)
         if keep:
             for b in range(n):
-                c_all[t, b, j0:j1] = c[b, j0:j1]
+                _copy_row(c_all[t, b, j0:j1], c[b, j0:j1])
             c_all[t, n:, j0:j1] = 0.0
         if not barrier(sync, parts):
             return  # cancelled: the call is failing (loop_threads.run_columns)
@@ -597,7 +612,7 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch)
                 _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch)
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
-            h[r0:n] = y[t, r0:n]
+            _copy_rows(h[r0:n], y[t, r0:n])
         y[t, max(n, r0):r1] = 0.0
         if keep:
             xw[t, max(n, r0):r1] = 0.0
@@ -780,9 +795,9 @@ def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, scratch):
                 for j in range(H):
                     yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
             if zone_h:
-                xw[t, r0:n] = y[t, r0:n]
+                _copy_rows(xw[t, r0:n], y[t, r0:n])
                 _zone_rows(m_h, t, h, y[t], r0, n)
-            h[r0:n] = y[t, r0:n]
+            _copy_rows(h[r0:n], y[t, r0:n])
         y[t, max(n, r0):r1] = 0.0
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numba.extending import register_jitable
 
 from . import simd_ir
 from .simd_ir import MAX_NV, ROWS_BY_NV, max_rows, simd_jit, tile
@@ -90,13 +91,14 @@ def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch):
     lda, ldc = a.strides[0] // item, c.strides[0] // item
     a_addr = a.ctypes.data + i0 * lda * item
     b_addr = bp.ctypes.data + v0 * K * W * item
-    like = bp.dtype.type(0)
-    if valid == W:
-        tile(mr, nv, a_addr, lda, b_addr, K * W, K, c.ctypes.data + (i0 * ldc + c_col) * item, ldc, cvs,
-             accumulate, like)
+    # one call site of the micro-kernel: each site inlines its K loops for every (nv, mr), which is most
+    # of the engine's compile time (issue 36); a partial vector goes through the scratch tile
+    whole = valid == W
+    out = c.ctypes.data + (i0 * ldc + c_col) * item if whole else scratch.ctypes.data
+    tile(mr, nv, a_addr, lda, b_addr, K * W, K, out, ldc if whole else scratch.shape[1], cvs if whole else W,
+         accumulate and whole, bp.dtype.type(0))
+    if whole:
         return
-    ld = scratch.shape[1]
-    tile(mr, nv, a_addr, lda, b_addr, K * W, K, scratch.ctypes.data, ld, W, False, like)
     for i in range(mr):
         row, src = c[i0 + i], scratch[i]
         for v in range(nv):
@@ -109,10 +111,19 @@ def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch):
                     row[base + lane] = src[v * W + lane]
 
 
-@simd_jit(**_JIT)
+# The compiled products take one signature per dtype: their fronts below (inlined into the caller) pass
+# any-layout views and non-literal scalars. A literal argument (``gemm(.., 1, .., False, ..)``) or another
+# layout would each compile the whole chain again (gemm had 8 signatures and block 16 per dtype), and the
+# micro-kernel's K loops are most of the engine's compile time (issue 36).
+@register_jitable(inline="always")
 def gate_group(a, i0, mr, bp, gates, u, c, accumulate, scratch):
     """Every gate of unit group ``u`` (units ``u*W .. u*W + W``) for rows ``i0 .. i0 + mr``, into ``c
     (M, G * H)`` in its ordinary column order; ``bp`` packed with ``gates = G``."""
+    _gate_group(a[:, ::1], int(i0), int(mr), bp, int(gates), int(u), c[:, ::1], bool(accumulate), scratch)
+
+
+@simd_jit(**_JIT)
+def _gate_group(a, i0, mr, bp, gates, u, c, accumulate, scratch):
     W = bp.shape[2]
     H = c.shape[1] // gates
     first = u * W
@@ -134,7 +145,7 @@ def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
         mr_max = ROWS_BY_NV[gates]
         for u in range(NV // gates):
             for i0 in range(r0, r1, mr_max):
-                gate_group(a, i0, min(mr_max, r1 - i0), bp, gates, u, c, accumulate, scratch)
+                _gate_group(a, i0, min(mr_max, r1 - i0), bp, gates, u, c, accumulate, scratch)
         return
     nvb = MAX_NV if M <= MR_WIDE else 2
     mr_max = ROWS_BY_NV[nvb]
@@ -152,7 +163,7 @@ def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
                 block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch)
 
 
-@simd_jit(**_JIT)
+@register_jitable(inline="always")
 def gemm(a, bp, gates, c, accumulate, scratch):
     """``c = a @ b`` (or ``c += a @ b`` when ``accumulate``) with ``bp = pack_b(b, gates)``.
 
@@ -161,6 +172,12 @@ def gemm(a, bp, gates, c, accumulate, scratch):
     every column block of ``b`` passes over it); within a panel, a block of ``b`` (``nv * K * W``
     elements) stays in L1/L2 across the row tiles.
     """
+    _gemm(a[:, ::1], bp, int(gates), c[:, ::1], bool(accumulate), scratch)
+
+
+@simd_jit(**_JIT)
+def _gemm(a, bp, gates, c, accumulate, scratch):
+    a, c = a[:, ::1], c[:, ::1]  # called from Python with C-contiguous arrays: the same signature
     M = a.shape[0]
     if M == 0 or c.shape[1] == 0:
         return
@@ -185,7 +202,8 @@ def gemm_steps(v0, v1, a, bp, c, bias, batch_sizes, scratch):
             continue
         if bias.size:
             for row in range(n):
-                c[t, row, c0:c1] = bias[c0:c1]
+                for col in range(c0, c1):  # not a slice assignment: see loops._copy_row
+                    c[t, row, col] = bias[col]
         gemm(a[t, :n], part, 1, c[t, :n, c0:c1], bias.size > 0, scratch)
 
 

@@ -1,0 +1,363 @@
+"""The numba engine's compile, off the caller's path: in a child process, then loaded from numba's cache.
+
+A call of ``engine="auto"`` whose compiled loops this process has not loaded yet does not wait for numba.
+:meth:`~arrayrnn.engines.numba.engine.NumbaEngine.check` asks :func:`loaded`; while the call's
+:class:`Family` is not loaded it declines (``"auto"`` runs the call on the reference engine, NumPy, at
+once) and the family is queued. One daemon thread works through the queue, roughly::
+
+    for family in queue:                       # a training family loads its inference calls too
+        signatures = run([python, "-m", "arrayrnn", "warmup", "--family", family, "--signatures", "-"])
+        for dispatcher, signature in signatures:
+            dispatcher.compile(signature)      # numba's on-disk cache: a load, not a compile
+        loaded.add(family); forget_choices()   # the next call of the family runs the compiled loops
+
+The child process runs the family's probe calls (:func:`probe_calls`: every loop, split and variant the
+engine has, on small arrays) with ``engine="numba"``, so numba compiles each function into its on-disk
+cache, and writes the signatures that appeared to its stdout. The compile runs on another core, holds no
+lock of this process (a ``fork`` here never waits for it; a forked child never inherits a compile in
+progress) and keeps going when this process exits (it only fills the cache; numba writes cache files
+whole, by rename).
+Loading holds numba's compiler lock for milliseconds; ``os.fork`` waits for the one load in flight.
+
+``engine="numba"`` named by the caller never declines: it compiles on the calling thread where it must.
+:func:`warmup` (``arrayrnn.warmup``, ``python -m arrayrnn warmup``) compiles ahead in this process, with a
+progress bar. ``ARRAYRNN_BACKGROUND_COMPILE=0`` turns the background compile off (``"auto"`` then takes
+the numba engine and waits for its compile, as before).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...core.spec import RNNSpec
+
+KINDS = ("lstm", "gru", "rnn")
+DTYPES = ("float32", "float64")
+_MODE_KIND = {"lstm": "lstm", "gru": "gru", "rnn_tanh": "rnn", "rnn_relu": "rnn", "rnn": "rnn"}
+_log = logging.getLogger("arrayrnn.numba")
+
+
+class Family(NamedTuple):
+    """The compiled code a call needs: its cell kind, dtype, and whether it trains (forward + backward)."""
+
+    kind: str       # "lstm", "gru" or "rnn" (tanh and relu share their loops)
+    dtype: str      # "float32" or "float64"
+    training: bool
+
+    def text(self) -> str:
+        return f"{self.kind}:{self.dtype}:{'training' if self.training else 'forward'}"
+
+    @classmethod
+    def parse(cls, text: str) -> Family:
+        parts = text.split(":") if isinstance(text, str) else []
+        kind, dtype, phase = parts if len(parts) == 3 else ("", "", "")
+        if kind not in KINDS or dtype not in DTYPES or phase not in ("training", "forward"):
+            raise ValueError(f"family = {text!r}; expected KIND:DTYPE:PHASE with KIND in {KINDS}, DTYPE in "
+                             f"{DTYPES} and PHASE 'forward' or 'training'")
+        return cls(kind, dtype, phase == "training")
+
+
+def family_of(spec: RNNSpec, training: bool) -> Family:
+    return Family(_MODE_KIND[spec.mode], np.dtype(spec.dtype).name, bool(training))
+
+
+def background_enabled() -> bool:
+    """``ARRAYRNN_BACKGROUND_COMPILE``: unset or ``1`` (the default) compiles in the background; ``0`` off."""
+    value = os.environ.get("ARRAYRNN_BACKGROUND_COMPILE", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"ARRAYRNN_BACKGROUND_COMPILE={value!r}; expected '1' (compile in the background, "
+                         "the default) or '0' (calls of engine='auto' wait for numba's compile)")
+    return value == "1"
+
+
+# -- the probe calls ----------------------------------------------------------------------------------
+def _lengths(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def _sequence(spec: RNNSpec, T: int, B: int, lengths: np.ndarray | None, training: bool,
+              **options: Any) -> Callable[[], None]:
+    """One ``rnn_forward`` (and, training, its ``rnn_backward``) on the numba engine."""
+    def run() -> None:
+        from ... import PackedParams, rnn_backward, rnn_forward
+
+        x = np.full((T, B, spec.input_size), 0.5, dtype=spec.dtype)
+        res = rnn_forward(PackedParams.init(spec, seed=0), x, lengths, training=training, seed=0,
+                          engine="numba", **options)
+        if training:
+            all_states = {"dh_all": np.ones_like(res.h_all)} if res.h_all is not None else {}
+            rnn_backward(res, dy=np.ones_like(res.y), **all_states)
+    return run
+
+
+def _cell(spec: RNNSpec, training: bool) -> Callable[[], None]:
+    def run() -> None:
+        from ... import PackedParams, cell_step, cell_step_backward
+
+        x = np.full((2, spec.input_size), 0.5, dtype=spec.dtype)
+        res = cell_step(PackedParams.init(spec, seed=0), x, training=training, engine="numba")
+        if training:
+            cell_step_backward(res, dh=np.ones_like(res.h))
+    return run
+
+
+def _specs(family: Family) -> tuple[RNNSpec, RNNSpec, RNNSpec | None]:
+    """The family's plain stack, its variants' stack, and the one wide enough for the column-split loops."""
+    mode = "rnn_tanh" if family.kind == "rnn" else family.kind
+    plain = RNNSpec(mode=mode, input_size=4, hidden_size=8, num_layers=2, bidirectional=True,
+                    dtype=family.dtype)
+    lstm = family.kind == "lstm"
+    variants = plain.replace(
+        mode="rnn_relu" if family.kind == "rnn" else mode, dropout=0.25, recurrent_dropout=0.25,
+        weight_dropout=0.25, zoneout=0.1, zoneout_cell=0.1 if lstm else None, peepholes=lstm,
+        proj_size=4 if lstm else 0, cell_clip=3.0 if lstm else None,
+        reset_after=family.kind != "gru")  # GRU: the reset-before loops here, reset-after in `plain`
+    wide = None if family.kind == "rnn" else RNNSpec(mode=mode, input_size=4, hidden_size=384,
+                                                     dtype=family.dtype)
+    return plain, variants, wide
+
+
+def probe_calls(family: Family) -> list[Callable[[], None]]:
+    """Calls that run every compiled function the family's calls can reach (each loop, the row and
+    column splits, the wavefront, the step-by-step input projection, T = 1, the cell step, each variant)."""
+    plain, variants, wide = _specs(family)
+    training = family.training
+    calls = [
+        _sequence(plain, 4, 3, _lengths(4, 2, 0), training),
+        _sequence(plain, 4, 16, _lengths(*[4] * 8, *[1] * 8), training),   # mostly padding, 2 threads
+        _sequence(plain, 1, 2, None, training),
+        _sequence(variants, 4, 3, _lengths(3, 4, 1), training, return_all_states=True),
+        _sequence(variants, 4, 3, _lengths(3, 4, 1), False),
+        _cell(plain.replace(num_layers=1, bidirectional=False), training),
+    ]
+    if wide is not None:
+        calls.append(_sequence(wide, 2, 8, None, training))                  # the column split
+    return calls
+
+
+# -- the signatures compiled --------------------------------------------------------------------------
+Signatures = dict[tuple[str, str], set[tuple]]
+
+
+def compiled_signatures() -> Signatures:
+    """Every signature compiled so far by each of arrayrnn's module-level numba functions."""
+    from numba.core.dispatcher import Dispatcher
+
+    found: Signatures = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("arrayrnn.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Dispatcher) and "<locals>" not in value.py_func.__qualname__:
+                key = (value.py_func.__module__, value.py_func.__qualname__)
+                found[key] = set(value.signatures)
+    return found
+
+
+def new_signatures(before: Signatures, after: Signatures) -> Signatures:
+    added = {key: sigs - before.get(key, set()) for key, sigs in after.items()}
+    return {key: sigs for key, sigs in added.items() if sigs}
+
+
+def load_signatures(signatures: Signatures) -> None:
+    """Compile each signature in this process: a load from numba's cache where a child compiled it."""
+    for (module, qualname), sigs in signatures.items():
+        dispatcher = getattr(importlib.import_module(module), qualname)
+        for sig in sigs:
+            if sig not in dispatcher.signatures:
+                dispatcher.compile(sig)
+
+
+def compile_family(family: Family, progress: Any = None) -> Signatures:
+    """Run the family's probe calls here (numba compiles what they reach); the signatures that appeared."""
+    before = compiled_signatures()
+    for call in probe_calls(family):
+        call()
+        if progress is not None:
+            progress.update(1)
+    _loaded.update({family, family._replace(training=False)})
+    return new_signatures(before, compiled_signatures())
+
+
+# -- the background thread ----------------------------------------------------------------------------
+_loaded: set[Family] = set()
+
+
+class _Queue:
+    """The families asked for and the one daemon thread compiling them (in a child process) in turn."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting: list[Family] = []
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.done = threading.Condition(self.lock)
+
+    def ask(self, family: Family) -> None:
+        with self.lock:  # a training family's probes run the inference calls too (compile_family)
+            if family not in self.waiting and family not in _loaded:
+                self.waiting.append(family)
+            if self.thread is None and self.waiting and not self.stop.is_set():
+                self.thread = threading.Thread(target=self._work, name="arrayrnn-numba-compile", daemon=True)
+                self.thread.start()
+
+    def _work(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                if not self.waiting:
+                    self.thread = None
+                    return
+                family = self.waiting[0]
+            if family not in _loaded:
+                _compile_elsewhere(family, self.stop)
+            with self.lock:
+                self.waiting.remove(family)
+                self.done.notify_all()
+
+    def wait(self, family: Family, timeout: float | None = None) -> bool:
+        """Wait until ``family`` is loaded (or no longer queued); whether it is loaded."""
+        with self.lock:
+            self.done.wait_for(lambda: family in _loaded or family not in self.waiting, timeout)
+        return family in _loaded
+
+
+_queue = _Queue()
+
+
+# the child imports this very package (not one that the working directory may shadow)
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from arrayrnn.__main__ import main; "
+          "sys.exit(main(['warmup', '--family', sys.argv[2], '--signatures', sys.argv[3], '--quiet']))")
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
+    """Compile ``family`` in a child process, load it here, mark it loaded and forget the engine choices."""
+    from .. import forget_choices
+
+    command = [sys.executable, "-c", _CHILD, _package_root(), family.text(), "-"]
+    env = {**os.environ, "ARRAYRNN_BACKGROUND_COMPILE": "0"}
+    try:  # the signatures come back on the child's stdout: no file to leave behind if this process exits
+        child = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                               start_new_session=True, check=False)
+        if child.returncode != 0:
+            raise RuntimeError(child.stderr.decode(errors="replace").strip().splitlines()[-1:])
+        if not stop.is_set():
+            load_signatures(pickle.loads(child.stdout))
+    except Exception as err:  # noqa: BLE001 - the numba engine then compiles on the caller's thread
+        _log.warning("arrayrnn: the background compile of the numba engine's %s loops failed (%s); "
+                     "calls of engine='auto' will compile them when they run", family.text(), err)
+    if not stop.is_set():
+        _loaded.update({family, family._replace(training=False)})
+        forget_choices()
+
+
+def loaded(spec: RNNSpec, training: bool) -> bool:
+    """Whether this process has the compiled loops of a call of ``spec``; if not, they are queued."""
+    family = family_of(spec, training)
+    if family in _loaded or not background_enabled():
+        return True
+    _queue.ask(family)
+    return False
+
+
+def wait(spec: RNNSpec, training: bool, timeout: float | None = None) -> bool:
+    """Wait for the background compile of ``spec``'s family (queued by :func:`loaded`); whether loaded."""
+    return _queue.wait(family_of(spec, training), timeout)
+
+
+def _compiler_lock() -> Any:
+    module = sys.modules.get("numba.core.compiler_lock")  # not imported: nothing compiled, nothing to hold
+    return None if module is None else module.global_compiler_lock
+
+
+def _before_fork() -> None:
+    lock = _compiler_lock()
+    if lock is not None:
+        lock.acquire()  # a load in flight ends first: a child never inherits numba mid-load
+
+
+def _after_fork_in_parent() -> None:
+    lock = _compiler_lock()
+    if lock is not None:
+        lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _queue
+    _after_fork_in_parent()
+    _queue = _Queue()  # the thread stayed in the parent; the child asks again for what it needs
+
+
+def _at_exit() -> None:
+    _queue.stop.set()  # no new load starts; a child process compiling goes on filling the cache
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
+
+
+# -- compiling ahead ----------------------------------------------------------------------------------
+def families(modes: RNNSpec | str | Iterable[RNNSpec | str], dtypes: str | Iterable[str],
+             training: bool) -> list[Family]:
+    """The families of ``modes`` (specs or mode names) x ``dtypes``; errors name the bad argument."""
+    modes = [modes] if isinstance(modes, (RNNSpec, str)) else list(modes)
+    dtypes = [dtypes] if isinstance(dtypes, str) or not isinstance(dtypes, Iterable) else list(dtypes)
+    kinds = []
+    for mode in modes:
+        name = mode.mode if isinstance(mode, RNNSpec) else mode
+        if name not in _MODE_KIND:
+            raise ValueError(f"modes contains {mode!r}; expected RNNSpecs or mode names from "
+                             f"{tuple(_MODE_KIND)}")
+        kinds.append(_MODE_KIND[name])
+    names = []
+    for dtype in dtypes:
+        try:
+            names.append(np.dtype(dtype).name)
+        except TypeError:
+            names.append(repr(dtype))
+        if names[-1] not in DTYPES:
+            raise ValueError(f"dtypes contains {dtype!r}; expected {DTYPES} (the numba engine's dtypes)")
+    if not kinds or not names:
+        raise ValueError(f"modes = {modes!r}, dtypes = {dtypes!r}; expected at least one of each")
+    return [Family(k, d, training) for k in dict.fromkeys(kinds) for d in dict.fromkeys(names)]
+
+
+def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str | Iterable[str] = DTYPES, *,
+           training: bool = True, progress: bool = True) -> None:
+    """Compile the numba engine's loops for ``modes`` x ``dtypes`` now, in this process, so that no later
+    call waits for numba and ``"auto"`` takes the numba engine from the first call.
+
+    ``modes``: mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ...) or :class:`RNNSpec` s; ``dtypes``:
+    ``"float32"``, ``"float64"``; ``training``: the backward's loops too. The compiled code lands in
+    numba's on-disk cache, so later processes load it (``python -m arrayrnn warmup`` in a server or CI
+    image). ``progress``: a progress bar on stderr.
+    """
+    from tqdm.auto import tqdm
+
+    if not isinstance(training, bool):
+        raise TypeError(f"training = {training!r}; expected True or False")
+    todo = families(modes, dtypes, training)
+    total = sum(len(probe_calls(f)) for f in todo)
+    with tqdm(total=total, desc="arrayrnn warmup", unit="call", disable=not progress) as bar:
+        for family in todo:
+            bar.set_postfix_str(family.text())
+            compile_family(family, bar)
+    from .. import forget_choices
+
+    forget_choices()

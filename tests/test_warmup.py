@@ -1,0 +1,205 @@
+"""The numba engine's compile off the caller's path (arrayrnn.engines.numba.warmup): ``"auto"`` never
+waits for numba, the background compile's child process, fork and exit, compiling ahead.
+
+The suite runs with ``ARRAYRNN_BACKGROUND_COMPILE=0`` (conftest.py); the tests of the background compile
+itself start fresh Python processes with an empty numba cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayrnn as ar
+from arrayrnn import __main__ as cli
+from arrayrnn.engines import forget_choices, probe_call, select_engine
+from arrayrnn.engines.numba import warmup as W
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- families and bad input ---------------------------------------------------------------------------
+def test_family_text_round_trip():
+    for family in (W.Family("lstm", "float32", True), W.Family("rnn", "float64", False)):
+        assert W.Family.parse(family.text()) == family
+    spec = ar.RNNSpec(mode="rnn_relu", input_size=2, hidden_size=3, dtype="float64")
+    assert W.family_of(spec, training=False) == W.Family("rnn", "float64", False)
+
+
+@pytest.mark.parametrize("text", ["lstm:float16:forward", "lsmt:float32:training", "gru:float32:train",
+                                  "gru"])
+def test_bad_family_text(text):
+    with pytest.raises(ValueError, match="family = "):
+        W.Family.parse(text)
+
+
+@pytest.mark.parametrize("modes, dtypes, match", [
+    (["lsmt"], ["float32"], "modes contains 'lsmt'"),
+    (["lstm"], ["float16"], "dtypes contains 'float16'"),
+    (["lstm"], ["bogus"], "dtypes contains 'bogus'"),
+    ([], ["float32"], "at least one of each"),
+    (["gru"], [], "at least one of each"),
+])
+def test_warmup_bad_arguments(modes, dtypes, match):
+    with pytest.raises(ValueError, match=match):
+        ar.warmup(modes, dtypes, progress=False)
+
+
+def test_warmup_bad_training_flag():
+    with pytest.raises(TypeError, match="training = 'yes'"):
+        ar.warmup("lstm", "float32", training="yes", progress=False)
+
+
+def test_cli_bad_mode_exits_2(capsys):
+    assert cli.main(["warmup", "--modes", "lsmt", "--quiet"]) == 2
+    assert "modes contains 'lsmt'" in capsys.readouterr().err
+
+
+def test_families_from_specs_and_names():
+    spec = ar.RNNSpec(mode="gru", input_size=2, hidden_size=3)
+    got = W.families([spec, "rnn_tanh", "rnn_relu"], "float64", training=False)
+    assert got == [W.Family("gru", "float64", False), W.Family("rnn", "float64", False)]
+
+
+def test_bad_environment_value(monkeypatch):
+    monkeypatch.setenv("ARRAYRNN_BACKGROUND_COMPILE", "yes")
+    with pytest.raises(ValueError, match="ARRAYRNN_BACKGROUND_COMPILE='yes'"):
+        W.background_enabled()
+
+
+# -- "auto" declines the numba engine while the family is not loaded --------------------------------
+def test_auto_declines_numba_until_loaded(monkeypatch):
+    asked = []
+    monkeypatch.setenv("ARRAYRNN_BACKGROUND_COMPILE", "1")
+    monkeypatch.setattr(W._queue, "ask", asked.append)
+    monkeypatch.setattr(W, "_loaded", set())
+    forget_choices()
+    spec = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3, dtype="float64")
+    call = probe_call(spec, training=True)
+    assert select_engine("auto", call).name == "reference"
+    assert asked == [W.Family("lstm", "float64", True)]
+    assert select_engine("numba", call).name == "numba"       # named: never declines
+    W._loaded.add(W.Family("lstm", "float64", True))
+    forget_choices()                                          # what the background thread does
+    assert select_engine("auto", call).name == "numba"
+    forget_choices()
+
+
+def test_switched_off_auto_takes_numba(monkeypatch):
+    monkeypatch.setenv("ARRAYRNN_BACKGROUND_COMPILE", "0")
+    monkeypatch.setattr(W, "_loaded", set())
+    forget_choices()
+    spec = ar.RNNSpec(mode="gru", input_size=2, hidden_size=3, dtype="float64")
+    assert select_engine("auto", probe_call(spec)).name == "numba"
+    forget_choices()
+
+
+# -- the probes reach every compiled function a family's calls use ------------------------------------
+def _variety(kind: str, dtype: str):
+    """Calls unlike the probes: other sizes, lengths, thread counts, variants and options."""
+    mode = {"lstm": "lstm", "gru": "gru", "rnn": "rnn_relu"}[kind]
+    rng = np.random.default_rng(1)
+    for options, T, B, threads in [
+        (dict(num_layers=3), 7, 20, 2),
+        (dict(bidirectional=True, recurrent_dropout=0.3), 5, 9, 1),
+        (dict(zoneout=0.2, bias="single_rec"), 6, 4, 2),
+        (dict(hidden_size=320, reset_after=False), 3, 8, 2),
+        (dict(hidden_size=360), 3, 12, 2),
+        (dict(weight_dropout=0.4, num_layers=2, dropout=0.5), 4, 17, 2),
+    ]:
+        if kind != "gru":
+            options.pop("reset_after", None)
+        if kind == "lstm" and B == 4:
+            options |= dict(proj_size=2, peepholes=True, cell_clip=2.0, zoneout_cell=0.3)
+        spec = ar.RNNSpec(mode=mode, input_size=5, **{"hidden_size": 6, **options}, dtype=dtype)
+        yield spec, rng.standard_normal((T, B, 5)).astype(dtype), rng.integers(0, T + 1, B), threads
+
+
+@pytest.mark.parametrize("kind, dtype", [("lstm", "float64"), ("gru", "float64"), ("rnn", "float64"),
+                                         ("lstm", "float32")])
+def test_probes_cover_the_family(kind, dtype):
+    W.compile_family(W.Family(kind, dtype, True))
+    before = W.compiled_signatures()
+    threads = ar.get_num_threads()
+    try:
+        for spec, x, lengths, n in _variety(kind, dtype):
+            ar.set_num_threads(n)
+            res = ar.rnn_forward(ar.PackedParams.init(spec, seed=0), x, lengths, training=True, seed=3,
+                                 engine="numba")
+            ar.rnn_backward(res, dy=np.ones_like(res.y))
+            ar.rnn_forward(ar.PackedParams.init(spec, seed=0), x, lengths, engine="numba")
+    finally:
+        ar.set_num_threads(threads)
+    assert W.new_signatures(before, W.compiled_signatures()) == {}
+
+
+# -- fresh processes, empty cache ---------------------------------------------------------------------
+def _run(script: str, tmp_path: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ARRAYRNN_BACKGROUND_COMPILE": "1", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-W", "error", "-c", textwrap.dedent(script)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+
+
+_COMMON = """
+    import os
+    import numpy as np
+    import torch
+    import arrayrnn as ar
+    from arrayrnn.engines.numba import warmup as W
+
+    spec = ar.RNNSpec(mode="rnn_tanh", input_size=3, hidden_size=5, dtype="float64")
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((4, 2, 3))
+    oracle = torch.nn.RNN(3, 5, dtype=torch.float64)
+    oracle.load_state_dict({k: torch.as_tensor(v) for k, v in ar.to_torch_state_dict(params).items()})
+    expected = oracle(torch.as_tensor(x))[0].detach().numpy()
+    family = W.family_of(spec, training=False)
+"""
+
+
+def test_first_call_does_not_wait_for_numba(tmp_path):
+    out = _run(_COMMON + """
+    first = ar.rnn_forward(params, x)
+    assert family not in W._loaded, "the first call returned after the compile finished"
+    assert first.engine == "reference", first.engine
+    np.testing.assert_allclose(first.y, expected, rtol=0, atol=1e-12)
+    assert W.wait(spec, training=False, timeout=800)
+    later = ar.rnn_forward(params, x)
+    assert later.engine == "numba", later.engine
+    np.testing.assert_allclose(later.y, first.y, rtol=0, atol=1e-14)
+    print("ok")
+    """, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert out.stderr == ""  # warning-free (and -W error)
+    assert list((tmp_path / "cache").rglob("*.nbi")), "the child process filled no cache"
+
+
+def test_fork_during_the_background_compile(tmp_path):
+    out = _run(_COMMON + """
+    first = ar.rnn_forward(params, x)                 # starts the background compile
+    assert family not in W._loaded
+    pid = os.fork()
+    if pid == 0:                                      # the child: calls still run, on an engine that is ready
+        res = ar.rnn_forward(params, x)
+        os._exit(0 if np.allclose(res.y, expected, rtol=0, atol=1e-12) else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    print("ok")
+    """, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_exit_while_compiling_is_clean(tmp_path):
+    out = _run(_COMMON + """
+    ar.rnn_forward(params, x)
+    assert family not in W._loaded
+    print("ok")
+    """, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == "", out.stderr
