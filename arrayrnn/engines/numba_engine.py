@@ -398,6 +398,9 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
+        if call.spec.layer_norm:
+            return ("layer_norm=True: the numba engine's fused layer-norm kernels are pending (issue 38, "
+                    "after the engine's restructuring); use engine='reference', which 'auto' takes on CPU")
         try:
             blas_binding()
         except BlasNotFoundError as err:
