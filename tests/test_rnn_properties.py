@@ -16,10 +16,10 @@ CLOSE = dict(rtol=1e-10, atol=1e-12)
 
 
 @st.composite
-def specs(draw, bidirectional=None):
+def specs(draw, bidirectional=None, layer_norm=False):
     mode = draw(st.sampled_from(["rnn_tanh", "rnn_relu", "lstm", "gru"]))
     fields = dict(mode=mode, input_size=draw(st.integers(1, 3)), hidden_size=draw(st.integers(1, 3)),
-                  num_layers=draw(st.integers(1, 2)), dtype="float64",
+                  num_layers=draw(st.integers(1, 2)), dtype="float64", layer_norm=layer_norm,
                   bidirectional=draw(st.booleans()) if bidirectional is None else bidirectional,
                   bias=draw(st.sampled_from(["double", "single_inp", "single_rec", "none"])))
     if mode == "lstm":
