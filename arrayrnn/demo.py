@@ -54,6 +54,7 @@ class Config:
     sample_chars: int = 300
     recurrent_dropout: float = 0.0
     weight_dropout: float = 0.0
+    layer_norm: bool = False
 
     def __post_init__(self) -> None:
         for field, minimum in (("steps", 1), ("hidden", 1), ("layers", 1), ("embed", 1), ("batch", 1),
@@ -66,6 +67,8 @@ class Config:
         for field in ("recurrent_dropout", "weight_dropout"):
             if not _is_probability(getattr(self, field)):
                 raise BadOption(field, getattr(self, field), "a number in [0, 1)")
+        if not isinstance(self.layer_norm, (bool, np.bool_)):
+            raise BadOption("layer_norm", self.layer_norm, "True or False")
         if not isinstance(self.engine, str) or self.engine not in engines.engine_names():
             raise BadOption("engine", self.engine, f"one of {', '.join(engines.engine_names())}")
         try:
@@ -92,10 +95,12 @@ def _is_probability(value: Any) -> bool:
     return 0.0 <= value < 1.0
 
 
+VARIANTS = ("recurrent_dropout", "weight_dropout", "layer_norm")  # the LSTM's options the demo compares
+
+
 def variants_text(cfg: Config) -> str:
-    """``"recurrent_dropout=0.25, weight_dropout=0.5"``: the cell variants ``cfg`` turns on ("" if none)."""
-    names = ("recurrent_dropout", "weight_dropout")
-    return ", ".join(f"{name}={getattr(cfg, name)}" for name in names if getattr(cfg, name))
+    """``"recurrent_dropout=0.25, layer_norm=True"``: the cell variants ``cfg`` turns on ("" if none)."""
+    return ", ".join(f"{name}={getattr(cfg, name)}" for name in VARIANTS if getattr(cfg, name))
 
 
 class BadOption(ValueError):
@@ -153,7 +158,7 @@ class CharModel:
         self.embedding = nn.Embedding(vocab_size, cfg.embed, seed=derived_seed(cfg.seed, 0))
         self.lstm = nn.LSTM(cfg.embed, cfg.hidden, cfg.layers, seed=derived_seed(cfg.seed, 1),
                             engine=cfg.engine, recurrent_dropout=cfg.recurrent_dropout,
-                            weight_dropout=cfg.weight_dropout)
+                            weight_dropout=cfg.weight_dropout, layer_norm=cfg.layer_norm)
         self.head = nn.Dense(cfg.hidden, vocab_size, seed=derived_seed(cfg.seed, 2))
 
     @property
@@ -326,8 +331,8 @@ def run_with_and_without(cfg: Config, save: str | None = None, progress: bool = 
                          comm: Any = None) -> dict[str, Any]:
     """``run`` the model without its cell variants, then with them (``save`` keeps the latter), and print
     both validation bits per character; returns ``{"without": ..., "with": ...}``."""
-    plain = replace(cfg, recurrent_dropout=0.0, weight_dropout=0.0)
-    print("== without recurrent or weight dropout", file=out)
+    plain = replace(cfg, recurrent_dropout=0.0, weight_dropout=0.0, layer_norm=False)
+    print(f"== without {', '.join(name for name in VARIANTS if getattr(cfg, name))}", file=out)
     without = run(plain, progress=progress, out=out, comm=comm)
     print(f"== with {variants_text(cfg)}", file=out)
     with_variants = run(cfg, save=save, progress=progress, out=out, comm=comm)
@@ -356,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-dropout", type=float, default=defaults.weight_dropout,
                         help="DropConnect on W_hh, 0 <= p < 1; also trains without it and reports both "
                         "(%(default)s)")
+    parser.add_argument("--layer-norm", action="store_true",
+                        help="layer normalisation inside the LSTM's recurrence (both products and the cell); "
+                        "also trains without it and reports both")
     parser.add_argument("--distributed", action="store_true", help="data-parallel under MPI: "
                         "mpiexec -n 2 python -m arrayrnn.demo --distributed (needs the mpi extra)")
     parser.add_argument("--save", metavar="PATH", help="write the trained model to PATH (.npz)")
@@ -382,7 +390,8 @@ def _config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> C
     try:
         return Config(steps=args.steps, hidden=args.hidden, layers=args.layers, engine=args.engine,
                       seed=args.seed, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                      recurrent_dropout=args.recurrent_dropout, weight_dropout=args.weight_dropout)
+                      recurrent_dropout=args.recurrent_dropout, weight_dropout=args.weight_dropout,
+                      layer_norm=args.layer_norm)
     except BadOption as err:
         parser.error(err.as_option())
 
@@ -401,7 +410,7 @@ def _check_fits(parser: argparse.ArgumentParser, cfg: Config, comm: Any) -> None
     """The sizes make an LSTM, the engine can train it here, and a sequence fits in each rank's text."""
     try:
         spec = RNNSpec("lstm", cfg.embed, cfg.hidden, cfg.layers, recurrent_dropout=cfg.recurrent_dropout,
-                       weight_dropout=cfg.weight_dropout)
+                       weight_dropout=cfg.weight_dropout, layer_norm=cfg.layer_norm)
     except ValueError as err:
         parser.error(f"--hidden = {cfg.hidden}, --layers = {cfg.layers}: {err}")
     if cfg.engine != "auto":

@@ -113,3 +113,10 @@ def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypat
     out = capsys.readouterr().out
     assert "| gru 2 layers | 5, 2, 3, 4 | forward |" in out
     assert "| gru 2 layers bi | 5, 2, 3, 4 | train |" in out
+
+
+def test_the_layer_norm_bench_times_the_loop_it_checked(monkeypatch):
+    """bench_layer_norm's PyTorch loop computes arrayrnn's layer-normalised LSTM (float64), so its row
+    compares the same function."""
+    bench = _load_bench(monkeypatch, BENCH.parent / "bench_layer_norm.py")
+    assert bench.check_the_loop() < 1e-10

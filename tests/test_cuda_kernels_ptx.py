@@ -27,7 +27,8 @@ if numba.config.ENABLE_CUDASIM:  # pragma: no cover - this module belongs to the
 
 def _example_args(name: str, dtype: type) -> tuple:
     """Arguments shaped like the engine's (their numba types are what matters)."""
-    a1, a2, a3 = (np.zeros((1,) * k, dtype) for k in (1, 2, 3))
+    a1, a2, a3, a4 = (np.zeros((1,) * k, dtype) for k in (1, 2, 3, 4))
+    slot = np.int64(0)
     one, t, n, flag = dtype(1), np.int64(0), np.int64(1), True
     return {
         "rnn_forward_step": (t, n, one, flag, a3, a2, a2, a3),
@@ -47,13 +48,20 @@ def _example_args(name: str, dtype: type) -> tuple:
         "zoneout_cell_step": (t, n, a3, a2, a2, flag, a3),
         "zoneout_split_step": (t, n, one, a3, a3, a2, a3, a2),
         "cell_carry_step": (t, n, one, flag, a3, flag, a3, a2, a2),
+        "norm_step": (t, n, one, one, one, a2, a1, flag, a4, slot),
+        "norm_backward_step": (t, n, one, one, a3, flag, a1, a3, a4, slot, a3),
+        "lstm_norm_forward_step": (t, n, one, one, one, one, a3, a2, a1, a2, flag, a1, a1, a2, a2, a3, a2,
+                                   flag, flag, a3, a3, a4, one, one),
+        "lstm_norm_backward_step": (t, n, one, one, one, a3, a3, a3, a3, a3, a4, a1, a1, a2, flag, a3, a2, a2,
+                                    flag, a2, a3, a3, a3, flag, one, one),
     }[name]
 
 
 KERNELS = ("rnn_forward_step", "rnn_backward_step", "lstm_forward_step", "add_carry_step",
            "lstm_backward_step", "gru_forward_step", "gru_rz_step", "gru_n_step", "gru_backward_step",
            "gru_r_backward_step", "lstm_peephole_forward_step", "lstm_peephole_backward_step", "zoneout_step",
-           "zoneout_cell_step", "zoneout_split_step", "cell_carry_step")
+           "zoneout_cell_step", "zoneout_split_step", "cell_carry_step", "norm_step", "norm_backward_step",
+           "lstm_norm_forward_step", "lstm_norm_backward_step")
 
 
 def test_every_kernel_is_listed() -> None:

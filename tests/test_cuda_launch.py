@@ -124,6 +124,17 @@ def test_the_gpu_launcher_compiles_links_loads_once_and_launches_on_cupys_curren
     assert calls[3] == ("launch", function, 3, 128, stream.ptr, [1, 3])
 
 
+def test_a_site_of_a_fixed_block_width_launches_blocks_of_that_width(recording_driver):
+    """The layer-norm kernels' sites (one block per row): ``block`` threads a block, whatever the count."""
+    cupy = fake_cupy.MODULE
+    with fake_cupy.installed():
+        dy, d_h = cupy.zeros((4, 3, 5), np.float32), cupy.zeros((4, 3, 5), np.float32)
+        dh = cupy.zeros((3, 5), np.float32)
+        site = cl.DeviceLauncher(cupy).site(ck.add_carry_step, (0, 0, dy, dh, d_h), block=ck.ROW_THREADS)
+        site(3 * ck.ROW_THREADS, 1, 3)
+    assert recording_driver.calls[-1][2:4] == (3, ck.ROW_THREADS)
+
+
 def test_a_kernel_module_unloads_once_and_closes_as_a_context_manager(recording_driver):
     with cl.KernelModule(b"\x7fELF", "k") as module:
         assert module.function == ("module1", "k")

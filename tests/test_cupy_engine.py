@@ -61,6 +61,13 @@ def test_launch_shape_covers_every_element(elements, expected):
     assert blocks * threads >= elements
 
 
+@pytest.mark.parametrize("elements, expected", [(0, (1, 128)), (128, (1, 128)), (384, (3, 128)),
+                                                (5 * 8, (5, 8))])
+def test_a_fixed_block_width_gives_one_block_per_row(elements, expected):
+    """The layer-norm kernels' launches: ``rows * width`` threads in blocks of ``width``, one block a row."""
+    assert ck.launch_shape(elements, block=expected[1]) == expected
+
+
 # -- GPU -------------------------------------------------------------------------------------------
 def _on_gpu(case):
     cp = cupy_module()

@@ -148,7 +148,7 @@ def test_recurrent_and_weight_dropout_train_beside_the_plain_model(tmp_path):
     out = io.StringIO()
     result = demo.run_with_and_without(cfg, save=str(tmp_path / "model.npz"), progress=False, out=out)
     text = out.getvalue()
-    assert "== without recurrent or weight dropout" in text
+    assert "== without recurrent_dropout, weight_dropout" in text
     assert "== with recurrent_dropout=0.25, weight_dropout=0.3" in text
     assert (f"{result['without']['bpc_after']:.3f} without, {result['with']['bpc_after']:.3f} with "
             "recurrent_dropout=0.25, weight_dropout=0.3") in text

@@ -241,6 +241,13 @@ def test_cell_variant_defaults_and_zoneout_cell_follows_zoneout():
     (dict(mode="gru", zoneout_cell=0.1), r"zoneout_cell = 0.1 with mode = 'gru'; only an LSTM has a cell"),
     (dict(mode="gru", peepholes=True), r"peepholes = True with mode = 'gru'; .*only for mode='lstm'"),
     (dict(mode="lstm", peepholes=1), r"peepholes = 1; expected True or False"),
+    (dict(mode="lstm", layer_norm=1), r"layer_norm = 1; expected True or False"),
+    (dict(mode="gru", layer_norm="True"), r"layer_norm = 'True'; expected True or False"),
+    (dict(mode="lstm", layer_norm=True, layer_norm_eps=0.0), r"layer_norm_eps = 0.0; expected a finite"),
+    (dict(mode="rnn_tanh", layer_norm=True, layer_norm_eps=-1e-5), r"layer_norm_eps = -1e-05; expected a f"),
+    (dict(mode="lstm", layer_norm=True, layer_norm_eps=float("inf")), r"layer_norm_eps = inf; expected a f"),
+    (dict(mode="lstm", layer_norm=True, layer_norm_eps="1e-5"), r"layer_norm_eps = '1e-5'; expected a fin"),
+    (dict(mode="lstm", layer_norm=True, layer_norm_eps=True), r"layer_norm_eps = True; expected a finite"),
 ])
 def test_cell_variant_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -254,7 +261,8 @@ def test_plain_spec_dict_has_no_variant_fields_and_variant_dicts_round_trip():
     for spec in (RNNSpec("lstm", 3, 5, recurrent_dropout=0.2, weight_dropout=0.3, zoneout=0.1,
                          zoneout_cell=0.05, peepholes=True),
                  RNNSpec("lstm", 3, 5, zoneout=0.1), RNNSpec("gru", 3, 5, zoneout=0.1, reset_after=False),
-                 RNNSpec("rnn_relu", 3, 5, weight_dropout=0.5)):
+                 RNNSpec("rnn_relu", 3, 5, weight_dropout=0.5),
+                 RNNSpec("gru", 3, 5, layer_norm=True, layer_norm_eps=1e-3, reset_after=False)):
         d = json.loads(json.dumps(spec.to_dict()))
         assert RNNSpec.from_dict(d) == spec and hash(RNNSpec.from_dict(d)) == hash(spec)
     assert RNNSpec("lstm", 3, 5, zoneout=0.1).to_dict()["zoneout"] == 0.1

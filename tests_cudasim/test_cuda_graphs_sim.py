@@ -30,6 +30,13 @@ CONFIGS = {
                                     zoneout_cell=0.2, recurrent_dropout=0.2, weight_dropout=0.3),
     "rnn-bidirectional-dropconnect": dict(mode="rnn_relu", bidirectional=True, weight_dropout=0.3),
     "gru-after-zoneout": dict(mode="gru", zoneout=0.3, recurrent_dropout=0.1),
+    # layer norm (issue 38): the block-per-row kernels and the backward's one GEMM of raw products
+    "lstm-ln-proj-peep-variants": dict(mode="lstm", layer_norm=True, proj_size=2, peepholes=True,
+                                       zoneout=0.1, recurrent_dropout=0.2, weight_dropout=0.3),
+    "gru-before-ln-bidirectional": dict(mode="gru", reset_after=False, layer_norm=True, bidirectional=True,
+                                        recurrent_dropout=0.3),
+    "gru-after-ln": dict(mode="gru", layer_norm=True, num_layers=2),
+    "rnn-ln": dict(mode="rnn_tanh", layer_norm=True),
 }
 
 

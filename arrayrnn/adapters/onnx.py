@@ -17,9 +17,9 @@ GRU ``0``; ``rnn_relu`` is the ``RNN`` operator with ``Relu`` activations. Varia
 ``sequence_lens``: ONNX Runtime writes zeros at ``t >= len[b]`` and takes the final states at ``len[b] - 1``,
 as ours does (zero-length rows included). Inference only (no dropout). Not expressible in ONNX, so a
 ``ValueError``: LSTM projections (``proj_size > 0``; ONNX's LSTM has none) and cell clipping (ONNX's
-``clip`` bounds every gate pre-activation, ours the cell state) and zoneout. Peepholes (``peepholes=True``)
-are the LSTM node's input ``P`` (ONNX's order i, o, f). ONNX Runtime's CPU kernels run float32
-only; float64 and float16 models are written as asked.
+``clip`` bounds every gate pre-activation, ours the cell state), zoneout and layer normalisation.
+Peepholes (``peepholes=True``) are the LSTM node's input ``P`` (ONNX's order i, o, f). ONNX Runtime's
+CPU kernels run float32 only; float64 and float16 models are written as asked.
 
 The gate reordering (:func:`layer_weights`) is written against the array module it is given (NumPy here;
 torch in :mod:`arrayrnn.torch`'s ``torch.onnx.export`` path), so the knowledge exists once.
@@ -57,6 +57,10 @@ def check_exportable(spec: ar.RNNSpec) -> None:
         raise ValueError(f"zoneout = {spec.zoneout}, zoneout_cell = {spec.zoneout_cell}; ONNX's operators "
                          "have no zoneout (whose inference mixes the previous state in), so this stack "
                          "cannot be exported (expected zoneout = 0)")
+    if spec.layer_norm:
+        raise ValueError("layer_norm = True; ONNX's LSTM / GRU / RNN operators have no layer normalisation "
+                         "inside the recurrence, so this stack cannot be exported as them (expected "
+                         "layer_norm = False; arrayrnn.torch's modules export it in elementary operators)")
 
 
 def peepholes(spec: ar.RNNSpec, layer: int, view: Callable[[int, int, str], Any]) -> np.ndarray:

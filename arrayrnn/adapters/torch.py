@@ -165,9 +165,10 @@ class _FlatWeights(OneBuffer):
     """The arrayrnn forward of a ``torch.nn.RNNBase`` subclass whose weights are views of one buffer."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "peepholes" and "_flat_weights_names" in self.__dict__ and value != self.peepholes:
-            raise AttributeError(f"peepholes = {value!r}: the peephole weights are fixed at construction "
-                                 f"(this module has peepholes={self.peepholes}); build a new module instead")
+        if name in torch_variants.FIXED and "_flat_weights_names" in self.__dict__ and value != getattr(self,
+                                                                                                     name):
+            raise AttributeError(f"{name} = {value!r}: the {name} weights are fixed at construction (this "
+                                 f"module has {name}={getattr(self, name)}); build a new module instead")
         super().__setattr__(name, value)
         if name in _SPEC_ATTRIBUTES:
             self._refresh_spec_text()
@@ -193,9 +194,13 @@ class _FlatWeights(OneBuffer):
         return {name: getattr(self, name) for name in torch_variants.DEFAULTS}
 
     def _init_flat_weights(self) -> None:
-        if self.__dict__.get("peepholes"):
-            torch_variants.add_peepholes(self)
+        torch_variants.add_extra_weights(self)
         super()._init_flat_weights()
+
+    def reset_parameters(self) -> None:
+        """``nn.RNNBase``'s uniform draw, then the layer-norm gains to ones and the cell's shift to zeros."""
+        super().reset_parameters()
+        torch_variants.init_layer_norm(self)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + torch_variants.extra_repr(self._variants())
@@ -485,7 +490,7 @@ class ArrayRNN(torch.nn.Module):
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:
         """An ``ArrayRNN`` with the weights (bit-exact), configuration and device of ``nn.LSTM/GRU/RNN``."""
-        if isinstance(module, _FlatWeights) and any(module._variants().values()):
+        if isinstance(module, _FlatWeights) and torch_variants.changed(module._variants()):
             return cls._from_variant_drop_in(module)
         params = ar.from_torch(module)
         new = cls(params.spec, batch_first=getattr(module, "batch_first", False), seed=0)
@@ -627,9 +632,10 @@ class ArrayRNN(torch.nn.Module):
 
 
 def _state_key(block: Any) -> str:
-    """nn.LSTM's key of a block; peephole weights (which nn.LSTM has not) as ``weight_peephole_l0``."""
-    if block.name == "P":
-        return torch_variants.peephole_name(block.layer, block.direction)
+    """nn.LSTM's key of a block; the blocks nn.LSTM has not as the drop-ins name them
+    (``weight_peephole_l0``, ``layer_norm_weight_hh_l0``, ...: :func:`.torch_variants.extra_name`)."""
+    if block.name in torch_variants.EXTRA_NAMES:
+        return torch_variants.extra_name(block.name, block.layer, block.direction)
     return torch_key(block)
 
 

@@ -2,8 +2,8 @@
 
 The fused engines compute the forward and a hand-written BPTT; neither is itself differentiable. This
 module computes the same function (every :class:`arrayrnn.RNNSpec`: modes, bias modes, reset-before GRU,
-projection, cell clipping, peepholes, per-row lengths, inter-layer dropout masks; not zoneout, recurrent
-or weight dropout, which are refused) with torch operations under
+projection, cell clipping, peepholes, layer normalisation, per-row lengths, inter-layer dropout masks; not
+zoneout, recurrent or weight dropout, which are refused) with torch operations under
 autograd, for the cases the engines do not serve:
 
 - double backward: a backward called with ``create_graph=True`` re-runs the forward here and
@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 import arrayrnn as ar
 from arrayrnn.core.layout import BLOCK_NAMES, PEEPHOLE_GATES
@@ -96,7 +97,7 @@ def _valid_steps(lengths: _Tensor | None, T: int, B: int, device: torch.device) 
 def _direction(spec: ar.RNNSpec, views: dict, layer: int, direction: int, inp: _Tensor,
                valid: _Tensor | None, h: _Tensor, c: _Tensor | None):
     block = {name: views.get((layer, direction, name)) for name in BLOCK_NAMES}
-    pre_in = inp @ block["W_ih"].T  # hoisted out of the time loop, as in the engines
+    pre_in = _normed(spec, block["g_ih"], inp @ block["W_ih"].T)  # hoisted out of the loop, as in the engines
     if block["b_ih"] is not None:
         pre_in = pre_in + block["b_ih"]
     steps = range(inp.shape[0]) if direction == 0 else range(inp.shape[0] - 1, -1, -1)
@@ -117,7 +118,7 @@ def _cell(spec: ar.RNNSpec, block: dict, pre_in: _Tensor, h: _Tensor, c: _Tensor
     """One step: ``(h', c')`` from the input pre-activation ``pre_in = x W_ih^T + b_ih``."""
     if spec.mode == "gru":
         return _gru(spec, block, pre_in, h), None
-    pre = pre_in + _recurrent(block, h)
+    pre = pre_in + _recurrent(spec, block, h)
     if spec.mode == "rnn_tanh":
         return torch.tanh(pre), None
     if spec.mode == "rnn_relu":
@@ -130,29 +131,43 @@ def _cell(spec: ar.RNNSpec, block: dict, pre_in: _Tensor, h: _Tensor, c: _Tensor
     if spec.cell_clip is not None:
         c_new = torch.clamp(c_new, *spec.cell_clip)
     o = gates["o"] + peep["o"] * c_new if peep is not None else gates["o"]
-    h_new = torch.sigmoid(o) * torch.tanh(c_new)
+    h_new = torch.sigmoid(o) * torch.tanh(_normed_cell(spec, block, c_new))
     if block["W_hr"] is not None:
         h_new = h_new @ block["W_hr"].T
     return h_new, c_new
 
 
-def _recurrent(block: dict, h: _Tensor) -> _Tensor:
-    pre = h @ block["W_hh"].T
+def _recurrent(spec: ar.RNNSpec, block: dict, h: _Tensor) -> _Tensor:
+    pre = _normed(spec, block["g_hh"], h @ block["W_hh"].T)
     return pre + block["b_hh"] if block["b_hh"] is not None else pre
+
+
+def _normed(spec: ar.RNNSpec, gain: _Tensor | None, product: _Tensor) -> _Tensor:
+    """``gain * LN(product)`` over the whole row with ``layer_norm`` (``product`` as it is without)."""
+    if not spec.layer_norm:
+        return product
+    return gain * F.layer_norm(product, (product.shape[-1],), eps=spec.layer_norm_eps)
+
+
+def _normed_cell(spec: ar.RNNSpec, block: dict, c: _Tensor) -> _Tensor:
+    """What the LSTM's output squashes: ``c``, or ``g_c * LN(c) + b_c`` with ``layer_norm``."""
+    return _normed(spec, block["g_c"], c) + block["b_c"] if spec.layer_norm else c
 
 
 def _gru(spec: ar.RNNSpec, block: dict, pre_in: _Tensor, h: _Tensor) -> _Tensor:
     x_gates = dict(zip(spec.gate_names, pre_in.chunk(3, dim=-1), strict=True))
     if spec.reset_after:  # n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
-        h_gates = dict(zip(spec.gate_names, _recurrent(block, h).chunk(3, dim=-1), strict=True))
+        h_gates = dict(zip(spec.gate_names, _recurrent(spec, block, h).chunk(3, dim=-1), strict=True))
         r = torch.sigmoid(x_gates["r"] + h_gates["r"])
         z = torch.sigmoid(x_gates["z"] + h_gates["z"])
         n = torch.tanh(x_gates["n"] + r * h_gates["n"])
-    else:  # reset-before: n = tanh(W_in x + b_in + W_hn (r * h) + b_hn)
-        W = dict(zip(spec.gate_names, block["W_hh"].chunk(3, dim=0), strict=True))
-        b = (dict(zip(spec.gate_names, block["b_hh"].chunk(3), strict=True)) if block["b_hh"] is not None
-             else dict.fromkeys(spec.gate_names, 0.0))
-        r = torch.sigmoid(x_gates["r"] + h @ W["r"].T + b["r"])
-        z = torch.sigmoid(x_gates["z"] + h @ W["z"].T + b["z"])
-        n = torch.tanh(x_gates["n"] + (r * h) @ W["n"].T + b["n"])
+    else:  # reset-before: n = tanh(W_in x + b_in + W_hn (r * h) + b_hn); with layer norm the r, z part
+        H = spec.hidden_size          # and the n part each normalised over its own row
+        g_hh, b_hh = block["g_hh"], block["b_hh"]
+        g_rz, g_n = (g_hh[:2 * H], g_hh[2 * H:]) if g_hh is not None else (None, None)
+        b_rz, b_n = (b_hh[:2 * H], b_hh[2 * H:]) if b_hh is not None else (0.0, 0.0)
+        rz = _normed(spec, g_rz, h @ block["W_hh"][:2 * H].T) + b_rz
+        r = torch.sigmoid(x_gates["r"] + rz[..., :H])
+        z = torch.sigmoid(x_gates["z"] + rz[..., H:])
+        n = torch.tanh(x_gates["n"] + _normed(spec, g_n, (r * h) @ block["W_hh"][2 * H:].T) + b_n)
     return (1 - z) * n + z * h

@@ -30,6 +30,10 @@ def spec_from_torch(module: Any) -> RNNSpec:
     mode = TORCH_MODES.get(getattr(module, "mode", None))
     if mode is None:
         raise TypeError(f"module has type {type(module).__name__}; expected torch.nn.RNN, LSTM or GRU")
+    if getattr(module, "layer_norm", False):
+        raise ValueError(f"module {type(module).__name__} has layer_norm=True; {_NO_LAYER_NORM} (its weights "
+                         "are arrayrnn.torch.ArrayRNN.from_torch(module)'s, or the module's own buffer: "
+                         "module.flat)")
     dtype = _check_torch_dtype(module)
     return RNNSpec(mode=mode, input_size=module.input_size, hidden_size=module.hidden_size,
                    num_layers=module.num_layers, bidirectional=module.bidirectional, bias=module.bias,
@@ -82,8 +86,8 @@ def to_torch_state_dict(params: PackedParams) -> dict[str, Any]:
     """``{torch key: tensor}`` loadable with ``module.load_state_dict`` into the matching module.
 
     Keys, shapes and order equal ``module.state_dict()``. Configurations PyTorch cannot express
-    (single-bias modes, reset-before GRU, cell clipping, peepholes, zoneout) raise ``ValueError`` rather
-    than export weights that would compute something else there.
+    (single-bias modes, reset-before GRU, cell clipping, peepholes, zoneout, layer normalisation) raise
+    ``ValueError`` rather than export weights that would compute something else there.
     """
     import torch
 
@@ -95,6 +99,10 @@ def to_torch_state_dict(params: PackedParams) -> dict[str, Any]:
     layout = layout_of(spec)
     return {torch_key(b): torch.from_numpy(np.array(host[b.offset:b.stop]).reshape(b.shape))
             for b in layout.blocks}
+
+
+_NO_LAYER_NORM = ("torch.nn.LSTM / GRU / RNN have no layer normalisation and no place for its gains "
+                  "(g_ih, g_hh, g_c, b_c), so nn.* would compute something else")
 
 
 def _check_torch_expressible(spec: RNNSpec) -> None:
@@ -113,3 +121,6 @@ def _check_torch_expressible(spec: RNNSpec) -> None:
     if spec.zoneout or spec.zoneout_cell:
         raise ValueError(f"zoneout = {spec.zoneout}, zoneout_cell = {spec.zoneout_cell} have no PyTorch "
                          "equivalent; nn.LSTM/GRU/RNN would compute something else in inference")
+    if spec.layer_norm:
+        raise ValueError(f"layer_norm = True has no PyTorch equivalent: {_NO_LAYER_NORM}; keep the weights "
+                         "in arrayrnn (ar.save, or arrayrnn.torch.LSTM(..., layer_norm=True))")

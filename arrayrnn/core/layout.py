@@ -3,8 +3,10 @@
 For each layer in order, for each direction (forward, then reverse), the blocks
 ``W_ih (G*H, I_l)``, ``W_hh (G*H, H_out)``, ``b_ih (G*H,)``, ``b_hh (G*H,)``, ``W_hr (P, H)``,
 ``P (3, H)`` (peephole weights, rows for the gates i, f, o; ``peepholes=True`` only),
-each row-major and contiguous, absent ones skipped. Without peepholes this is PyTorch's parameter order,
-so ``torch.cat([p.flatten() for p in module.parameters()])`` equals the buffer.
+``g_ih (G*H,)``, ``g_hh (G*H,)`` (the gains of the normalised input and recurrent products) and, for LSTM,
+``g_c (H,)``, ``b_c (H,)`` (the normalised cell's gain and shift) (``layer_norm=True`` only),
+each row-major and contiguous, absent ones skipped. Without peepholes and layer normalisation this is
+PyTorch's parameter order, so ``torch.cat([p.flatten() for p in module.parameters()])`` equals the buffer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 
 from .spec import RNNSpec
 
-BLOCK_NAMES = ("W_ih", "W_hh", "b_ih", "b_hh", "W_hr", "P")
+BLOCK_NAMES = ("W_ih", "W_hh", "b_ih", "b_hh", "W_hr", "P", "g_ih", "g_hh", "g_c", "b_c")
+LAYER_NORM_GAINS = ("g_ih", "g_hh", "g_c")  # start at ones (PackedParams.init); the shift b_c at zeros
 PEEPHOLE_GATES = ("i", "f", "o")  # the rows of a "P" block
 DIRECTION_NAMES = ("fwd", "rev")
 
@@ -54,6 +57,10 @@ def block_shapes(spec: RNNSpec, layer: int) -> dict[str, tuple[int, ...]]:
         shapes["W_hr"] = (spec.proj_size, h)
     if spec.peepholes:
         shapes["P"] = (len(PEEPHOLE_GATES), h)
+    if spec.layer_norm:
+        shapes["g_ih"], shapes["g_hh"] = (gh,), (gh,)
+        if spec.has_cell:
+            shapes["g_c"], shapes["b_c"] = (h,), (h,)
     return shapes
 
 
@@ -89,8 +96,8 @@ class Layout:
         present = tuple(block_shapes(spec, layer))
         if name in BLOCK_NAMES:
             return ValueError(f"name = {name!r} is absent for bias={spec.bias!r}, "
-                              f"proj_size={spec.proj_size}, peepholes={spec.peepholes}; present blocks: "
-                              f"{present}")
+                              f"proj_size={spec.proj_size}, peepholes={spec.peepholes}, "
+                              f"layer_norm={spec.layer_norm}; present blocks: {present}")
         return ValueError(f"name = {name!r}; expected one of {present}")
 
     def layer_direction_span(self, layer: int, direction: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .backend import as_array, device_of, get_xp, module_for, on_device, to_host
-from .layout import Block, Layout, layout_of
+from .layout import LAYER_NORM_GAINS, Block, Layout, layout_of
 from .spec import RNNSpec, check_seed
 
 
@@ -78,13 +78,17 @@ class PackedParams:
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def init(cls, spec: RNNSpec, seed: int | None = 0, xp: ModuleType = np) -> PackedParams:
-        """Uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)) for every parameter, like PyTorch.
+        """Uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)) for every parameter, like PyTorch; layer
+        normalisation's gains (``g_ih``, ``g_hh``, ``g_c``) are ones and the cell's shift ``b_c`` zeros.
 
         Drawn on the host with ``numpy.random.default_rng(seed)`` so a seed gives the same numbers on
         every device.
         """
         bound = 1.0 / math.sqrt(spec.hidden_size)
         host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, layout_of(spec).size)
+        for block in layout_of(spec).blocks if spec.layer_norm else ():
+            if block.name in LAYER_NORM_GAINS or block.name == "b_c":  # gains start at ones, the shift at 0
+                host[block.offset:block.stop] = 1.0 if block.name in LAYER_NORM_GAINS else 0.0
         xp = module_for(xp)
         return cls(spec, xp.asarray(host.astype(spec.dtype)))
 

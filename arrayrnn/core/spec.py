@@ -106,6 +106,9 @@ class RNNSpec:
     zoneout: float = 0.0
     zoneout_cell: float | None = None
     peepholes: bool = False
+    # layer normalisation inside the recurrence (issue 38): LN of each product (+ of c for LSTM)
+    layer_norm: bool = False
+    layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -128,6 +131,7 @@ class RNNSpec:
         for field in ("dropout", "recurrent_dropout", "weight_dropout", "zoneout"):
             object.__setattr__(self, field, _check_probability(field, getattr(self, field)))
         self._normalize_variants()
+        self._normalize_layer_norm()
         object.__setattr__(self, "bias", _normalize_bias(self.bias))
         object.__setattr__(self, "cell_clip", _normalize_cell_clip(self.cell_clip))
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
@@ -164,13 +168,33 @@ class RNNSpec:
         """Whether a call draws random masks (and so needs a seed): in training, where any mask applies."""
         return training and bool(self.call_masks(training))
 
+    def _normalize_layer_norm(self) -> None:
+        object.__setattr__(self, "layer_norm", check_flag("layer_norm", self.layer_norm))
+        eps = self.layer_norm_eps
+        if not (_is_real(eps) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"layer_norm_eps = {eps!r}; expected a finite float > 0 (the variance's floor "
+                             "inside the square root, 1e-5 by default)")
+        object.__setattr__(self, "layer_norm_eps", float(eps))
+
     @property
     def variants(self) -> tuple[str, ...]:
-        """The cell variants this spec turns on, by field name (``()`` for a plain stack)."""
+        """The cell variants this spec turns on, by field name (``()`` for a plain stack); layer
+        normalisation (``"layer_norm"``) counts as one: code that runs only plain cells refuses it too."""
         on = [name for name in ("recurrent_dropout", "weight_dropout", "zoneout") if getattr(self, name)]
         if self.zoneout_cell and "zoneout" not in on:
             on.append("zoneout_cell")
-        return (*on, "peepholes") if self.peepholes else tuple(on)
+        on += [name for name in ("peepholes", "layer_norm") if getattr(self, name)]
+        return tuple(on)
+
+    @property
+    def norms_per_step(self) -> int:
+        """How many rows one step of one layer-direction normalises inside its time loop (0 without
+        ``layer_norm``): the recurrent product, and the cell state (LSTM); the reset-before GRU's
+        recurrent product comes in two parts (r, z and n), each normalised over its own row. The input
+        product is normalised too, outside the loop."""
+        if not self.layer_norm:
+            return 0
+        return 2 if self.mode == "lstm" or (self.mode == "gru" and not self.reset_after) else 1
 
     def _check_matrix_sizes(self) -> None:
         widest = max(self.input_size, self.num_directions * self.output_size, self.output_size)
@@ -226,13 +250,15 @@ class RNNSpec:
 
     # -- serialization --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON-ready values. Cell-variant fields at their defaults are left out, so a plain
-        stack's dict (and a saved file's header) is what it was before those fields existed."""
+        """The fields as JSON-ready values. Cell-variant and layer-norm fields at their defaults are left
+        out, so a plain stack's dict (and a saved file's header) is what it was before those fields
+        existed."""
         d = dataclasses.asdict(self)
         if d["cell_clip"] is not None:
             d["cell_clip"] = list(d["cell_clip"])
         defaults = {"recurrent_dropout": 0.0, "weight_dropout": 0.0, "zoneout": 0.0, "peepholes": False,
-                    "zoneout_cell": self.zoneout if self.mode == "lstm" else None}
+                    "zoneout_cell": self.zoneout if self.mode == "lstm" else None, "layer_norm": False,
+                    "layer_norm_eps": 1e-5}
         return {k: v for k, v in d.items() if k not in defaults or v != defaults[k]}
 
     @classmethod

@@ -124,13 +124,16 @@ class Call:
 def call_variants(call: Call) -> tuple[str, ...]:
     """The cell variants and options beyond the plain stack that ``call`` uses, as ``"name=value"``
     phrases (``()`` for a plain call): what an engine that lacks them names when it declines. Recurrent
-    dropout and DropConnect act only in training; zoneout (its expectation) and peepholes always."""
+    dropout and DropConnect act only in training; zoneout (its expectation), peepholes and layer
+    normalisation always."""
     spec, masks = call.spec, call.spec.call_masks(call.training)
     fields = {"recurrent": "recurrent_dropout", "weight": "weight_dropout", "zoneout_h": "zoneout",
               "zoneout_c": "zoneout_cell"}
     on = [f"{field}={getattr(spec, field)}" for mask, field in fields.items() if mask in masks]
     if spec.peepholes:
         on.append("peepholes=True")
+    if spec.layer_norm:
+        on.append("layer_norm=True")
     if call.all_states:
         on.append("return_all_states=True")
     return tuple(on)
@@ -247,6 +250,19 @@ def copy_zero_padded(x: Array, lengths: np.ndarray, batch_first: bool) -> Array:
 
 # -- direction level ----------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
+class LayerNormWeights:
+    """One layer-direction's layer-normalisation blocks (``layer_norm=True``; :mod:`.layer_norm`)."""
+
+    g_ih: Array          # (G*H,) gain of the normalised input product (the driver applies it, with ``bias``)
+    g_hh: Array          # (G*H,) gain of the normalised recurrent product (the kernel applies it)
+    g_c: Array | None    # (H,) LSTM: gain of the normalised cell state
+    b_c: Array | None    # (H,) LSTM: its shift
+    bias: Array | None   # (G*H,) what a plain stack folds into xw (b_ih + b_hh outside products): added
+                         # after the input product's norm; DirectionWeights.input_bias is None then
+    eps: float
+
+
+@dataclass(frozen=True, eq=False)
 class DirectionWeights:
     """Views of one layer-direction's blocks (absent ones ``None``) plus the biases split for kernels."""
 
@@ -263,6 +279,8 @@ class DirectionWeights:
     h_mask: Array | None = None     # (B, H_out) recurrent dropout: h_{t-1} * h_mask enters W_hh
     zoneout_h: Array | None = None  # (T, B, H_out): h_t = m*h_{t-1} + (1-m)*h~_t
     zoneout_c: Array | None = None  # (T, B, H): c_t = m*c_{t-1} + (1-m)*c~_t (LSTM)
+    norm: LayerNormWeights | None = None  # layer_norm=True: xw arrives normalised; the kernel normalises
+                                          # the recurrent product (and the LSTM's cell) itself
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,10 +292,15 @@ class DirectionCache:
     tanh_c: Array | None = None  # (T, B, H) tanh(c)
     hn: Array | None = None      # (T, B, H) reset-after GRU: W_hn h_{t-1} + b_hn
     c_cand: Array | None = None  # (T, B, H) LSTM with cell zoneout: the cell before zoneout (``c`` is after)
+    # layer_norm=True: (T, B, S, 2) mean and 1/sqrt(var + eps) of each row the step normalised, S =
+    # spec.norms_per_step (the recurrent product [the reset-before GRU: its r, z part, then its n part],
+    # then the LSTM's cell); ``tanh_c`` is then tanh(g_c * LN(c) + b_c), ``hn`` g_hn * LN(.)_n + b_hn
+    norm_stats: Array | None = None
 
     def nbytes_per_step_row(self) -> int:
         parts = [a for a in (self.gates, self.c, self.tanh_c, self.hn, self.c_cand) if a is not None]
-        return sum(a.itemsize * a.shape[-1] for a in parts)
+        stats = self.norm_stats.itemsize * self.norm_stats[0, 0].size if self.norm_stats is not None else 0
+        return sum(a.itemsize * a.shape[-1] for a in parts) + stats
 
 
 @dataclass(frozen=True, eq=False)
@@ -301,6 +324,11 @@ class DirectionGrads:
     # reset-after GRU, where a kernel keeps only the part of dpre_rec that differs from dpre_in: (T, B, H),
     # d loss / d (W_hn h_{t-1} + b_hn); dpre_rec is then dpre_in, whose r, z parts are dpre_rec's
     dn_rec: Array | None = None
+    # layer_norm=True: dpre_in is d loss / d xw (the normalised input side, as always), dpre_rec the cotangent
+    # of the raw product W_hh h_{t-1} (through its norm; dn_rec None), and ``norm`` the kernel's reductions
+    # over every step and row: "g_hh" (G*H,), "b_hh" (G*H,: the cotangent of the normalised recurrent side,
+    # which b_hh sits beside), and for LSTM "g_c", "b_c" (H,)
+    norm: dict[str, Array] | None = None
 
 
 class DirectionKernel(Protocol):

@@ -59,8 +59,11 @@ def _load_numba_cuda_registries() -> None:
 _load_numba_cuda_registries()
 
 
-def launch_shape(elements: int) -> tuple[int, int]:
-    """``(blocks, threads)`` covering ``elements`` threads (at least one block)."""
+def launch_shape(elements: int, block: int | None = None) -> tuple[int, int]:
+    """``(blocks, threads)`` covering ``elements`` threads (at least one block); ``block``: blocks of exactly
+    that many threads (the layer-norm kernels' block per row)."""
+    if block is not None:
+        return max(1, -(-elements // block)), block
     threads = max(1, min(THREADS, elements))
     return max(1, -(-elements // threads)), threads
 
@@ -393,3 +396,245 @@ def cell_carry_step(t, n, one, zone, m, has_seq, dc_seq, dc, direct):
         direct[b, j] = d_prev
     else:
         dc[b, j] = total
+
+
+# -- layer normalisation (issue 38): a block of threads per row -------------------------------------------
+# A row of a product (G*H wide) or of the cell (H wide) is normalised by one block of ROW_THREADS threads:
+# they stride over the row's columns (k = lane, lane + ROW_THREADS, ...), sum in shared memory (a power-of-two
+# tree), and every thread gets the sums. Launched over ``rows * ROW_THREADS`` threads in blocks of
+# ROW_THREADS (one block per row); ``inv_*`` are ``1 / width`` in the compute dtype (float32 math never
+# promotes).
+# The simulator runs every CUDA thread as a Python thread: there a row's block is 8 threads, which strides and
+# reduces as the GPU's 128 do (a row of H = 4 leaves lanes idle, one of 4H = 16 takes two columns per lane).
+ROW_THREADS = 8 if numba.config.ENABLE_CUDASIM else THREADS
+_PAIR = 2 * ROW_THREADS  # the shared buffer of two block sums
+
+
+@cuda.jit(device=True, inline=True)
+def _block_sums(buf, lane, a, b):
+    """The sums of ``a`` and ``b`` over the block's threads, in every thread (``buf``: ``_PAIR`` shared)."""
+    buf[lane] = a
+    buf[ROW_THREADS + lane] = b
+    cuda.syncthreads()
+    step = ROW_THREADS // 2
+    while step > 0:
+        if lane < step:
+            buf[lane] += buf[lane + step]
+            buf[ROW_THREADS + lane] += buf[ROW_THREADS + lane + step]
+        cuda.syncthreads()
+        step //= 2
+    sum_a, sum_b = buf[0], buf[ROW_THREADS]
+    cuda.syncthreads()  # every thread has read them before the buffer is used again
+    return sum_a, sum_b
+
+
+@cuda.jit(device=True, inline=True)
+def _row_stats(one, eps, inv_width, v, b, lane, buf):
+    """``(mean, 1 / sqrt(var + eps))`` of the row ``v[b, :]`` (two passes: the mean, then the deviations)."""
+    zero = one - one
+    total = zero
+    for k in range(lane, v.shape[1], ROW_THREADS):
+        total += v[b, k]
+    total, _ = _block_sums(buf, lane, total, zero)
+    mean = total * inv_width
+    squares = zero
+    for k in range(lane, v.shape[1], ROW_THREADS):
+        dev = v[b, k] - mean
+        squares += dev * dev
+    squares, _ = _block_sums(buf, lane, squares, zero)
+    return mean, gm.layer_norm_rstd(one, squares * inv_width, eps)
+
+
+@cuda.jit(device=True, inline=True)
+def _keep_stats(keep, stats, t, b, slot, lane, mean, rstd):
+    if keep and lane == 0:
+        stats[t, b, slot, 0] = mean
+        stats[t, b, slot, 1] = rstd
+
+
+@cuda.jit(device=True, inline=True)
+def _grad_terms(d, gain, raw, mean, rstd):
+    """``(d * gain, d * gain * x)`` with ``x = LN(raw)``: a column's parts of the row sums of the backward."""
+    dd = d * gain
+    return dd, dd * gm.layer_normalized(raw, mean, rstd)
+
+
+@cuda.jit(cache=True)
+def norm_step(t, n, one, eps, inv_width, v, g, keep, stats, slot):
+    """``v[b] = g * LN(v[b])`` for the active rows ``b < n`` (a block per row; ``v``: a step's recurrent
+    product ``(B, W)``), the row's mean and ``1 / std`` into ``stats[t, b, slot]`` when ``keep``."""
+    b, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    buf = cuda.shared.array(_PAIR, dtype=v.dtype)
+    if b >= n:
+        return
+    mean, rstd = _row_stats(one, eps, inv_width, v, b, lane, buf)
+    _keep_stats(keep, stats, t, b, slot, lane, mean, rstd)
+    for k in range(lane, v.shape[1], ROW_THREADS):
+        v[b, k] = g[k] * gm.layer_normalized(v[b, k], mean, rstd)
+
+
+@cuda.jit(cache=True)
+def norm_backward_step(t, n, one, inv_width, src, per_step, g, raw, stats, slot, dst):
+    """``dst[t, b]``: the cotangent of the raw product ``raw[t, b]`` through ``g * LN(.)``, from the cotangent
+    of the result, ``src[t, b]`` (``per_step``) or ``src[0, b]`` (a step's buffer); a block per active row,
+    the statistics from ``stats[t, b, slot]``."""
+    b, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    buf = cuda.shared.array(_PAIR, dtype=raw.dtype)
+    if b >= n:
+        return
+    s = t if per_step else 0
+    mean, rstd = stats[t, b, slot, 0], stats[t, b, slot, 1]
+    sum_d, sum_dx = one - one, one - one
+    for k in range(lane, raw.shape[2], ROW_THREADS):
+        dd, ddx = _grad_terms(src[s, b, k], g[k], raw[t, b, k], mean, rstd)
+        sum_d += dd
+        sum_dx += ddx
+    sum_d, sum_dx = _block_sums(buf, lane, sum_d, sum_dx)
+    for k in range(lane, raw.shape[2], ROW_THREADS):
+        dd, _ = _grad_terms(src[s, b, k], g[k], raw[t, b, k], mean, rstd)
+        x = gm.layer_normalized(raw[t, b, k], mean, rstd)
+        dst[t, b, k] = gm.layer_norm_grad(rstd, dd, x, sum_d * inv_width, sum_dx * inv_width)
+
+
+@cuda.jit(device=True, inline=True)
+def _lstm_norm_gates(one, lo, hi, xw, hh, g_hh, P, peep, c, t, b, j, mean, rstd):
+    """Unit ``j``'s ``(i, f, g, o, c_new)`` from ``xw[t, b] + g_hh * LN(hh[b])`` (the row's statistics
+    ``mean``, ``rstd``); peepholes read ``c`` before its norm."""
+    I, F, G, O = _lstm_columns(c.shape[1], j)
+    pre_i = xw[t, b, I] + g_hh[I] * gm.layer_normalized(hh[b, I], mean, rstd)
+    pre_f = xw[t, b, F] + g_hh[F] * gm.layer_normalized(hh[b, F], mean, rstd)
+    pre_g = xw[t, b, G] + g_hh[G] * gm.layer_normalized(hh[b, G], mean, rstd)
+    pre_o = xw[t, b, O] + g_hh[O] * gm.layer_normalized(hh[b, O], mean, rstd)
+    c_prev = c[b, j]
+    if peep:
+        pre_i = gm.peephole_input(pre_i, P[0, j], c_prev)
+        pre_f = gm.peephole_input(pre_f, P[1, j], c_prev)
+    i, f, g = sigmoid(one, pre_i), sigmoid(one, pre_f), math.tanh(pre_g)
+    cn = gm.lstm_cell(i, f, g, c_prev, lo, hi)
+    if peep:
+        pre_o = gm.peephole_input(pre_o, P[2, j], cn)
+    return i, f, g, sigmoid(one, pre_o), cn
+
+
+@cuda.jit(cache=True)
+def lstm_norm_forward_step(t, n, one, eps, inv_gates, inv_hidden, xw, hh, g_hh, P, peep, g_c, b_c, c, h, y, m,
+                           project, keep, c_all, tanh_c_all, stats, lo, hi):
+    """The layer-normalised LSTM step of row ``b`` (a block per row): gates over ``xw[t]`` (the cache) from
+    ``g_hh * LN(hh)``, ``c`` in place, then ``o * tanh(g_c * LN(c) + b_c)`` into ``y[t]`` and ``h`` (or ``m``
+    with projection); statistics into ``stats[t, b]`` (0: the product, 1: the cell). Inactive rows get zero
+    gates."""
+    b, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    H = c.shape[1]
+    buf = cuda.shared.array(_PAIR, dtype=xw.dtype)
+    if b >= n:
+        for k in range(lane, 4 * H, ROW_THREADS):
+            xw[t, b, k] = one - one
+        return
+    mean, rstd = _row_stats(one, eps, inv_gates, hh, b, lane, buf)
+    _keep_stats(keep, stats, t, b, 0, lane, mean, rstd)
+    for j in range(lane, H, ROW_THREADS):
+        i, f, g, o, cn = _lstm_norm_gates(one, lo, hi, xw, hh, g_hh, P, peep, c, t, b, j, mean, rstd)
+        I, F, G, O = _lstm_columns(H, j)
+        xw[t, b, I], xw[t, b, F], xw[t, b, G], xw[t, b, O] = i, f, g, o
+        c[b, j] = cn
+        if keep:
+            c_all[t, b, j] = cn
+    mean, rstd = _row_stats(one, eps, inv_hidden, c, b, lane, buf)
+    _keep_stats(keep, stats, t, b, 1, lane, mean, rstd)
+    for j in range(lane, H, ROW_THREADS):
+        tc = math.tanh(g_c[j] * gm.layer_normalized(c[b, j], mean, rstd) + b_c[j])
+        out = xw[t, b, LSTM_O * H + j] * tc
+        if keep:
+            tanh_c_all[t, b, j] = tc
+        if project:
+            m[b, j] = out
+        else:
+            y[t, b, j] = out
+            h[b, j] = out
+
+
+@cuda.jit(device=True, inline=True)
+def _lstm_norm_output_grad(one, gates, tanh_c_all, dy, dh, dm, project, t, b, j):
+    """``(dmj, du)``: the cotangents of unit ``j``'s output ``o * tanh(u)`` and of ``u = g_c*LN(c) + b_c``."""
+    dmj = _lstm_output_cotangent(dy, dh, dm, project, t, b, j)
+    tc = tanh_c_all[t, b, j]
+    return dmj, dmj * gates[t, b, LSTM_O * tanh_c_all.shape[2] + j] * (one - tc * tc)
+
+
+@cuda.jit(device=True, inline=True)
+def _lstm_norm_unit_grads(one, gates, c_all, tanh_c_all, c_prev, P, peep, dmj, d_cell, t, b, j, use_clip, lo,
+                          hi):
+    """Unit ``j``'s ``(di, df, dg, do, dc_prev)`` from its output's cotangent ``dmj`` and ``d_cell``, that of
+    its cell before o's peephole (the carry plus the output's part through the cell's norm)."""
+    I, F, G, O = _lstm_columns(c_all.shape[2], j)
+    i, f, g, o = gates[t, b, I], gates[t, b, F], gates[t, b, G], gates[t, b, O]
+    do = gm.sigmoid_grad(one, o, dmj * tanh_c_all[t, b, j])
+    if peep:
+        d_cell += do * P[2, j]
+    c, cp = c_all[t, b, j], c_prev[t, b, j]
+    di, df, dg, dcp = gm.lstm_gate_grads(one, i, f, g, c, cp, d_cell, use_clip, lo, hi)
+    if peep:
+        dcp += di * P[0, j] + df * P[1, j]
+    return di, df, dg, do, dcp
+
+
+@cuda.jit(device=True, inline=True)
+def _lstm_norm_cell_sums(one, gates, c_all, tanh_c_all, stats, g_c, dy, dh, dm, project, d_u, t, b, lane,
+                         buf):
+    """The row sums of the cell norm's backward, ``(sum d, sum d * LN(c))`` with ``d = du * g_c``; each
+    unit's ``du`` (the cotangent of ``u``) into ``d_u[t, b]`` (the gradients of ``g_c``, ``b_c``)."""
+    mean, rstd = stats[t, b, 1, 0], stats[t, b, 1, 1]
+    sum_d, sum_dx = one - one, one - one
+    for j in range(lane, c_all.shape[2], ROW_THREADS):
+        _, du = _lstm_norm_output_grad(one, gates, tanh_c_all, dy, dh, dm, project, t, b, j)
+        d_u[t, b, j] = du
+        dd, ddx = _grad_terms(du, g_c[j], c_all[t, b, j], mean, rstd)
+        sum_d += dd
+        sum_dx += ddx
+    return _block_sums(buf, lane, sum_d, sum_dx)
+
+
+@cuda.jit(device=True, inline=True)
+def _unit_product_terms(g_hh, hh_all, t, b, j, H, mean, rstd, di, df, dg, do):
+    """Unit ``j``'s four columns' parts of the recurrent product norm's row sums."""
+    I, F, G, O = _lstm_columns(H, j)
+    a1, b1 = _grad_terms(di, g_hh[I], hh_all[t, b, I], mean, rstd)
+    a2, b2 = _grad_terms(df, g_hh[F], hh_all[t, b, F], mean, rstd)
+    a3, b3 = _grad_terms(dg, g_hh[G], hh_all[t, b, G], mean, rstd)
+    a4, b4 = _grad_terms(do, g_hh[O], hh_all[t, b, O], mean, rstd)
+    return a1 + a2 + a3 + a4, b1 + b2 + b3 + b4
+
+
+@cuda.jit(cache=True)
+def lstm_norm_backward_step(t, n, one, inv_gates, inv_hidden, gates, c_all, tanh_c_all, c_prev, hh_all, stats,
+                            g_hh, g_c, P, peep, dy, dh, dm, project, dc, dpre_in, d_u, dpre_rec, use_clip, lo,
+                            hi):
+    """The layer-normalised LSTM step's backward for row ``b`` (a block per active row): through the cell's
+    norm, the gates (``dpre_in[t]``, the carry ``dc``), then the recurrent product's norm: ``dpre_rec[t]``,
+    the cotangent of the raw ``hh_all[t] = h_{t-1} @ W_hh.T`` (then the GEMM ``dh = dpre_rec[t] @ W_hh``)."""
+    b, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    H = dc.shape[1]
+    buf = cuda.shared.array(_PAIR, dtype=dc.dtype)
+    if b >= n:
+        return
+    sum_d, sum_dx = _lstm_norm_cell_sums(one, gates, c_all, tanh_c_all, stats, g_c, dy, dh, dm, project, d_u,
+                                         t, b, lane, buf)
+    mean_c, rstd_c = stats[t, b, 1, 0], stats[t, b, 1, 1]
+    mean, rstd = stats[t, b, 0, 0], stats[t, b, 0, 1]
+    sum_r, sum_rx = one - one, one - one
+    for j in range(lane, H, ROW_THREADS):
+        dmj, du = _lstm_norm_output_grad(one, gates, tanh_c_all, dy, dh, dm, project, t, b, j)
+        dd, _ = _grad_terms(du, g_c[j], c_all[t, b, j], mean_c, rstd_c)
+        x = gm.layer_normalized(c_all[t, b, j], mean_c, rstd_c)
+        d_cell = dc[b, j] + gm.layer_norm_grad(rstd_c, dd, x, sum_d * inv_hidden, sum_dx * inv_hidden)
+        di, df, dg, do, dcp = _lstm_norm_unit_grads(one, gates, c_all, tanh_c_all, c_prev, P, peep, dmj,
+                                                    d_cell, t, b, j, use_clip, lo, hi)
+        _store_lstm_backward(dpre_in, dc, t, b, j, di, df, dg, do, dcp)
+        dr, drx = _unit_product_terms(g_hh, hh_all, t, b, j, H, mean, rstd, di, df, dg, do)
+        sum_r += dr
+        sum_rx += drx
+    sum_r, sum_rx = _block_sums(buf, lane, sum_r, sum_rx)
+    for k in range(lane, 4 * H, ROW_THREADS):
+        dd, _ = _grad_terms(dpre_in[t, b, k], g_hh[k], hh_all[t, b, k], mean, rstd)
+        x = gm.layer_normalized(hh_all[t, b, k], mean, rstd)
+        dpre_rec[t, b, k] = gm.layer_norm_grad(rstd, dd, x, sum_r * inv_gates, sum_rx * inv_gates)

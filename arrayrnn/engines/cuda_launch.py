@@ -324,11 +324,12 @@ class LaunchSite:
     """One kernel with its arguments packed once; ``site(elements, t, n)`` launches it over ``elements``
     threads for step ``t`` with ``n`` active rows. ``submit(blocks, threads)`` is the launcher's."""
 
-    def __init__(self, packed: PackedArgs, submit: Callable[[PackedArgs, int, int], None]):
-        self.packed, self._submit = packed, submit
+    def __init__(self, packed: PackedArgs, submit: Callable[[PackedArgs, int, int], None],
+                 block: int | None = None):
+        self.packed, self._submit, self.block = packed, submit, block
 
     def __call__(self, elements: int, t: int, n: int) -> None:
-        blocks, threads = launch_shape(elements)
+        blocks, threads = launch_shape(elements, self.block)
         self.packed.set_step(t, n)
         self._submit(self.packed, blocks, threads)
 
@@ -351,14 +352,14 @@ class DeviceLauncher:
         self._device, cc = int(device.id), str(device.compute_capability)
         self._cc = (int(cc[:-1]), int(cc[-1]))
 
-    def site(self, kernel: Any, args: Sequence[Any]) -> LaunchSite:
+    def site(self, kernel: Any, args: Sequence[Any], block: int | None = None) -> LaunchSite:
         specs = _specs(kernel, args)
         function = KERNELS.function(kernel, specs, self._device, self._cc)
 
         def submit(packed: PackedArgs, blocks: int, threads: int) -> None:
             driver().launch(function, blocks, threads, self._current_stream().ptr, packed.address)
 
-        return LaunchSite(PackedArgs(specs, args), submit)
+        return LaunchSite(PackedArgs(specs, args), submit, block)
 
 
 class SimulatorLauncher:
@@ -369,7 +370,7 @@ class SimulatorLauncher:
     def __init__(self, cupy: Any | None = None):
         self._current_stream = cupy.cuda.get_current_stream if cupy is not None else None
 
-    def site(self, kernel: Any, args: Sequence[Any]) -> LaunchSite:
+    def site(self, kernel: Any, args: Sequence[Any], block: int | None = None) -> LaunchSite:
         specs = _specs(kernel, args)
 
         def submit(packed: PackedArgs, blocks: int, threads: int) -> None:
@@ -383,4 +384,4 @@ class SimulatorLauncher:
             else:
                 self._current_stream().launch_host_func(run, None)
 
-        return LaunchSite(PackedArgs(specs, args), submit)
+        return LaunchSite(PackedArgs(specs, args), submit, block)

@@ -68,6 +68,9 @@ def refusal(spec: RNNSpec) -> str | None:
         return f"dtype = {spec.dtype!r}; cuDNN runs float16, float32 and float64"
     if spec.peepholes:
         return "peepholes=True: cuDNN's LSTM has no peephole weights; use engine='cupy' or 'reference'"
+    if spec.layer_norm:
+        return ("layer_norm=True: cuDNN's RNN has no layer normalisation inside the recurrence; use "
+                "engine='cupy' or 'reference'")
     return None
 
 
@@ -195,8 +198,9 @@ def index_map(spec: RNNSpec, itemsize: int, native_bytes: int, query: Query) -> 
     if native_bytes // itemsize >= 2**31:
         raise ValueError(f"weight space of {native_bytes // itemsize} elements; the int32 index map holds "
                          "fewer than 2**31")
-    if spec.peepholes:
-        raise ValueError(f"spec {spec} has peepholes; {refusal(spec)}")
+    if spec.peepholes or spec.layer_norm:  # blocks cuDNN's weight space has no place for
+        blocks = "peepholes" if spec.peepholes else "layer_norm"
+        raise ValueError(f"spec {spec} has {blocks}; {refusal(spec)}")
     idx = np.empty(layout_of(spec).size, np.int32)
     for block in layout_of(spec).blocks:
         ids, part = _lin_ids(spec, block.name)

@@ -50,9 +50,10 @@ class Device:
         else:
             self._launcher = cuda_launch.DeviceLauncher(xp)
 
-    def site(self, kernel: Any, args: Sequence[Any]) -> cuda_launch.LaunchSite:
-        """``kernel`` with ``args`` packed once (the first two, ``t`` and ``n``, set per launch)."""
-        return self._launcher.site(kernel, args)
+    def site(self, kernel: Any, args: Sequence[Any], block: int | None = None) -> cuda_launch.LaunchSite:
+        """``kernel`` with ``args`` packed once (the first two, ``t`` and ``n``, set per launch); ``block``:
+        its blocks' fixed width (None: :func:`~.cuda_kernels.launch_shape`'s choice)."""
+        return self._launcher.site(kernel, args, block)
 
 
 def _contiguous(xp: ModuleType, a: Array) -> Array:

@@ -28,6 +28,8 @@ from ..core.spec import RNNSpec
 from . import cuda_kernels as ck
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import gate_slice
+from .cupy_norms import ROW, BackwardNorm, ForwardNorm, gain_inputs, no_launch, product_grads, rows
+from .layer_norm import gain_grads
 
 Array = Any
 
@@ -85,9 +87,10 @@ class StepProgram:
         """Stand-in for an absent array argument (same ndim, so one compiled signature per dtype)."""
         return self.zeros((1,) * ndim)
 
-    def site(self, kernel: Any, *args: Any) -> Any:
-        """``kernel`` with ``args`` (after ``t, n``) packed once: ``site(elements, t, n)`` launches it."""
-        return self.dev.site(kernel, (0, 0, *args))
+    def site(self, kernel: Any, *args: Any, block: int | None = None) -> Any:
+        """``kernel`` with ``args`` (after ``t, n``) packed once: ``site(elements, t, n)`` launches it (in
+        blocks of ``block`` threads if given)."""
+        return self.dev.site(kernel, (0, 0, *args), block=block)
 
     # -- per call -----------------------------------------------------------------------------------
     def copy_in(self, **arrays: Array | float) -> None:
@@ -171,6 +174,8 @@ class RnnForward(StepProgram):
         self.h = self.input("h", (B, H))
         self.y, self.hh = self.zeros((T, B, H)), self.empty((B, H))
         self.v = Variants(self, H, H)
+        self.norm = ForwardNorm(self)
+        self.norm_hh = self.norm.product(self.hh, "g_hh", 0)
         self.cand = self.zeros((T, B, H)) if self.v.zone_h else self.y  # zoneout: the step's own output
         relu = spec.mode == "rnn_relu"
         self.step = self.site(ck.rnn_forward_step, self.one, relu, self.xw, self.hh, self.h, self.cand)
@@ -178,19 +183,23 @@ class RnnForward(StepProgram):
                      if self.v.zone_h else None)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
-        self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, **Variants.inputs(w))
+        self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, **Variants.inputs(w), **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
         H, v = self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
                 v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
+                self.norm_hh(t, n)
                 self.step(n * H, t, n)
                 if self.zone is not None:
                     self.zone(n * H, t, n)
 
     def result(self, xw: Array) -> DirectionForward:
-        cache = DirectionCache(gates=self.cand.copy() if self.v.zone_h else None) if self.shape.keep else None
+        cache = None
+        if self.shape.keep:
+            cand = self.cand.copy() if self.v.zone_h else None
+            cache = DirectionCache(gates=cand, norm_stats=self.norm.kept())
         return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
 
 
@@ -210,8 +219,12 @@ class LstmForward(StepProgram):
         lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
         tail = (self.c, self.h, self.y, self.m, self.project, keep, self.c_cand, self.tanh_c,
                 shape.dtype.type(lo), shape.dtype.type(hi))
-        if self.peep:
-            self.P = self.input("P", (3, H))
+        self.P = self.input("P", (3, H)) if self.peep else self.dummy(2)
+        self.norm = ForwardNorm(self)
+        self.step_threads = rows(B) if spec.layer_norm else B * H  # every row: inactive ones get zero gates
+        if spec.layer_norm:  # one kernel: the product's norm, the gates, the cell's norm (a block per row)
+            self.step = self._norm_step(tail)
+        elif self.peep:
             self.step = self.site(ck.lstm_peephole_forward_step, self.one, self.xw, self.hh, self.P, *tail)
         else:
             self.step = self.site(ck.lstm_forward_step, self.one, self.xw, self.hh, *tail)
@@ -220,18 +233,27 @@ class LstmForward(StepProgram):
         self.zone_c = (self.site(ck.zoneout_cell_step, v.m_c, v.c_old, self.c, keep, self.c_all) if v.zone_c
                        else None)
 
+    def _norm_step(self, tail: tuple) -> Any:
+        c, h, y, m, project, keep, c_cand, tanh_c, lo, hi = tail
+        H, G, norm = self.spec.hidden_size, self.spec.gate_size, self.norm
+        g_hh, g_c, b_c = self.input("g_hh", (G,)), self.input("g_c", (H,)), self.input("b_c", (H,))
+        return self.site(ck.lstm_norm_forward_step, self.one, norm.eps, norm.inverse(G), norm.inverse(H),
+                         self.xw, self.hh, g_hh, self.P, self.peep, g_c, b_c, c, h, y, m, project, keep,
+                         c_cand, tanh_c, norm.stats, lo, hi, block=ROW)
+
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         extra = {"W_hrT": w.W_hr.T} if self.project else {}
         if self.peep:
             extra["P"] = w.P
-        self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, c=c0, **extra, **Variants.inputs(w))
+        self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, c=c0, **extra, **Variants.inputs(w),
+                     **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
-        B, H, P, v = self.shape.B, self.c.shape[1], self.h.shape[1], self.v
+        H, P, v = self.c.shape[1], self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
                 v.recurrent_product(self.h, self.c, self.W_hhT, self.hh, n)
-            self.step(B * H, t, n)  # every row: inactive ones get zero gates (the cache's contract)
+            self.step(self.step_threads, t, n)  # every row: inactive ones get zero gates (the cache's)
             if not n:
                 continue
             if self.project:
@@ -247,7 +269,7 @@ class LstmForward(StepProgram):
         if self.shape.keep:
             c_cand = self.c_cand.copy() if self.v.zone_c else None
             cache = DirectionCache(gates=self.gates_into(xw), c=self.c_all.copy(), tanh_c=self.tanh_c.copy(),
-                                   c_cand=c_cand)
+                                   c_cand=c_cand, norm_stats=self.norm.kept())
         return DirectionForward(self.y.copy(), self.h.copy(), self.c.copy(), cache)
 
 
@@ -262,6 +284,8 @@ class GruForward(StepProgram):
         self.y, self.hh = self.zeros((T, B, H)), self.empty((B, G))
         self.hn_all = self.zeros((T, B, H)) if keep else self.dummy(3)
         self.v = Variants(self, H, H)
+        self.norm = ForwardNorm(self)
+        self.norm_hh = self.norm.product(self.hh, "g_hh", 0)
         self.step = self.site(ck.gru_forward_step, self.one, self.xw, self.hh, self.b_hn, self.h, self.y,
                               keep, self.hn_all)
         self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.y, self.y, self.h)
@@ -269,19 +293,24 @@ class GruForward(StepProgram):
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         b_hn = w.inner_bias if w.inner_bias is not None else 0
-        self.copy_in(xw=xw, W_hhT=w.W_hh.T, b_hn=b_hn, h=h0, **Variants.inputs(w))
+        self.copy_in(xw=xw, W_hhT=w.W_hh.T, b_hn=b_hn, h=h0, **Variants.inputs(w),
+                     **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
         B, H, v = self.shape.B, self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
                 v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
+                self.norm_hh(t, n)
             self.step(B * H, t, n)
             if n and self.zone is not None:
                 self.zone(n * H, t, n)
 
     def result(self, xw: Array) -> DirectionForward:
-        cache = DirectionCache(gates=self.gates_into(xw), hn=self.hn_all.copy()) if self.shape.keep else None
+        cache = None
+        if self.shape.keep:
+            cache = DirectionCache(gates=self.gates_into(xw), hn=self.hn_all.copy(),
+                                   norm_stats=self.norm.kept())
         return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
 
 
@@ -296,6 +325,9 @@ class GruResetBeforeForward(StepProgram):
         self.y, self.hrz = self.zeros((T, B, H)), self.empty((B, 2 * H))
         self.rh, self.hn = self.empty((B, H)), self.empty((B, H))
         v = self.v = Variants(self, H, H)
+        self.norm = ForwardNorm(self)  # the r, z part and the n part, each over its own row
+        self.norm_rz = self.norm.product(self.hrz, "g_rz", 0)
+        self.norm_n = self.norm.product(self.hn, "g_n", 1)
         h_seen = v.h_rec if v.h_rec is not None else self.h  # r * (h * mask) with recurrent dropout
         self.rz = self.site(ck.gru_rz_step, self.one, self.xw, self.hrz, h_seen, self.rh)
         self.n_step = self.site(ck.gru_n_step, self.xw, self.hn, self.h, self.y)
@@ -304,23 +336,26 @@ class GruResetBeforeForward(StepProgram):
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         spec = self.spec
         self.copy_in(xw=xw, h=h0, W_rzT=w.W_hh[gate_slice(spec, "r", "z")].T,
-                     W_nT=w.W_hh[gate_slice(spec, "n")].T, **Variants.inputs(w))
+                     W_nT=w.W_hh[gate_slice(spec, "n")].T, **Variants.inputs(w), **gain_inputs(spec, w))
 
     def issue(self) -> None:
         B, H, v = self.shape.B, self.h.shape[1], self.v
         for t, n in self.steps():
             if n:
                 v.recurrent_product(self.h, None, self.W_rzT, self.hrz, n)
+                self.norm_rz(t, n)
             self.rz(B * H, t, n)
             if not n:
                 continue
             self.matmul(self.rh[:n], self.W_nT, self.hn[:n])
+            self.norm_n(t, n)
             self.n_step(n * H, t, n)
             if self.zone is not None:
                 self.zone(n * H, t, n)
 
     def result(self, xw: Array) -> DirectionForward:
-        cache = DirectionCache(gates=self.gates_into(xw)) if self.shape.keep else None
+        keep = self.shape.keep
+        cache = DirectionCache(gates=self.gates_into(xw), norm_stats=self.norm.kept()) if keep else None
         return DirectionForward(self.y.copy(), self.h.copy(), None, cache)
 
 
@@ -358,24 +393,41 @@ class RnnBackward(StepProgram):
         relu = spec.mode == "rnn_relu"
         self.step = self.site(ck.rnn_backward_step, self.one, relu, self.own, self.split.dy, self.dh,
                               self.d_pre)
+        self.d_rec = self.d_pre  # the GEMM's operand: with layer norm the raw product's cotangent
+        if spec.layer_norm:
+            self.norm = BackwardNorm(self, self.v, self.input("h_prev", (T, B, H)))
+            self.raw = self.norm.product(self.W_hh)
+            self.d_rec = self.zeros((T, B, H))
+            g_hh = self.input("g_hh", (H,))
+            self.norm_grad = self.norm.grad(self.d_pre, True, g_hh, self.raw, 0, self.d_rec)
 
     def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
              dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
         own = fwd.cache.gates if self.v.zone_h else fwd.y  # the step's own output (before zoneout)
-        self.copy_in(dy=dy, own=own, W_hh=w.W_hh, dh=dh_n, **Variants.inputs(w))
+        norm = {"h_prev": h_prev, "stats": fwd.cache.norm_stats} if self.spec.layer_norm else {}
+        self.copy_in(dy=dy, own=own, W_hh=w.W_hh, dh=dh_n, **Variants.inputs(w), **norm,
+                     **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
         H = self.dh.shape[1]
+        if self.spec.layer_norm:
+            self.norm.recompute()
         for t, n in self.backward_steps():
             self.split.before(t, n)
             self.step(n * H, t, n)
-            self.matmul(self.d_pre[t, :n], self.W_hh, self.dh[:n])
+            if self.spec.layer_norm:
+                self.norm_grad(t, n)
+            self.matmul(self.d_rec[t, :n], self.W_hh, self.dh[:n])
             self.v.mask_gradient(self.dh, n)
             self.split.after(self.dh, n)
 
     def result(self) -> DirectionGrads:
         d_pre = self.d_pre.copy()
-        return DirectionGrads(d_pre, d_pre, None, self.dh.copy(), None)
+        if not self.spec.layer_norm:
+            return DirectionGrads(d_pre, d_pre, None, self.dh.copy(), None)
+        g_hh, b_hh = product_grads(d_pre, self.raw, self.norm.stats, 0)
+        return DirectionGrads(d_pre, self.d_rec.copy(), None, self.dh.copy(), None,
+                              norm={"g_hh": g_hh, "b_hh": b_hh})
 
 
 class LstmBackward(StepProgram):
@@ -400,14 +452,31 @@ class LstmBackward(StepProgram):
                           else None)
         use_clip = spec.cell_clip is not None
         lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
+        clip = (use_clip, shape.dtype.type(lo), shape.dtype.type(hi))
+        self.P = self.input("P", (3, H)) if self.peep else self.dummy(2)
+        self.d_rec = self.dpre_in  # the GEMM's operand: with layer norm the raw product's cotangent
         head = (self.one, self.gates, self.c_own, self.tanh_c, self.c_prev)
-        tail = (self.split.dy, self.dh, self.dm, self.project, self.dc, self.dpre_in, use_clip,
-                shape.dtype.type(lo), shape.dtype.type(hi))
-        if self.peep:
-            self.P = self.input("P", (3, H))
+        tail = (self.split.dy, self.dh, self.dm, self.project, self.dc, self.dpre_in, *clip)
+        if spec.layer_norm:  # one kernel: the cell's norm, the gates, the product's norm (a block per row)
+            self.step = self._norm_step(clip)
+        elif self.peep:
             self.step = self.site(ck.lstm_peephole_backward_step, *head, self.P, *tail)
         else:
             self.step = self.site(ck.lstm_backward_step, *head, *tail)
+
+    def _norm_step(self, clip: tuple) -> Any:
+        T, B, spec = self.shape.T, self.shape.B, self.spec
+        H, P, G = spec.hidden_size, spec.output_size, spec.gate_size
+        self.norm = BackwardNorm(self, self.v, self.input("h_prev", (T, B, P)))
+        self.raw = self.norm.product(self.W_hh)
+        self.d_u, self.d_rec = self.zeros((T, B, H)), self.zeros((T, B, G))
+        g_hh, g_c = self.input("g_hh", (G,)), self.input("g_c", (H,))
+        inv = self.shape.dtype.type
+        site = self.site(ck.lstm_norm_backward_step, self.one, inv(1.0 / G), inv(1.0 / H), self.gates,
+                         self.c_own, self.tanh_c, self.c_prev, self.raw, self.norm.stats, g_hh, g_c, self.P,
+                         self.peep, self.split.dy, self.dh, self.dm, self.project, self.dc, self.dpre_in,
+                         self.d_u, self.d_rec, *clip, block=ROW)
+        return lambda elements, t, n: site(rows(n), t, n)
 
     def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
              dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
@@ -417,12 +486,16 @@ class LstmBackward(StepProgram):
             extra["P"] = w.P
         if dc_seq is not None:
             extra["dc_seq"] = dc_seq
+        if self.spec.layer_norm:
+            extra.update(h_prev=h_prev, stats=cache.norm_stats, **gain_inputs(self.spec, w, shift=False))
         own_c = cache.c_cand if cache.c_cand is not None else cache.c  # the step's own cell
         self.copy_in(dy=dy, gates=cache.gates, c_own=own_c, tanh_c=cache.tanh_c, c_prev=c_prev, W_hh=w.W_hh,
                      dh=dh_n, dc=dc_n, **extra, **Variants.inputs(w))
 
     def issue(self) -> None:
         H, P, v = self.dc.shape[1], self.dh.shape[1], self.v
+        if self.spec.layer_norm:
+            self.norm.recompute()
         for t, n in self.backward_steps():
             self.split.before(t, n)
             if self.carry is not None:
@@ -431,7 +504,7 @@ class LstmBackward(StepProgram):
                 self.add_carry(n * P, t, n)
                 self.matmul(self.d_h[t, :n], self.W_hr, self.dm[:n])
             self.step(n * H, t, n)
-            self.matmul(self.dpre_in[t, :n], self.W_hh, self.dh[:n])
+            self.matmul(self.d_rec[t, :n], self.W_hh, self.dh[:n])
             v.mask_gradient(self.dh, n)
             self.split.after(self.dh, n)
             if v.zone_c:
@@ -440,7 +513,12 @@ class LstmBackward(StepProgram):
     def result(self) -> DirectionGrads:
         dpre_in = self.dpre_in.copy()
         d_h = self.d_h.copy() if self.project else None
-        return DirectionGrads(dpre_in, dpre_in, d_h, self.dh.copy(), self.dc.copy())
+        if not self.spec.layer_norm:
+            return DirectionGrads(dpre_in, dpre_in, d_h, self.dh.copy(), self.dc.copy())
+        g_hh, b_hh = product_grads(dpre_in, self.raw, self.norm.stats, 0)
+        g_c, b_c = gain_grads(self.d_u, self.c_own, self.norm.stats[:, :, 1])
+        return DirectionGrads(dpre_in, self.d_rec.copy(), d_h, self.dh.copy(), self.dc.copy(),
+                              norm={"g_hh": g_hh, "b_hh": b_hh, "g_c": g_c, "b_c": b_c})
 
 
 class GruBackward(StepProgram):
@@ -471,6 +549,26 @@ class GruBackward(StepProgram):
                               self.dn, self.drz)
         self.r_step = (None if after else self.site(ck.gru_r_backward_step, self.one, self.gates, self.h_prev,
                                                     self.drh, self.dpre_in, self.dh_carry, self.drz))
+        self.d_rec = self.d_rz = self.d_n = None  # with layer norm: the raw products' cotangents, every step
+        self.norm_rec = self.norm_rz = self.norm_n = no_launch
+        if spec.layer_norm:
+            self._init_norm()
+
+    def _init_norm(self) -> None:
+        """The layer norm's launches: the reset-after GRU's one product, or the r, z and the n parts."""
+        T, B, H, G = self.shape.T, self.shape.B, self.spec.hidden_size, self.spec.gate_size
+        norm = self.norm = BackwardNorm(self, self.v, self.h_prev)
+        if self.reset_after:
+            self.raw, self.d_rec = norm.product(self.W_hh), self.zeros((T, B, G))
+            g_hh = self.input("g_hh", (G,))
+            self.norm_rec = norm.grad(self.rec[None], False, g_hh, self.raw, 0, self.d_rec)
+            return
+        self.raw_rz = norm.product(self.W_rz)
+        self.raw_n = norm.product(self.W_n, r=self.gates[:, :, gate_slice(self.spec, "r")])
+        self.d_rz, self.d_n = self.zeros((T, B, 2 * H)), self.zeros((T, B, H))
+        g_rz, g_n = self.input("g_rz", (2 * H,)), self.input("g_n", (H,))
+        self.norm_rz = norm.grad(self.drz[None], False, g_rz, self.raw_rz, 0, self.d_rz)
+        self.norm_n = norm.grad(self.dn[None], False, g_n, self.raw_n, 1, self.d_n)
 
     def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
              dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
@@ -479,12 +577,16 @@ class GruBackward(StepProgram):
             weights = {"hn_all": fwd.cache.hn, "W_hh": w.W_hh}
         else:
             weights = {"W_rz": w.W_hh[gate_slice(spec, "r", "z")], "W_n": w.W_hh[gate_slice(spec, "n")]}
+        if spec.layer_norm:
+            weights.update(stats=fwd.cache.norm_stats, **gain_inputs(spec, w))
         self.copy_in(dy=dy, gates=fwd.cache.gates, h_prev=h_prev, dh_gemm=dh_n, **weights,
                      **Variants.inputs(w))
 
     def issue(self) -> None:
         H, v = self.dh_gemm.shape[1], self.v
         self.dh_carry[...] = 0
+        if self.spec.layer_norm:
+            self.norm.recompute()
         for t, n in self.backward_steps():
             if v.zone_h:  # one carry buffer for the split
                 self.add(self.dh_gemm[:n], self.dh_carry[:n])
@@ -492,19 +594,47 @@ class GruBackward(StepProgram):
             self.split.before(t, n)
             self.step(n * H, t, n)
             if self.reset_after:
-                self.matmul(self.rec[:n], self.W_hh, self.dh_gemm[:n])
+                self.norm_rec(t, n)
+                self.matmul(_operand(self.rec, self.d_rec, t, n), self.W_hh, self.dh_gemm[:n])
             else:
-                self.matmul(self.dn[:n], self.W_n, self.drh[:n])
+                self.norm_n(t, n)
+                self.matmul(_operand(self.dn, self.d_n, t, n), self.W_n, self.drh[:n])
                 v.mask_gradient(self.drh, n)  # r * (h * mask): drh * mask is r*h's gradient w.r.t. r and h
                 self.r_step(n * H, t, n)
-                self.matmul(self.drz[:n], self.W_rz, self.dh_gemm[:n])
+                self.norm_rz(t, n)
+                self.matmul(_operand(self.drz, self.d_rz, t, n), self.W_rz, self.dh_gemm[:n])
             v.mask_gradient(self.dh_gemm, n)
             self.split.after(self.dh_carry, n)
 
     def result(self) -> DirectionGrads:
         dpre_in = self.dpre_in.copy()
+        if self.spec.layer_norm:
+            return self._norm_result(dpre_in)
         dn_rec = self.dn_rec.copy() if self.reset_after else None
         return DirectionGrads(dpre_in, dpre_in, None, self.dh_gemm + self.dh_carry, None, dn_rec)
+
+    def _norm_result(self, dpre_in: Array) -> DirectionGrads:
+        """With layer norm: the raw products' cotangents as ``dpre_rec`` and the gain reductions."""
+        xp, spec, stats = self.xp, self.spec, self.norm.stats
+        if self.reset_after:  # the normalised side's cotangent: dpre_in's r, z parts and r * dn (= b_hn's)
+            d_norm = dpre_in.copy()
+            d_norm[..., gate_slice(spec, "n")] = self.dn_rec
+            g_hh, b_hh = product_grads(d_norm, self.raw, stats, 0)
+            dpre_rec = self.d_rec.copy()
+        else:
+            rz, n = gate_slice(spec, "r", "z"), gate_slice(spec, "n")
+            parts = (product_grads(dpre_in[..., rz], self.raw_rz, stats, 0),
+                     product_grads(dpre_in[..., n], self.raw_n, stats, 1))
+            g_hh, b_hh = (xp.concatenate([part[k] for part in parts]) for k in (0, 1))
+            dpre_rec = xp.concatenate([self.d_rz, self.d_n], axis=-1)
+        return DirectionGrads(dpre_in, dpre_rec, None, self.dh_gemm + self.dh_carry, None,
+                              norm={"g_hh": g_hh, "b_hh": b_hh})
+
+
+def _operand(buffer: Array, normed: Array | None, t: int, n: int) -> Array:
+    """A step GEMM's left operand: the step buffer's rows, or with layer norm those of the raw product's
+    cotangent at ``t``."""
+    return buffer[:n] if normed is None else normed[t, :n]
 
 
 def forward_program(spec: RNNSpec) -> type[StepProgram]:

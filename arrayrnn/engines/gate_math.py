@@ -13,9 +13,14 @@ equal :mod:`arrayrnn.engines.cells` (the oracle), per element::
     gru:   n = tanh(x_n + r * hn) (reset-after) ;  h = (1-z)*n + z*h_prev
     rnn:   d_pre = dh * (1 - y*y) (tanh) or dh * (y > 0) (relu)
     peepholes:  i, f = sig(pre + p*c_prev);  o = sig(pre + p*c)       zoneout:  h = m*h_prev + (1-m)*h~
+    layer norm: x = (v - mean) * rstd,  rstd = 1 / sqrt(var + eps);  dv = rstd * (d - mean(d) - x * mean(d*x))
+
+(the layer norm's row forms, against which these are tested, are :mod:`.layer_norm`'s).
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 
@@ -49,13 +54,21 @@ def lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi
     gradient (``use_clip`` and ``c`` outside the open interval ``(lo, hi)``).
     """
     d = dc + dm * o * (one - tanh_c * tanh_c)
+    di, df, dg, dc_prev = lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi)
+    do = dm * tanh_c * o * (one - o)
+    return di, df, dg, do, dc_prev
+
+
+@numba.njit(**_JIT)
+def lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi):
+    """``(di, df, dg, dc_prev)`` of one LSTM element from ``d``, the whole cotangent of its new cell ``c``
+    (the carry and the output's part; with layer norm the output's part comes through the cell's norm)."""
     inside = (c > lo) & (c < hi)
     d = d if (inside or not use_clip) else d * (one - one)
     di = d * g * i * (one - i)
     df = d * c_prev * f * (one - f)
     dg = d * i * (one - g * g)
-    do = dm * tanh_c * o * (one - o)
-    return di, df, dg, do, d * f
+    return di, df, dg, d * f
 
 
 # -- GRU ------------------------------------------------------------------------------------------
@@ -121,3 +134,23 @@ def zoneout(m, prev, new):
 def zoneout_grads(one, m, d):
     """Gradients through :func:`zoneout` of its cotangent ``d``: ``(d new, d prev)``."""
     return (one - m) * d, m * d
+
+
+# -- layer normalisation (issue 38): one row's statistics and the scalar parts of LN's backward -----------
+@numba.njit(**_JIT)
+def layer_norm_rstd(one, var, eps):
+    """``1 / sqrt(var + eps)`` of a row of variance ``var`` (the mean of its squared deviations)."""
+    return one / math.sqrt(var + eps)
+
+
+@numba.njit(**_JIT)
+def layer_normalized(v, mean, rstd):
+    """An element of ``LN(v)``: ``(v - mean) * rstd``."""
+    return (v - mean) * rstd
+
+
+@numba.njit(**_JIT)
+def layer_norm_grad(rstd, d, x, mean_d, mean_dx):
+    """The cotangent of ``v`` from the cotangent ``d`` of ``x = LN(v)`` and the row's means of ``d`` and of
+    ``d * x``: ``rstd * (d - mean_d - x * mean_dx)``."""
+    return rstd * (d - mean_d - x * mean_dx)

@@ -17,6 +17,7 @@ from ..core.backend import get_xp
 from ..core.spec import RNNSpec
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import BACKWARD_STEPS, FORWARD_STEPS
+from .layer_norm import new_gain_grads
 from .stack import StackEngine
 from .step_order import step_time
 
@@ -31,19 +32,22 @@ def time_steps(T: int, reverse: bool) -> list[int]:
 def empty_cache(xp: ModuleType, spec: RNNSpec, T: int, B: int, dtype: Any,
                 w: DirectionWeights | None = None) -> DirectionCache:
     """Zero-filled residual stacks (zeros so inactive rows stay finite for the hoisted GEMMs); with
-    zoneout (``w.zoneout_h`` / ``w.zoneout_c``) also the step's own output / cell before zoneout."""
+    zoneout (``w.zoneout_h`` / ``w.zoneout_c``) also the step's own output / cell before zoneout; with layer
+    norm the statistics of each row normalised (``norm_stats``)."""
     def stack(width: int) -> Array:
         return xp.zeros((T, B, width), dtype=dtype)
 
     H = spec.hidden_size
     zone_h = w is not None and w.zoneout_h is not None
     zone_c = w is not None and w.zoneout_c is not None
+    stats = xp.zeros((T, B, spec.norms_per_step, 2), dtype) if spec.layer_norm else None
     if spec.mode == "lstm":
         return DirectionCache(gates=stack(spec.gate_size), c=stack(H), tanh_c=stack(H),
-                              c_cand=stack(H) if zone_c else None)
+                              c_cand=stack(H) if zone_c else None, norm_stats=stats)
     if spec.mode == "gru":
-        return DirectionCache(gates=stack(spec.gate_size), hn=stack(H) if spec.reset_after else None)
-    return DirectionCache(gates=stack(H) if zone_h else None)
+        return DirectionCache(gates=stack(spec.gate_size), hn=stack(H) if spec.reset_after else None,
+                              norm_stats=stats)
+    return DirectionCache(gates=stack(H) if zone_h else None, norm_stats=stats)
 
 
 def zoneout(m: Array, prev: Array, new: Array) -> Array:
@@ -93,11 +97,13 @@ class ReferenceKernel:
         T, B, _ = dy.shape
         step = BACKWARD_STEPS[spec.mode]
         dpre_in = xp.zeros((T, B, spec.gate_size), dtype=dy.dtype)
-        dpre_rec = xp.zeros_like(dpre_in) if spec.mode == "gru" and spec.reset_after else dpre_in
+        apart = (spec.mode == "gru" and spec.reset_after) or w.norm is not None  # a dpre_rec of its own
+        dpre_rec = xp.zeros_like(dpre_in) if apart else dpre_in
+        norm_acc = new_gain_grads(xp, spec, dy.dtype) if w.norm is not None else None
         d_h = xp.zeros((T, B, spec.output_size), dtype=dy.dtype) if w.W_hr is not None else None
         dh = dh_n.copy()
         dc = dc_n.copy() if dc_n is not None else None
-        names = [name for name in ("gates", "c", "tanh_c", "hn", "c_cand")
+        names = [name for name in ("gates", "c", "tanh_c", "hn", "c_cand", "norm_stats")
                  if getattr(fwd.cache, name) is not None]
         own_output = spec.mode.startswith("rnn") and fwd.cache.gates is not None  # zoneout: y is not h~
         for t in reversed(time_steps(T, reverse)):
@@ -114,7 +120,7 @@ class ReferenceKernel:
                 dc_t - m_c * dc_t if m_c is not None else dc_t, residuals,
                 h_prev[t, :n], c_prev[t, :n] if c_prev is not None else None,
                 residuals["gates"] if own_output else fwd.y[t, :n],
-                h_mask=w.h_mask[:n] if w.h_mask is not None else None)
+                h_mask=w.h_mask[:n] if w.h_mask is not None else None, norm_acc=norm_acc)
             if m_h is not None:
                 dh_prev += m_h * dh_t
             if m_c is not None:
@@ -127,7 +133,7 @@ class ReferenceKernel:
             dh[:n] = dh_prev
             if dc is not None:
                 dc[:n] = dc_prev
-        return DirectionGrads(dpre_in, dpre_rec, d_h, dh, dc)
+        return DirectionGrads(dpre_in, dpre_rec, d_h, dh, dc, norm=norm_acc)
 
 
 ENGINE = StackEngine("reference", ReferenceKernel())

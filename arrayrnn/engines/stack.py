@@ -54,6 +54,7 @@ from .base import (
 )
 from .batch_order import BatchOrder
 from .cells import gate, gate_slice, split_biases
+from .layer_norm import input_backward, norm_weights, normalize_input
 
 Array = Any
 MatMul = Callable[..., Array]  # (a, b) -> a @ b; input_projection's also takes out=
@@ -143,6 +144,9 @@ def direction_weights(params: PackedParams, layer: int, direction: int,
 
     b_ih, b_hh = block("b_ih"), block("b_hh")
     input_bias, inner_bias = split_biases(spec, b_ih, b_hh)
+    norm = None
+    if spec.layer_norm:  # the biases join xw after the input product's norm (.layer_norm)
+        norm, input_bias = norm_weights(block, input_bias, spec.layer_norm_eps), None
     k = layer * spec.num_directions + direction
     m = cell_masks if cell_masks is not None else CellMasks()
 
@@ -153,7 +157,7 @@ def direction_weights(params: PackedParams, layer: int, direction: int,
     return DirectionWeights(W_ih=block("W_ih"), W_hh=W_hh, b_ih=b_ih, b_hh=b_hh, W_hr=block("W_hr"),
                             input_bias=input_bias, inner_bias=inner_bias, P=block("P"),
                             h_mask=mine(m.recurrent), zoneout_h=mine(m.zoneout_h),
-                            zoneout_c=mine(m.zoneout_c))
+                            zoneout_c=mine(m.zoneout_c), norm=norm)
 
 
 def sorted_cell_masks(order: BatchOrder, masks: CellMasks | None) -> CellMasks | None:
@@ -349,7 +353,9 @@ class StackEngine(Engine):
                       layer_input: Array) -> DirectionForward:
         """One layer-direction's forward: the hoisted input projection, then the kernel's time loop."""
         w = run.weights(layer, direction)
-        xw = self.project_input(layer_input, w, batch_sizes=run.batch_sizes)
+        xw = self.project_input(layer_input, w, batch_sizes=run.batch_sizes if w.norm is None else None)
+        if w.norm is not None:  # g_ih * LN(W_ih x) + the biases, every step at once (.layer_norm)
+            normalize_input(xw, w.norm)
         return self.kernel_for(run.plan).forward(run.params.spec, w, xw, run.batch_sizes,
                                                  *run.states(layer, direction), direction == 1, run.keep)
 
@@ -425,12 +431,17 @@ class StackEngine(Engine):
         back.dh0[k] = g.dh0
         if back.dc0 is not None:
             back.dc0[k] = g.dc0
-        rows = ActiveRows(xp, bs, layer_input.shape[1], (g.dpre_in, g.dpre_rec, g.dn_rec, g.d_h, h_prev))
+        d_product = None  # layer norm: the cotangent of W_ih x (g.dpre_in is that of g_ih * LN(W_ih x) + b)
+        if w.norm is not None:
+            d_product = input_backward(self.project_input, back.grads, layer, direction, w, g, layer_input)
+        rows = ActiveRows(xp, bs, layer_input.shape[1],
+                          (g.dpre_in, d_product, g.dpre_rec, g.dn_rec, g.d_h, h_prev))
         _weight_grads(self.matmul, spec, back.grads, layer, direction, w, g, fwd, layer_input, h_prev, c_prev,
-                      cache.cell_masks, rows)
-        rows.retain(g.dpre_in)
+                      cache.cell_masks, rows, d_product)
+        d_input = g.dpre_in if d_product is None else d_product
+        rows.retain(d_input)
         del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
-        return _input_grad(self.matmul, rows, g.dpre_in, w.W_ih, layer_input.shape)
+        return _input_grad(self.matmul, rows, d_input, w.W_ih, layer_input.shape)
 
     @staticmethod
     def _layer_input(xp: ModuleType, cache: StackCache, layer: int) -> Array:
@@ -453,11 +464,13 @@ def _layer_output(xp: ModuleType, outs: list[DirectionForward] | tuple[Direction
 def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int, direction: int,
                   w: DirectionWeights, g: DirectionGrads, fwd: DirectionForward, layer_input: Array,
                   h_prev: Array, c_prev: Array | None = None, cell_masks: CellMasks | None = None,
-                  rows: Callable[[Array], Array] = _rows) -> None:
+                  rows: Callable[[Array], Array] = _rows, d_product: Array | None = None) -> None:
     """The hoisted weight-gradient GEMMs and bias reductions of one layer-direction (with the cell
     variants: ``W_hh`` multiplies the recurrent-dropout-masked ``h_prev`` and its gradient goes through
     the DropConnect mask; the peephole weights' gradient is one reduction per gate). ``rows`` turns each
-    ``(T, B, F)`` stack into the products' rows (:class:`ActiveRows`)."""
+    ``(T, B, F)`` stack into the products' rows (:class:`ActiveRows`). With layer norm ``d_product`` is
+    the cotangent of ``W_ih x`` (``g.dpre_in`` that of the normalised side) and ``b_hh``'s gradient was
+    written by :func:`.layer_norm.input_backward`."""
     def put(name: str, value: Array) -> None:
         grads.view(layer, direction, name)[...] = value
 
@@ -468,12 +481,12 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
         dP[1] = (gate(spec, g.dpre_in, "f") * c_prev).sum(axis=(0, 1))
         dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
     dpre_in = rows(g.dpre_in)
-    put("W_ih", matmul(dpre_in.T, rows(layer_input)))
+    put("W_ih", matmul((dpre_in if d_product is None else rows(d_product)).T, rows(layer_input)))
     if w.b_ih is not None:
         put("b_ih", dpre_in.sum(axis=0))
     if w.h_mask is not None:
         h_prev = h_prev * w.h_mask
-    db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None else None
+    db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None and w.norm is None else None
     _recurrent_grads(matmul, spec, grads.view(layer, direction, "W_hh"), db_hh, g, fwd, rows(h_prev), rows)
     if cell_masks is not None and cell_masks.weight is not None:
         k = layer * spec.num_directions + direction

@@ -180,48 +180,52 @@ class LSTM(_Recurrent):
 
     Cell variants (``arrayrnn.RNNSpec``'s fields of the same names): ``recurrent_dropout``,
     ``weight_dropout`` (DropConnect on ``W_hh``) and zoneout (``zoneout`` of h, ``zoneout_cell`` of c,
-    default ``zoneout``) act under differentiation (training); zoneout's expectation and ``peepholes``
-    always."""
+    default ``zoneout``) act under differentiation (training); zoneout's expectation, ``peepholes`` and
+    ``layer_norm`` (layer normalisation of both products and of the cell inside the recurrence, gains in
+    the one buffer; ``RNNSpec.layer_norm``) always."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool | str = True,
                  bidirectional: bool = False, proj_size: int = 0, cell_clip: Any = None, dropout: float = 0.0,
                  recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, zoneout: float = 0.0,
-                 zoneout_cell: float | None = None, peepholes: bool = False, batch_first: bool = False,
-                 dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np, engine: str = "auto"):
+                 zoneout_cell: float | None = None, peepholes: bool = False, layer_norm: bool = False,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False, dtype: str = "float32",
+                 seed: int | None = 0, xp: ModuleType = np, engine: str = "auto"):
         spec = RNNSpec("lstm", input_size, hidden_size, num_layers, bidirectional, bias, proj_size, cell_clip,
                        dropout, dtype=dtype, recurrent_dropout=recurrent_dropout,
                        weight_dropout=weight_dropout, zoneout=zoneout, zoneout_cell=zoneout_cell,
-                       peepholes=peepholes)
+                       peepholes=peepholes, layer_norm=layer_norm, layer_norm_eps=layer_norm_eps)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)
 
 
 class GRU(_Recurrent):
     """A stacked GRU; ``reset_after=True`` is the cuDNN/PyTorch variant. Cell variants as :class:`LSTM`'s
-    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``)."""
+    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``, ``layer_norm``)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool | str = True,
                  bidirectional: bool = False, reset_after: bool = True, dropout: float = 0.0,
                  recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, zoneout: float = 0.0,
-                 batch_first: bool = False, dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np,
-                 engine: str = "auto"):
+                 layer_norm: bool = False, layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np, engine: str = "auto"):
         spec = RNNSpec("gru", input_size, hidden_size, num_layers, bidirectional, bias, dropout=dropout,
                        reset_after=reset_after, dtype=dtype, recurrent_dropout=recurrent_dropout,
-                       weight_dropout=weight_dropout, zoneout=zoneout)
+                       weight_dropout=weight_dropout, zoneout=zoneout, layer_norm=layer_norm,
+                       layer_norm_eps=layer_norm_eps)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)
 
 
 class RNN(_Recurrent):
     """A stacked Elman RNN with ``nonlinearity`` ``"tanh"`` or ``"relu"``. Cell variants as :class:`LSTM`'s
-    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``)."""
+    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``, ``layer_norm``)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, nonlinearity: str = "tanh",
                  bias: bool | str = True, bidirectional: bool = False, dropout: float = 0.0,
                  recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, zoneout: float = 0.0,
-                 batch_first: bool = False, dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np,
-                 engine: str = "auto"):
+                 layer_norm: bool = False, layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np, engine: str = "auto"):
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN: nonlinearity = {nonlinearity!r}; expected 'tanh' or 'relu'")
         spec = RNNSpec(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bidirectional, bias,
                        dropout=dropout, dtype=dtype, recurrent_dropout=recurrent_dropout,
-                       weight_dropout=weight_dropout, zoneout=zoneout)
+                       weight_dropout=weight_dropout, zoneout=zoneout, layer_norm=layer_norm,
+                       layer_norm_eps=layer_norm_eps)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)

@@ -74,6 +74,8 @@ def make_case(spec: RNNSpec, T: int, B: int, seed: int = 0, lengths: str = "unso
         return rng.standard_normal(shape).astype(dt)
 
     params = PackedParams.init(spec, seed=seed + 1)
+    if spec.layer_norm:
+        _spread_norm_gains(params, seed)
     x = scale * normal(*((B, T, spec.input_size) if batch_first else (T, B, spec.input_size)))
     lens = make_lengths(lengths, T, B, rng)
     h0 = normal(L, B, spec.output_size) if with_state else None
@@ -83,6 +85,14 @@ def make_case(spec: RNNSpec, T: int, B: int, seed: int = 0, lengths: str = "unso
     dh_n = normal(L, B, spec.output_size)
     dc_n = normal(L, B, spec.hidden_size) if spec.has_cell else None
     return Case(params, x.astype(dt), lens, h0, c0, dy, dh_n, dc_n, batch_first)
+
+
+def _spread_norm_gains(params: PackedParams, seed: int) -> None:
+    """Layer norm's gains start at ones and the cell's shift at zeros: spread them, so each one matters."""
+    rng = np.random.default_rng(seed + 2)
+    for block in params.layout.blocks:
+        if block.name in ("g_ih", "g_hh", "g_c", "b_c"):
+            params.block_view(block)[...] += 0.5 * rng.standard_normal(block.shape)
 
 
 def xp_of(engine: Any) -> Any:

@@ -1,6 +1,7 @@
 """A plain recurrent stack written with ``ar.ops`` under ``ar.scan``, with the public masks
 (``ar.cell_masks``, the inter-layer ``dropout_masks``): the oracle of the cell variants (recurrent dropout,
-DropConnect, zoneout, peepholes) and of ``return_all_states``.
+DropConnect, zoneout, peepholes), of layer normalisation (issue 38's formulas: ``LN`` below) and of
+``return_all_states``.
 
 Straight from the README's "roughly this Python loop": one ``scan`` per layer and direction over the
 whole batch; a row's state is updated only while ``t < len_b`` (``h = a*h_new + (1-a)*h`` with ``a`` the
@@ -10,6 +11,7 @@ row's end are zero. No cell clipping (the finite-difference checks cover that co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,30 @@ def _view(params: Any, layer: int, direction: int, name: str) -> Any:
     return params.view(layer, direction, name) if present else None
 
 
+def LN(v: Any, eps: float) -> Any:  # noqa: N802 - the formula's name
+    """``(v - mean(v)) / sqrt(var(v) + eps)`` over the last axis."""
+    centred = v - ops.mean(v, axis=-1, keepdims=True)
+    return centred * (ops.mean(centred * centred, axis=-1, keepdims=True) + eps) ** -0.5
+
+
+def _norms(params: Any, layer: int, direction: int) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
+    """``(norm, cell)``: ``norm(v, gain, cols)`` is ``gain[cols] * LN(v)`` (``v`` itself without layer norm),
+    ``cell(c)`` the LSTM's ``tanh(g_c * LN(c) + b_c)`` (``tanh(c)`` without)."""
+    spec = params.spec
+    if not spec.layer_norm:
+        return (lambda v, gain, cols=slice(None): v), ops.tanh
+    eps = spec.layer_norm_eps
+    gains = {name: _view(params, layer, direction, name) for name in ("g_ih", "g_hh", "g_c", "b_c")}
+
+    def norm(v, gain, cols=slice(None)):
+        return gains[gain][cols] * LN(v, eps)
+
+    def cell(c):
+        return ops.tanh(gains["g_c"] * LN(c, eps) + gains["b_c"])
+
+    return norm, cell
+
+
 def _cell(spec: ar.RNNSpec, params: Any, layer: int, direction: int, masks: Any):
     k = layer * spec.num_directions + direction
     H = spec.hidden_size
@@ -33,16 +59,17 @@ def _cell(spec: ar.RNNSpec, params: Any, layer: int, direction: int, masks: Any)
     if masks is not None and masks.weight is not None:
         W_hh = W_hh * masks.weight[k]
     rec = masks.recurrent[k] if masks is not None and masks.recurrent is not None else None
+    norm, cell = _norms(params, layer, direction)
 
-    def affine(x, W, b):
-        out = x @ ops.transpose(W)
+    def affine(x, W, b, gain="g_hh"):
+        out = norm(x @ ops.transpose(W), gain)
         return out + b if b is not None else out
 
     def step(carry, inputs):
         h, c = carry
         x, a, m_h, m_c = inputs
         h_rec = h * rec if rec is not None else h
-        gi = affine(x, W_ih, b_ih)
+        gi = affine(x, W_ih, b_ih, "g_ih")
         c_step = None
         if spec.mode == "lstm":
             gates = gi + affine(h_rec, W_hh, b_hh)
@@ -52,7 +79,7 @@ def _cell(spec: ar.RNNSpec, params: Any, layer: int, direction: int, masks: Any)
             c_step = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
             if P is not None:
                 o = o + P[2] * c_step
-            h_step = ops.sigmoid(o) * ops.tanh(c_step)
+            h_step = ops.sigmoid(o) * cell(c_step)
             if W_hr is not None:
                 h_step = h_step @ ops.transpose(W_hr)
         elif spec.mode == "gru":
@@ -61,11 +88,13 @@ def _cell(spec: ar.RNNSpec, params: Any, layer: int, direction: int, masks: Any)
                 gh_r, gh_z, gh_n = ops.split(affine(h_rec, W_hh, b_hh), 3, axis=-1)
                 r, z = ops.sigmoid(gi_r + gh_r), ops.sigmoid(gi_z + gh_z)
                 n = ops.tanh(gi_n + r * gh_n)
-            else:
+            else:  # with layer norm the r, z part and the n part, each over its own row
                 b_r, b_z, b_n = ops.split(b_hh, 3) if b_hh is not None else (0.0, 0.0, 0.0)
-                r = ops.sigmoid(gi_r + h_rec @ ops.transpose(W_hh[:H]) + b_r)
-                z = ops.sigmoid(gi_z + h_rec @ ops.transpose(W_hh[H:2 * H]) + b_z)
-                n = ops.tanh(gi_n + (r * h_rec) @ ops.transpose(W_hh[2 * H:]) + b_n)
+                gh_rz = norm(h_rec @ ops.transpose(W_hh[:2 * H]), "g_hh", slice(0, 2 * H))
+                gh_r, gh_z = ops.split(gh_rz, 2, axis=-1)
+                r, z = ops.sigmoid(gi_r + gh_r + b_r), ops.sigmoid(gi_z + gh_z + b_z)
+                gh_n = norm((r * h_rec) @ ops.transpose(W_hh[2 * H:]), "g_hh", slice(2 * H, None))
+                n = ops.tanh(gi_n + gh_n + b_n)
             h_step = (1.0 - z) * n + z * h
         else:
             pre = gi + affine(h_rec, W_hh, b_hh)

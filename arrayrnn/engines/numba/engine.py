@@ -191,6 +191,9 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
+        if call.spec.layer_norm:
+            return ("layer_norm=True: the numba engine's fused layer-norm kernels are pending (issue 38); "
+                    "use engine='reference', which 'auto' takes on CPU")
         if not call.explicit and not warmup.loaded(call.spec, call.training):
             return ("its compiled loops for this call are compiling in the background (engine='numba' "
                     "waits for them; arrayrnn.warmup() compiles them ahead)")
