@@ -64,9 +64,8 @@ def dropout_masks(spec: RNNSpec, seq_len: int, batch: int, seed: int | None,
 
 def uniform(xp: ModuleType, key: int, start: int, count: int) -> Any:
     """Entries ``start .. start+count-1`` of the stream of ``key``: float64 in ``[0, 1)``."""
-    if xp is np and _uniform_host.signatures:  # compiled (by the numba engine's warm-up): one pass instead
-        return _uniform_host(np.uint64(key), np.uint64(start), count)  # of NumPy's eight temporaries
-    if xp is np and not background_enabled():
+    # one compiled pass instead of NumPy's eight temporaries, once compiled (or where calls wait for numba)
+    if xp is np and (_uniform_host.signatures or not background_enabled()):
         return _uniform_host(np.uint64(key), np.uint64(start), count)
     return uniform_arrays(xp, key, start, count)
 
