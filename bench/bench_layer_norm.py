@@ -2,7 +2,8 @@
 PyTorch Python loop a user writes without arrayrnn, and the memory of the saved statistics.
 
 Shapes (bench/SHAPES.md, float32, time-major): S1 (T=100, B=64, I=256, H=256, one layer) and S2 (T=50, B=16,
-I=128, H=512, two layers). Rows, each the median of ``--repeats`` rounds that run every row once:
+I=128, H=512, two layers). Rows, each the median of ``--repeats`` rounds that run every row twice and time
+the second (the row before may leave BLAS or torch threads spinning for a while):
 
 - arrayrnn ``layer_norm=True`` on the numba engine and the plain LSTM on the numba engine, forward (inference)
   and training step (``rnn_forward(training=True)`` + ``rnn_backward``); their ratio (targets: forward <=
@@ -91,12 +92,12 @@ def torch_runs(spec: ar.RNNSpec, x: np.ndarray) -> tuple[Callable, Callable]:
 
 
 def medians(runs: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Milliseconds, the median of ``repeats`` rounds that run every entry once (after one warm-up)."""
-    for fn in runs.values():
-        fn()
+    """Milliseconds, the median of ``repeats`` rounds that run every entry twice, timing the second: the
+    previous entry's threads (BLAS's, torch's) may still spin after it returned and slow the first."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
+            fn()
             start = time.perf_counter()
             fn()
             times[name].append(1e3 * (time.perf_counter() - start))

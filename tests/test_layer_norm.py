@@ -85,28 +85,36 @@ def test_values_and_every_gradient_equal_the_torch_oracle(case_id, fields, T, B,
     _check_against_the_torch_oracle(case_id, fields, T, B, lengths, training, engine)
 
 
-# the numba engine's plans at two threads (engines/numba/plan.py): id, spec fields, T, B, the schedule
+# the numba engine's plans at two threads (engines/numba/plan.py): id, spec fields, T, B, the schedule, the
+# column split's parts (any step large enough for it: small sizes, the same code)
 NUMBA_PLANS = [
-    ("rows-split", dict(mode="lstm", peepholes=True), 5, 20, None),
-    ("layers-pipelined", dict(mode="lstm", num_layers=2, proj_size=2), 9, 12, "layers"),
-    ("directions", dict(mode="gru", bidirectional=True, recurrent_dropout=0.3), 5, 12, "directions"),
-    ("gru-rows-split", dict(mode="gru", num_layers=2, zoneout=0.3), 5, 20, None),
-    ("gru-reset-before-pipelined", dict(mode="gru", reset_after=False, num_layers=2), 9, 12, "layers"),
-    ("rnn-rows-split", dict(mode="rnn_relu", num_layers=2, weight_dropout=0.3), 4, 33, None),
+    ("rows-split", dict(mode="lstm", peepholes=True), 5, 20, None, 1),
+    ("lstm-columns", dict(mode="lstm", num_layers=2, hidden_size=10, weight_dropout=0.3), 6, 12, None, 2),
+    ("layers-pipelined", dict(mode="lstm", num_layers=2, proj_size=2), 9, 12, "layers", 1),
+    ("directions", dict(mode="gru", bidirectional=True, recurrent_dropout=0.3), 5, 12, "directions", 1),
+    ("gru-rows-split", dict(mode="gru", num_layers=2, zoneout=0.3), 5, 20, None, 1),
+    ("gru-reset-after-pipelined", dict(mode="gru", num_layers=2, hidden_size=10), 9, 12, "layers", 1),
+    ("gru-reset-before-pipelined", dict(mode="gru", reset_after=False, num_layers=2), 9, 12, "layers", 1),
+    ("rnn-rows-split", dict(mode="rnn_relu", num_layers=2, weight_dropout=0.3), 4, 33, None, 1),
 ]
 
 
-@pytest.mark.parametrize("case_id, fields, T, B, schedule", NUMBA_PLANS, ids=[c[0] for c in NUMBA_PLANS])
-def test_the_numba_engines_split_loops_and_schedules_equal_the_torch_oracle(case_id, fields, T, B, schedule):
-    """Rows split over threads, a stack's layers pipelined over chunks of time, a bidirectional layer's
-    directions side by side: each of the numba engine's plans (never its column split: a normalised row
-    needs every unit) against the oracle, lengths unsorted."""
+@pytest.mark.parametrize("case_id, fields, T, B, schedule, columns", NUMBA_PLANS,
+                         ids=[c[0] for c in NUMBA_PLANS])
+def test_the_numba_engines_split_loops_and_schedules_equal_the_torch_oracle(case_id, fields, T, B, schedule,
+                                                                            columns, monkeypatch):
+    """Rows split over threads, the LSTM's hidden units split (the parts meet three times a step: a
+    normalised row needs every unit; the GRU's column split does not run), a stack's layers pipelined over
+    chunks of time, a bidirectional layer's directions side by side: each of the numba engine's plans
+    against the oracle, lengths unsorted."""
+    from arrayrnn.engines import thresholds
     from arrayrnn.engines.numba.plan import forward_plan
 
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
     fields = {**fields, "layer_norm": True}
     spec = variant_checks.variant_spec(fields)
     plan = forward_plan(spec, np.zeros((T, B, spec.input_size)), np.full(T, B), threads=2)
-    assert (plan.schedule, plan.column_parts) == (schedule, 1)
+    assert (plan.schedule, plan.column_parts) == (schedule, columns)
     assert plan.row_threads == (2 if B >= 16 and schedule is None else 1)
     threads = ar.get_num_threads()
     ar.set_num_threads(2)

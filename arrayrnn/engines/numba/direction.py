@@ -221,16 +221,19 @@ def _lstm_forward(spec: RNNSpec, cell: bd.LSTMCell, variants: bd.Variants, steps
 
 
 def columns_forward(spec: RNNSpec, cell: bd.LSTMCell | bd.GRUCell, xw: np.ndarray, batch_sizes: np.ndarray,
-                    h0: Array, c0: Array | None, reverse: bool,
-                    keep: bool) -> tuple[LoopCall, DirectionForward]:
-    """The column-split forward (:func:`.loops.lstm_forward_columns`, :func:`.loops.gru_forward_columns`;
-    no projection, peepholes, recurrent dropout or zoneout). The state is double-buffered, ``(2, B, H)``:
-    the result's ``h_n`` is its first half, where :class:`.engine.ColumnsLoop` leaves it after a chunk."""
+                    h0: Array, c0: Array | None, reverse: bool, keep: bool,
+                    norm: LayerNormWeights | None = None) -> tuple[LoopCall, DirectionForward]:
+    """The column-split forward (:func:`.loops.lstm_forward_columns`, :func:`.loops.gru_forward_columns`,
+    with layer ``norm`` :func:`.loops.lstm_norm_forward_columns`, which normalises the input side; no
+    projection, peepholes, recurrent dropout or zoneout). The state is double-buffered, ``(2, B, H)``: the
+    result's ``h_n`` is its first half, where :class:`.engine.ColumnsLoop` leaves it after a chunk."""
     T, B, _ = xw.shape
     dtype, H = xw.dtype, spec.hidden_size
     steps = bd.Steps(xw, batch_sizes, np.empty((T, B, H), dtype), reverse)
     h_buf = np.empty((2, B, H), dtype)
     h_buf[0] = h0
+    if norm is not None:
+        return _lstm_norm_columns(spec, cell, steps, h_buf, _copy(c0, dtype), keep, norm)
     if spec.mode == "lstm":
         c = _copy(c0, dtype)
         kept = bd.LSTMCache(keep, _steps_if(keep, T, B, H, dtype), absent(dtype, 3), absent(dtype, 3))
@@ -245,6 +248,20 @@ def columns_forward(spec: RNNSpec, cell: bd.LSTMCell | bd.GRUCell, xw: np.ndarra
     cache = DirectionCache(gates=xw, hn=hn if keep else None)
     return LoopCall(loops.gru_forward_columns, args), DirectionForward(steps.y, h_buf[0], None,
                                                                         cache if keep else None)
+
+
+def _lstm_norm_columns(spec: RNNSpec, cell: bd.LSTMCell, steps: bd.Steps, h_buf: np.ndarray, c: np.ndarray,
+                       keep: bool, norm: LayerNormWeights) -> tuple[LoopCall, DirectionForward]:
+    T, B, _ = steps.xw.shape
+    dtype, H = steps.xw.dtype, spec.hidden_size
+    ln = norm_forward(spec, norm, steps.xw, keep, inputs=True)
+    kept = bd.LSTMCache(keep, _steps_if(keep, T, B, H, dtype), np.empty((T if keep else 1, B, H), dtype),
+                        absent(dtype, 3))
+    work = bd.ForwardWork(absent(dtype, 2), absent(dtype, 2), absent(dtype, 2))
+    args = (steps, bd.ColumnState(h_buf, c), cell, kept, work, ln)
+    cache = DirectionCache(gates=steps.xw, c=kept.c_all, tanh_c=kept.tanh_c_all, **_kept_norm(ln))
+    return (LoopCall(loops.lstm_norm_forward_columns, args),
+            DirectionForward(steps.y, h_buf[0], c, cache if keep else None))
 
 
 # -- backward ---------------------------------------------------------------------------------------

@@ -139,8 +139,8 @@ class NumbaKernel:
         plan = self._plan(spec, w, B, dtype)
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         cell = cell_of(spec, w, dtype)
-        if plan.column_parts > 1:
-            call, result = direction.columns_forward(spec, cell, xw, bs, h0, c0, reverse, keep_cache)
+        if plan.column_parts > 1 and (w.norm is None or norm_inputs):
+            call, result = direction.columns_forward(spec, cell, xw, bs, h0, c0, reverse, keep_cache, w.norm)
             return ColumnsLoop(call, B, plan.column_parts, result)
         call, result = direction.forward(spec, cell, variants_of(w, dtype), xw, bs, h0, c0, reverse,
                                          keep_cache, w.norm, norm_inputs)

@@ -553,6 +553,111 @@ def lstm_forward_columns(part, parts, sync, steps, state, cell, cache, work, scr
             return  # cancelled: the call is failing (loop_threads.run_columns)
 
 
+@simd_jit(**_JIT_SUMS)
+def _norm_unit_columns(t, n, j0, j1, H, part, norm, xw, in_stats):
+    """Layer norm of a column split's step ``t``, units ``j0 .. j1`` of each of the 4 gates, rows ``0 ..
+    n``: ``xw[t] = g_ih * LN(x_raw[t]) + b + g_hh * LN(raw[t])`` in those columns (``in_stats``: the input
+    rows' statistics, taken before any part wrote ``xw[t]``); each part takes every row's product
+    statistics itself (part 0 keeps them)."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    one = one_of(xw)
+    ts = t if kept else 0
+    for b in range(n):
+        r = raw[ts, b]
+        mean, rstd = row_stats(one, r, eps)
+        if part == 0:
+            stats[ts, b, 0, 0] = mean
+            stats[ts, b, 0, 1] = rstd
+        mean_in, rstd_in = in_stats[b, 0], in_stats[b, 1]
+        for k in range(4):
+            c0, c1 = k * H + j0, k * H + j1
+            out, v, rv = xw[t, b, c0:c1], x_raw[t, b, c0:c1], r[c0:c1]
+            gi, bi, gh = g_ih[c0:c1], bias[c0:c1], g_hh[c0:c1]
+            for j in range(c1 - c0):
+                out[j] = (gi[j] * gm.layer_normalized(v[j], mean_in, rstd_in) + bi[j]
+                          + gh[j] * gm.layer_normalized(rv[j], mean, rstd))
+
+
+@simd_jit(**_JIT)
+def _lstm_norm_cell_columns(xw, t, n, j0, j1, H, c, clip_lo, clip_hi):
+    """The gates and the new cell of units ``j0 .. j1``, rows ``0 .. n`` of a column split's step ``t``."""
+    prefer_full_vectors()
+    for b in range(n):
+        g = xw[t, b]
+        gi_, gf_ = g[LSTM_I * H + j0:LSTM_I * H + j1], g[LSTM_F * H + j0:LSTM_F * H + j1]
+        gg_, go_ = g[LSTM_G * H + j0:LSTM_G * H + j1], g[LSTM_O * H + j0:LSTM_O * H + j1]
+        cb = c[b, j0:j1]
+        for j in range(j1 - j0):
+            gi, gf, gg = sigmoid(gi_[j]), sigmoid(gf_[j]), tanh(gg_[j])
+            gi_[j], gf_[j], gg_[j], go_[j] = gi, gf, gg, sigmoid(go_[j])
+            cb[j] = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+
+
+@simd_jit(**_JIT)
+def _lstm_norm_output_columns(xw, t, n, j0, j1, H, part, c, y, tanh_c_all, norm):
+    """``y[t] = o * tanh(g_c * LN(c) + b_c)`` for units ``j0 .. j1``, rows ``0 .. n``, once every part's
+    cell is written (each part takes every row's cell statistics itself; part 0 keeps them)."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    one = one_of(xw)
+    ts = t if kept else 0
+    for b in range(n):
+        mean, rstd = row_stats(one, c[b], eps)
+        if part == 0:
+            stats[ts, b, 1, 0] = mean
+            stats[ts, b, 1, 1] = rstd
+        cb, go_, out, tc_out = c[b, j0:j1], xw[t, b, LSTM_O * H + j0:LSTM_O * H + j1], y[t, b, j0:j1], \
+            tanh_c_all[ts, b, j0:j1]
+        gc, bc = g_c[j0:j1], b_c[j0:j1]
+        for j in range(j1 - j0):
+            tc = tanh(gc[j] * gm.layer_normalized(cb[j], mean, rstd) + bc[j])
+            tc_out[j] = tc
+            out[j] = go_[j] * tc
+
+
+@simd_jit(**_JIT)
+def lstm_norm_forward_columns(part, parts, sync, steps, state, cell, cache, work, norm, scratch):
+    """:func:`lstm_forward_columns` with layer norm (``inputs``: the loop normalises the input side). A
+    normalised row needs every unit, so each part takes the statistics of whole rows itself, and the
+    parts meet three times a step: after the product (its columns), after the cell, at the end."""
+    prefer_full_vectors()
+    xw, bs, y, reverse = steps
+    h_buf, c = state
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    keep, c_all, tanh_c_all, c_cand_all = cache
+    rows, hm, c_prev = work
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    T, B, H = xw.shape[0], xw.shape[1], c.shape[1]
+    one = one_of(xw)
+    u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
+    in_stats = np.empty((B, 2), xw.dtype)
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = min(bs[t], B)
+        src, dst = h_buf[s % 2], h_buf[(s + 1) % 2]
+        _unit_groups(src, 0, n, W_hh_p, 4, u0, u1, raw[t if kept else 0], False, scratch)
+        for b in range(n):
+            mean, rstd = row_stats(one, x_raw[t, b], eps)
+            in_stats[b, 0] = mean
+            in_stats[b, 1] = rstd
+        if not barrier(sync, parts):
+            return  # cancelled: the call is failing (loop_threads.run_columns)
+        _norm_unit_columns(t, n, j0, j1, H, part, norm, xw, in_stats)
+        _lstm_norm_cell_columns(xw, t, n, j0, j1, H, c, clip_lo, clip_hi)
+        if not barrier(sync, parts):
+            return
+        _lstm_norm_output_columns(xw, t, n, j0, j1, H, part, c, y, tanh_c_all, norm)
+        _column_step_end(xw, t, n, j0, j1, H, 4, src, dst, y, keep)
+        if keep:
+            for b in range(n):
+                _copy_row(c_all[t, b, j0:j1], c[b, j0:j1])
+            c_all[t, n:, j0:j1] = 0.0
+            tanh_c_all[t, n:, j0:j1] = 0.0
+        if not barrier(sync, parts):
+            return
+
+
 @simd_jit(**_JIT)
 def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, norm, scratch):
     """The LSTM backward of rows ``r0 .. r1``, steps in reverse order of the forward (bundles:
