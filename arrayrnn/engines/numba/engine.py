@@ -23,9 +23,10 @@ loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split 
 workers (:meth:`NumbaEngine.matmul`).
 
 Layer norm (``layer_norm=True``): the loops normalise the input side, the recurrent product and the LSTM's
-cell per step and row (:mod:`.loops`), the input projection writes the raw product for them; the column
-split does not run (a normalised row needs every unit); the backward reads the raw products the forward
-kept and runs the input side's norm in one compiled pass (:mod:`.input_norm`).
+cell per step and row (:mod:`.loops`), the input projection writes the raw product for them; the LSTM's
+column split takes whole rows' statistics in each part (three barriers a step), the GRU's does not run; the
+backward reads the raw products the forward kept and runs the input side's norm in one compiled pass
+(:mod:`.input_norm`).
 
 Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too). A call of ``"auto"``
 never waits for the compile: until the call's loops are loaded, :meth:`NumbaEngine.check` declines it

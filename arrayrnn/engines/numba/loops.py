@@ -37,7 +37,8 @@ Layer norm (``layer_norm=True``; :class:`.NormForward`, :class:`.NormBackward`) 
 behind its flag: per step and active row, ``xw[t] = g_ih * LN(x_raw[t]) + b`` (:func:`_norm_input`), the
 recurrent GEMM into ``raw[t]`` (not into ``xw[t]``), ``xw[t] += g_hh * LN(raw[t])`` (:func:`_norm_rows`;
 the reset-after GRU's into ``rows``, the reset-before GRU's two parts each over its own row), then the gate
-math (the LSTM's with ``tanh(g_c * LN(c) + b_c)``, :func:`_lstm_norm_tile`). The backward runs each norm
+math (the LSTM's with ``tanh(g_c * LN(c) + b_c)``, :func:`_lstm_norm_tile`; its column split:
+:func:`lstm_norm_forward_columns`). The backward runs each norm
 back where its cotangent is complete (:func:`_lstm_norm_grads`, :func:`_norm_rows_grad`: the GEMM then reads
 the raw product's cotangent ``d_raw[t]``), the gains' sums per row in ``acc_*``. The row passes are compiled
 apart with their sums reassociated (:data:`_JIT_SUMS`), so LLVM vectorises them.
