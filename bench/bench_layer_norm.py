@@ -1,20 +1,23 @@
-"""Layer normalisation (issue 38) on CPU at S1: the memory of the saved statistics, and arrayrnn's call
-against the PyTorch Python loop a user writes without it.
+"""Layer normalisation (issue 38) on CPU: the fused numba loops against the plain layer, against the
+PyTorch Python loop a user writes without arrayrnn, and the memory of the saved statistics.
 
-S1: T=100, B=64, I=256, H=256, float32, one layer. Rows (medians of ``--repeats`` alternated runs):
+Shapes (bench/SHAPES.md, float32, time-major): S1 (T=100, B=64, I=256, H=256, one layer) and S2 (T=50, B=16,
+I=128, H=512, two layers). Rows, each the median of ``--repeats`` rounds that run every row twice and time
+the second (the row before may leave BLAS or torch threads spinning for a while):
 
-- arrayrnn, ``layer_norm=True``, ``engine="auto"`` (on CPU the reference engine: the numba engine declines
-  layer norm until its fused kernels land), forward (inference) and training step (``rnn_forward(training=
-  True)`` + ``rnn_backward``); the plain LSTM on ``"auto"`` (numba) and on the reference engine beside it;
-- the PyTorch loop: per step ``F.linear`` of x and of h, ``F.layer_norm`` of each (and of c), the LSTM gates
-  in torch ops (``nn.LSTMCell`` cannot normalise inside its gates), autograd for the backward; the loop is
-  first checked against arrayrnn's result in float64 (the same formulas, 1e-10).
+- arrayrnn ``layer_norm=True`` on the numba engine and the plain LSTM on the numba engine, forward (inference)
+  and training step (``rnn_forward(training=True)`` + ``rnn_backward``); their ratio (targets: forward <=
+  1.25x, training <= 1.3x); the reference engine's layer-normalised call beside them;
+- S1 only, the PyTorch loop: per step ``F.linear`` of x and of h, ``F.layer_norm`` of each (and of c), the
+  LSTM gates in torch ops (``nn.LSTMCell`` cannot normalise inside its gates), autograd for the backward;
+  the loop is first checked against arrayrnn's result in float64 (the same formulas, 1e-10). Target: the
+  numba call >= 5x faster. torch runs on as many threads as arrayrnn (``--threads``).
 
 Memory: the statistics are 2 numbers (mean, 1/std) per normalised row per step, ``T * B * S * 2 * itemsize``
 per layer-direction, ``S = spec.norms_per_step`` (LSTM 2, reset-after GRU 1, reset-before GRU 2, RNN 1);
 printed against the measured ``norm_stats`` array and the rest of the training cache.
 
-Usage: OPENBLAS_NUM_THREADS=1 python -m bench.bench_layer_norm [--repeats 5] [--threads 1]
+Usage: python -m bench.bench_layer_norm [--repeats 7] [--shapes S1,S2] [--threads N]
 """
 
 from __future__ import annotations
@@ -29,14 +32,15 @@ import torch
 import torch.nn.functional as F
 
 import arrayrnn as ar
-from arrayrnn.engines import probe_call, select_engine
 
-T, B, I, H = 100, 64, 256, 256
+T, B, I, H = 100, 64, 256, 256  # S1
+SHAPES = {"S1": (100, 64, 256, 256, 1), "S2": (50, 16, 128, 512, 2)}  # T, B, I, H, layers
 
 
 def torch_loop(flat: torch.Tensor, spec: ar.RNNSpec, x: torch.Tensor) -> torch.Tensor:
     """The user's layer-normalised LSTM as a Python loop over steps (one layer, one direction)."""
     w = {b.name: flat[b.offset:b.stop].view(b.shape) for b in ar.layout_of(spec).blocks}
+    H = spec.hidden_size
     eps, h = spec.layer_norm_eps, x.new_zeros(x.shape[1], H)
     c, ys = x.new_zeros(x.shape[1], H), []
     for t in range(x.shape[0]):
@@ -88,12 +92,12 @@ def torch_runs(spec: ar.RNNSpec, x: np.ndarray) -> tuple[Callable, Callable]:
 
 
 def medians(runs: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Milliseconds, the median of ``repeats`` rounds that run every entry once (after one warm-up)."""
-    for fn in runs.values():
-        fn()
+    """Milliseconds, the median of ``repeats`` rounds that run every entry twice, timing the second: the
+    previous entry's threads (BLAS's, torch's) may still spin after it returned and slow the first."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
+            fn()
             start = time.perf_counter()
             fn()
             times[name].append(1e3 * (time.perf_counter() - start))
@@ -101,8 +105,9 @@ def medians(runs: dict[str, Callable], repeats: int) -> dict[str, float]:
 
 
 def memory_rows(spec: ar.RNNSpec, x: np.ndarray) -> list[str]:
-    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=0), x, training=True, seed=1, engine="reference")
+    res = ar.rnn_forward(ar.PackedParams.init(spec, seed=0), x, training=True, seed=1, engine="numba")
     cache = res._saved.cache.layers[0][0].cache
+    T, B = x.shape[:2]
     formula = T * B * spec.norms_per_step * 2 * np.dtype(spec.dtype).itemsize
     total = cache.nbytes_per_step_row() * T * B
     return [f"| statistics, formula T*B*S*2*itemsize (S = {spec.norms_per_step}) | {formula:,} |",
@@ -110,28 +115,45 @@ def memory_rows(spec: ar.RNNSpec, x: np.ndarray) -> list[str]:
             f"| the whole training cache of the layer-direction (gates, c, tanh c, statistics) | {total:,} |"]
 
 
+def shape_runs(name: str) -> tuple[dict[str, Callable], ar.RNNSpec, np.ndarray]:
+    T, B, I, H, layers = SHAPES[name]
+    spec = ar.RNNSpec("lstm", I, H, num_layers=layers, layer_norm=True)
+    plain = spec.replace(layer_norm=False)
+    x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
+    calls = {"layer_norm, numba": arrayrnn_runs(spec, x, "numba"),
+             "plain, numba": arrayrnn_runs(plain, x, "numba"),
+             "layer_norm, reference": arrayrnn_runs(spec, x, "reference")}
+    if layers == 1:
+        calls["PyTorch loop, F.layer_norm"] = torch_runs(spec, x)
+    runs = {}
+    for row, (fwd, step) in calls.items():
+        runs[f"{name} | {row} | forward"], runs[f"{name} | {row} | training step"] = fwd, step
+    return runs, spec, x
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (%(default)s)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shapes", default="S1,S2")
+    parser.add_argument("--threads", type=int, default=ar.get_num_threads(),
+                        help="torch's intra-op threads (default: arrayrnn's, %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch loop vs arrayrnn, float64, T=7 B=3: max |dy| = {check_the_loop():.2e}")
+    print(f"threads: arrayrnn {ar.get_num_threads()}, torch {torch.get_num_threads()}")
+    print("| shape | call | pass | median ms | / plain numba | PyTorch loop / this |")
+    print("|---|---|---|---|---|---|")
+    for name in args.shapes.split(","):
+        runs, spec, x = shape_runs(name)
+        result = medians(runs, args.repeats)
+        for key, ms in result.items():
+            shape, row, phase = key.split(" | ")
+            plain = result[f"{shape} | plain, numba | {phase}"]
+            loop = result.get(f"{shape} | PyTorch loop, F.layer_norm | {phase}")
+            vs_loop = f"{loop / ms:.2f}" if loop is not None else ""
+            print(f"| {shape} | {row} | {phase} | {ms:.1f} | {ms / plain:.2f} | {vs_loop} |")
     spec = ar.RNNSpec("lstm", I, H, layer_norm=True)
-    plain = spec.replace(layer_norm=False)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
-    auto = select_engine("auto", probe_call(spec, training=True)).name
-    auto_plain = select_engine("auto", probe_call(plain, training=True)).name
-    runs = {}
-    for name, (fwd, step) in {f"arrayrnn layer_norm, auto = {auto}": arrayrnn_runs(spec, x, "auto"),
-                              f"arrayrnn plain, auto = {auto_plain}": arrayrnn_runs(plain, x, "auto"),
-                              "arrayrnn plain, reference": arrayrnn_runs(plain, x, "reference"),
-                              "PyTorch loop, F.layer_norm": torch_runs(spec, x)}.items():
-        runs[f"{name} | forward"], runs[f"{name} | training step"] = fwd, step
-    result = medians(runs, args.repeats)
-    print("| S1 LSTM, float32 | pass | median ms |\n|---|---|---|")
-    for name, ms in result.items():
-        print(f"| {name} | {ms:.1f} |")
     print("\n| memory (S1 LSTM, float32, one layer-direction) | bytes |\n|---|---|")
     print("\n".join(memory_rows(spec, x)))
 

@@ -82,6 +82,51 @@ def test_values_and_every_gradient_equal_the_torch_oracle(case_id, fields, T, B,
     """Values to 1e-12 (float64) and every gradient (params: every gain and shift too, x, h0, c0) of
     ``<y, dy> + <h_n, dh_n> + <c_n, dc_n> + <h_all, .> + <c_all, .>`` against torch's autograd of the
     oracle."""
+    _check_against_the_torch_oracle(case_id, fields, T, B, lengths, training, engine)
+
+
+# the numba engine's plans at two threads (engines/numba/plan.py): id, spec fields, T, B, the schedule, the
+# column split's parts (any step large enough for it: small sizes, the same code)
+NUMBA_PLANS = [
+    ("rows-split", dict(mode="lstm", peepholes=True), 5, 20, None, 1),
+    ("lstm-columns", dict(mode="lstm", num_layers=2, hidden_size=10, weight_dropout=0.3), 6, 12, None, 2),
+    ("layers-pipelined", dict(mode="lstm", num_layers=2, proj_size=2), 9, 12, "layers", 1),
+    ("directions", dict(mode="gru", bidirectional=True, recurrent_dropout=0.3), 5, 12, "directions", 1),
+    ("gru-rows-split", dict(mode="gru", num_layers=2, zoneout=0.3), 5, 20, None, 1),
+    ("gru-reset-after-pipelined", dict(mode="gru", num_layers=2, hidden_size=10), 9, 12, "layers", 1),
+    ("gru-reset-before-pipelined", dict(mode="gru", reset_after=False, num_layers=2), 9, 12, "layers", 1),
+    ("rnn-rows-split", dict(mode="rnn_relu", num_layers=2, weight_dropout=0.3), 4, 33, None, 1),
+]
+
+
+@pytest.mark.parametrize("case_id, fields, T, B, schedule, columns", NUMBA_PLANS,
+                         ids=[c[0] for c in NUMBA_PLANS])
+def test_the_numba_engines_split_loops_and_schedules_equal_the_torch_oracle(case_id, fields, T, B, schedule,
+                                                                            columns, monkeypatch):
+    """Rows split over threads, the LSTM's hidden units split (the parts meet three times a step: a
+    normalised row needs every unit; the GRU's column split does not run), a stack's layers pipelined over
+    chunks of time, a bidirectional layer's directions side by side: each of the numba engine's plans
+    against the oracle, lengths unsorted."""
+    from arrayrnn.engines import thresholds
+    from arrayrnn.engines.numba.plan import forward_plan
+
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    fields = {**fields, "layer_norm": True}
+    spec = variant_checks.variant_spec(fields)
+    plan = forward_plan(spec, np.zeros((T, B, spec.input_size)), np.full(T, B), threads=2)
+    assert (plan.schedule, plan.column_parts) == (schedule, columns)
+    assert plan.row_threads == (2 if B >= 16 and schedule is None else 1)
+    threads = ar.get_num_threads()
+    ar.set_num_threads(2)
+    numba = EngineOnDevice("numba", np)
+    try:
+        for training in (True, False):
+            _check_against_the_torch_oracle(case_id, fields, T, B, "unsorted", training, numba)
+    finally:
+        ar.set_num_threads(threads)
+
+
+def _check_against_the_torch_oracle(case_id, fields, T, B, lengths, training, engine):
     case = variant_checks.variant_case(case_id, fields, T, B, lengths)
     dev, xp = on_device(case, engine), xp_of(engine)
     res = rnn_forward(dev.params, dev.x, dev.lengths, dev.h0, dev.c0, training=training, seed=SEED,

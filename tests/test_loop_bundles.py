@@ -20,6 +20,7 @@ PARAMETERS = {
     "residuals": (bundles.LSTMResiduals, bundles.GRUResiduals),
     "grads": (bundles.BackSteps,),
     "carry": (bundles.Cotangents,),
+    "norm": (bundles.NormForward, bundles.NormBackward),
 }
 
 

@@ -112,6 +112,8 @@ def _variety(kind: str, dtype: str):
         (dict(hidden_size=320, reset_after=False), 3, 8, 2),
         (dict(hidden_size=360), 3, 12, 2),
         (dict(weight_dropout=0.4, num_layers=2, dropout=0.5), 4, 17, 2),
+        (dict(layer_norm=True, num_layers=2), 6, 12, 2),
+        (dict(layer_norm=True, bidirectional=True, recurrent_dropout=0.2), 5, 20, 2),
     ]:
         if kind != "gru":
             options.pop("reset_after", None)

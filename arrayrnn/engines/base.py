@@ -296,9 +296,14 @@ class DirectionCache:
     # spec.norms_per_step (the recurrent product [the reset-before GRU: its r, z part, then its n part],
     # then the LSTM's cell); ``tanh_c`` is then tanh(g_c * LN(c) + b_c), ``hn`` g_hn * LN(.)_n + b_hn
     norm_stats: Array | None = None
+    # layer_norm=True on the numba engine: (T, B, G*H) the raw products W_hh h_{t-1} (the reset-before GRU:
+    # its two parts) and W_ih x, kept for the backward instead of computed again there
+    raw_recurrent: Array | None = None
+    raw_input: Array | None = None
 
     def nbytes_per_step_row(self) -> int:
-        parts = [a for a in (self.gates, self.c, self.tanh_c, self.hn, self.c_cand) if a is not None]
+        parts = [a for a in (self.gates, self.c, self.tanh_c, self.hn, self.c_cand, self.raw_recurrent,
+                             self.raw_input) if a is not None]
         stats = self.norm_stats.itemsize * self.norm_stats[0, 0].size if self.norm_stats is not None else 0
         return sum(a.itemsize * a.shape[-1] for a in parts) + stats
 

@@ -568,14 +568,11 @@ def _lstm_norm_unit_grads(one, gates, c_all, tanh_c_all, c_prev, P, peep, dmj, d
     its cell before o's peephole (the carry plus the output's part through the cell's norm)."""
     I, F, G, O = _lstm_columns(c_all.shape[2], j)
     i, f, g, o = gates[t, b, I], gates[t, b, F], gates[t, b, G], gates[t, b, O]
-    do = gm.sigmoid_grad(one, o, dmj * tanh_c_all[t, b, j])
+    p_i = p_f = p_o = one - one
     if peep:
-        d_cell += do * P[2, j]
-    c, cp = c_all[t, b, j], c_prev[t, b, j]
-    di, df, dg, dcp = gm.lstm_gate_grads(one, i, f, g, c, cp, d_cell, use_clip, lo, hi)
-    if peep:
-        dcp += di * P[0, j] + df * P[1, j]
-    return di, df, dg, do, dcp
+        p_i, p_f, p_o = P[0, j], P[1, j], P[2, j]
+    return gm.lstm_norm_unit_grads(one, i, f, g, o, c_all[t, b, j], tanh_c_all[t, b, j], c_prev[t, b, j], dmj,
+                                   d_cell, use_clip, lo, hi, p_i, p_f, p_o)
 
 
 @cuda.jit(device=True, inline=True)

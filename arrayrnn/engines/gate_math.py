@@ -125,6 +125,17 @@ def lstm_peephole_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_cli
 
 
 @numba.njit(**_JIT)
+def lstm_norm_unit_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, d_cell, use_clip, lo, hi, p_i, p_f, p_o):
+    """``(di, df, dg, do, dc_prev)`` of one element of a layer-normalised LSTM (``h = o * tanh_c``,
+    ``tanh_c = tanh(g_c * LN(c) + b_c)``) from its output's cotangent ``dm`` and ``d_cell``, its cell's
+    (the carry plus the output's part through the cell's norm); peepholes ``p_i, p_f, p_o`` (zeros
+    without) as in :func:`lstm_peephole_cell_grads`."""
+    do = sigmoid_grad(one, o, dm * tanh_c)
+    di, df, dg, dc_prev = lstm_gate_grads(one, i, f, g, c, c_prev, d_cell + do * p_o, use_clip, lo, hi)
+    return di, df, dg, do, dc_prev + di * p_i + df * p_f
+
+
+@numba.njit(**_JIT)
 def zoneout(m, prev, new):
     """The zoned-out state ``m * prev + (1 - m) * new`` (``m``: 0 or 1 in training, the rate in inference)."""
     return new + m * (prev - new)

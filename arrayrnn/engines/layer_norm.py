@@ -30,10 +30,13 @@ reads ``h_{t-1} * mask``, with DropConnect ``W_hh * mask``; zoneout wraps the st
 
 Residuals (what the backward keeps): the mean and ``1 / sqrt(var + eps)`` of each row normalised inside
 the loop, per step and row (``DirectionCache.norm_stats``, 2 elements per normalised row: 4 per step-row
-for LSTM and the reset-before GRU, 2 for the reset-after GRU and the plain RNN). Nothing is kept of the
-input product: the backward computes ``W_ih x`` again (one GEMM over every step, as the forward's) and its
-statistics; the recurrent products are computed again from ``h_{t-1}`` the same way, and the cell from the
-kept ``c``. Backward of ``y = g * LN(v) + b`` for one row of width ``N``, with ``x = LN(v)``::
+for LSTM and the reset-before GRU, 2 for the reset-after GRU and the plain RNN). On the reference and CuPy
+engines nothing is kept of the input product: the backward computes ``W_ih x`` again (one GEMM over every
+step, as the forward's) and its statistics; the recurrent products are computed again from ``h_{t-1}`` the
+same way, and the cell from the kept ``c``. The numba engine keeps both raw products instead
+(``DirectionCache.raw_input``, ``raw_recurrent``: its loops normalise the input side step by step too).
+
+Backward of ``y = g * LN(v) + b`` for one row of width ``N``, with ``x = LN(v)``::
 
     dg += dy * x;  db += dy;  d = dy * g
     dv = rstd * (d - mean(d) - x * mean(d * x))
@@ -139,16 +142,18 @@ def input_backward(project: Project, grads: Any, layer: int, direction: int, w: 
     gradient from the input product (computed again: ``project`` is the engine's input projection,
     ``w.input_bias`` is None) and the kernel's reductions (``g.norm``: ``g_hh``, ``b_hh``, ``g_c``, ``b_c``)
     into ``grads``; returns the cotangent of the raw product ``W_ih x`` (``dW_ih``'s and ``dx``'s operand)."""
-    def put(name: str, value: Array) -> None:
-        if grads.layout.has(layer, direction, name):
-            grads.view(layer, direction, name)[...] = value
-
     norm = w.norm
     raw = project(layer_input, w)
     stats = row_stats(get_xp(raw), raw, norm.eps)
     x = normalize(raw, stats)
     del raw
-    put("g_ih", (g.dpre_in * x).sum(axis=(0, 1)))
-    for name, value in g.norm.items():
-        put(name, value)
+    put_grads(grads, layer, direction, {"g_ih": (g.dpre_in * x).sum(axis=(0, 1)), **g.norm})
     return row_grad(g.dpre_in * norm.g_ih, x, stats)
+
+
+def put_grads(grads: Any, layer: int, direction: int, named: dict[str, Array]) -> None:
+    """The gains' (and shifts') gradients ``named`` into their blocks of ``grads`` (``b_hh`` only where the
+    layout has it)."""
+    for name, value in named.items():
+        if grads.layout.has(layer, direction, name):
+            grads.view(layer, direction, name)[...] = value

@@ -433,7 +433,7 @@ class StackEngine(Engine):
             back.dc0[k] = g.dc0
         d_product = None  # layer norm: the cotangent of W_ih x (g.dpre_in is that of g_ih * LN(W_ih x) + b)
         if w.norm is not None:
-            d_product = input_backward(self.project_input, back.grads, layer, direction, w, g, layer_input)
+            d_product = self.norm_input_backward(back, layer, direction, w, g, fwd, layer_input)
         rows = ActiveRows(xp, bs, layer_input.shape[1],
                           (g.dpre_in, d_product, g.dpre_rec, g.dn_rec, g.d_h, h_prev))
         _weight_grads(self.matmul, spec, back.grads, layer, direction, w, g, fwd, layer_input, h_prev, c_prev,
@@ -442,6 +442,12 @@ class StackEngine(Engine):
         rows.retain(d_input)
         del h_prev, c_prev  # (T, B, H) each: gone before the dx GEMM's output (the peak of a step)
         return _input_grad(self.matmul, rows, d_input, w.W_ih, layer_input.shape)
+
+    def norm_input_backward(self, back: StackBackRun, layer: int, direction: int, w: DirectionWeights,
+                            g: DirectionGrads, fwd: DirectionForward, layer_input: Array) -> Array:
+        """Layer norm: the gains' gradients into ``back.grads`` and the cotangent of the raw input product
+        ``W_ih x`` (:func:`.layer_norm.input_backward`: the product computed again)."""
+        return input_backward(self.project_input, back.grads, layer, direction, w, g, layer_input)
 
     @staticmethod
     def _layer_input(xp: ModuleType, cache: StackCache, layer: int) -> Array:

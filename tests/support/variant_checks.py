@@ -19,7 +19,7 @@ SEED = 5
 
 
 def variant_spec(fields: dict) -> RNNSpec:
-    return RNNSpec(input_size=2, hidden_size=3, dtype="float64", **fields)
+    return RNNSpec(**{"input_size": 2, "hidden_size": 3, "dtype": "float64", **fields})
 
 
 def variant_case(case_id: str, fields: dict, T: int, B: int, lengths: str) -> Case:

@@ -148,6 +148,35 @@ class ForwardWork(NamedTuple):
     c_prev: Array
 
 
+class NormForward(NamedTuple):
+    """Layer normalisation in a forward (``layer_norm=True``; off: ``on`` False, arrays zero-size).
+    ``inputs``: the loop normalises the input side too, ``xw[t] = g_ih * LN(x_raw[t]) + bias`` (``x_raw
+    (T,B,G*H)`` the raw ``W_ih x``: ``xw`` itself, or kept apart when ``kept``); else ``xw`` arrives
+    normalised. ``g_hh (G*H,)`` the recurrent product's gain, ``g_c``, ``b_c (H,)`` the LSTM cell's gain and
+    shift, ``eps``; out: ``stats (T,B,S,2)`` the mean and ``1/sqrt(var + eps)`` of each row normalised in
+    the loop, ``raw (T,B,G*H)`` each step's raw recurrent product(s) (both one step of scratch unless
+    ``kept``)."""
+
+    on: bool
+    kept: bool
+    inputs: bool
+    g_ih: Array
+    bias: Array
+    g_hh: Array
+    g_c: Array
+    b_c: Array
+    eps: Any
+    stats: Array
+    x_raw: Array
+    raw: Array
+
+    def chunk(self, t0: int, t1: int) -> NormForward:
+        x_raw = self.x_raw[t0:t1] if self.inputs else self.x_raw
+        if not self.kept:
+            return self._replace(x_raw=x_raw)
+        return self._replace(x_raw=x_raw, stats=self.stats[t0:t1], raw=self.raw[t0:t1])
+
+
 # -- backward -------------------------------------------------------------------------------------
 class LSTMResiduals(NamedTuple):
     """An LSTM forward's residuals, read by its backward: ``gates (T,B,4H)`` the activations, ``c_all
@@ -205,6 +234,23 @@ class BackwardWork(NamedTuple):
     carry_c: Array
 
 
+class NormBackward(NamedTuple):
+    """Layer normalisation in a backward (off: ``on`` False, arrays zero-size): the gains ``g_hh``,
+    ``g_c``; the forward's ``stats (T,B,S,2)`` and ``raw (T,B,G*H)``, every step's raw recurrent
+    product(s); out: ``d_raw (T,B,G*H)`` their cotangents (``dpre_rec``), ``acc_hh (B,2,G*H)``, ``acc_c
+    (B,2,H)`` per row the sums over steps of ``d * LN(v)`` and ``d`` (the gains' and shifts' gradients,
+    ``d`` the cotangent of ``g * LN(v) + shift``)."""
+
+    on: bool
+    g_hh: Array
+    g_c: Array
+    stats: Array
+    raw: Array
+    d_raw: Array
+    acc_hh: Array
+    acc_c: Array
+
+
 Cell = LSTMCell | GRUCell | RNNCell
 
 
@@ -229,3 +275,18 @@ def absent(dtype: Any, ndim: int) -> np.ndarray:
 def no_variants(dtype: Any) -> Variants:
     """Every variant off."""
     return Variants(False, absent(dtype, 2), False, absent(dtype, 3), False, absent(dtype, 3))
+
+
+@functools.cache
+def no_norm(dtype: Any) -> NormForward:
+    """Layer normalisation off, in a forward."""
+    vector = absent(dtype, 1)
+    return NormForward(False, False, False, vector, vector, vector, vector, vector, np.dtype(dtype).type(0),
+                       absent(dtype, 4), absent(dtype, 3), absent(dtype, 3))
+
+
+@functools.cache
+def no_norm_backward(dtype: Any) -> NormBackward:
+    """Layer normalisation off, in a backward."""
+    return NormBackward(False, absent(dtype, 1), absent(dtype, 1), absent(dtype, 4), absent(dtype, 3),
+                        absent(dtype, 3), absent(dtype, 3), absent(dtype, 3))

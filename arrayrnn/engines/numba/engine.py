@@ -22,6 +22,12 @@ over chunks of time (:meth:`NumbaEngine.start_direction` runs a chunk of steps a
 loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split their rows over the same
 workers (:meth:`NumbaEngine.matmul`).
 
+Layer norm (``layer_norm=True``): the loops normalise the input side, the recurrent product and the LSTM's
+cell per step and row (:mod:`.loops`), the input projection writes the raw product for them; the LSTM's
+column split takes whole rows' statistics in each part (three barriers a step), the GRU's does not run; the
+backward reads the raw products the forward kept and runs the input side's norm in one compiled pass
+(:mod:`.input_norm`).
+
 Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too). A call of ``"auto"``
 never waits for the compile: until the call's loops are loaded, :meth:`NumbaEngine.check` declines it
 (the reference engine runs it) while a child process compiles them (:mod:`.warmup`).
@@ -29,6 +35,7 @@ never waits for the compile: until the call's loops are loaded, :meth:`NumbaEngi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -43,8 +50,9 @@ from ..base import (
     StackForward,
     StackGrads,
 )
+from ..layer_norm import put_grads
 from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
-from . import direction, warmup, wavefront
+from . import direction, input_norm, warmup, wavefront
 from .direction import LoopCall, cell_of, variants_of
 from .loop_threads import (
     available_threads,
@@ -74,7 +82,8 @@ class ForwardLoop:
 
     @property
     def xw(self) -> np.ndarray:
-        return self._call.args[0].xw
+        """The buffer the input projection fills (:func:`.direction.input_buffer`)."""
+        return direction.input_buffer(self._call)
 
     def run(self, t0: int, t1: int) -> None:
         chunk = self._call.chunk(t0, t1)
@@ -93,7 +102,7 @@ class ColumnsLoop(ForwardLoop):
     def run(self, t0: int, t1: int) -> None:
         chunk = self._call.chunk(t0, t1)
         # as many parts as threads are free, up to self._threads (run_columns: no part waits for a thread)
-        run_columns(chunk.loop, self._threads, self.xw.dtype, *chunk.plain_args())
+        run_columns(chunk.loop, self._threads, chunk.args[0].xw.dtype, *chunk.plain_args())
         if (t1 - t0) % 2:  # the chunk's last step wrote h[1]
             h_buf = chunk.args[1].h_buf
             h_buf[0] = h_buf[1]
@@ -121,19 +130,21 @@ class NumbaKernel:
         return loop.result()
 
     def start_forward(self, spec: RNNSpec, w: DirectionWeights, xw: np.ndarray, batch_sizes: np.ndarray,
-                      h0: Array, c0: Array | None, reverse: bool, keep_cache: bool) -> ForwardLoop:
+                      h0: Array, c0: Array | None, reverse: bool, keep_cache: bool,
+                      norm_inputs: bool = False) -> ForwardLoop:
         """The forward's buffers and compiled loop, to run a chunk of steps at a time
         (:meth:`ForwardLoop.run`). ``xw``: contiguous ``(T, B, G*H)``, overwritten in place by the
-        activations (the cache)."""
+        activations (the cache); with layer norm it arrives normalised, or, ``norm_inputs``, the loop
+        normalises its input side (the projection then fills :attr:`ForwardLoop.xw`)."""
         B, dtype = xw.shape[1], xw.dtype
         plan = self._plan(spec, w, B, dtype)
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         cell = cell_of(spec, w, dtype)
-        if plan.column_parts > 1:
-            call, result = direction.columns_forward(spec, cell, xw, bs, h0, c0, reverse, keep_cache)
+        if plan.column_parts > 1 and (w.norm is None or norm_inputs):
+            call, result = direction.columns_forward(spec, cell, xw, bs, h0, c0, reverse, keep_cache, w.norm)
             return ColumnsLoop(call, B, plan.column_parts, result)
         call, result = direction.forward(spec, cell, variants_of(w, dtype), xw, bs, h0, c0, reverse,
-                                         keep_cache)
+                                         keep_cache, w.norm, norm_inputs)
         return ForwardLoop(call, B, plan.row_threads, result)
 
     # -- backward -------------------------------------------------------------------------------
@@ -143,10 +154,11 @@ class NumbaKernel:
         B, dtype = dy.shape[1], np.dtype(fwd.y.dtype)
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
         cell, variants = cell_of(spec, w, dtype, backward=True), variants_of(w, dtype)
+        norm = direction.norm_backward(w, fwd.cache, dtype)
         call, grads = direction.backward(spec, cell, variants, fwd, h_prev, c_prev, dy, dh_n, dc_n, bs,
-                                         reverse, dc_seq)
+                                         reverse, dc_seq, norm)
         run_split(call.loop, call.plain_args(), bs, B, self._plan(spec, w, B, dtype).row_threads, dtype)
-        return grads
+        return replace(grads, norm=direction.norm_grads(norm)) if norm.on else grads
 
 
 def project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.ndarray, out: np.ndarray | None,
@@ -191,9 +203,6 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
-        if call.spec.layer_norm:
-            return ("layer_norm=True: the numba engine's fused layer-norm kernels are pending (issue 38); "
-                    "use engine='reference', which 'auto' takes on CPU")
         if not call.explicit and not warmup.loaded(call.spec, call.training):
             return ("its compiled loops for this call are compiling in the background (engine='numba' "
                     "waits for them; arrayrnn.warmup() compiles them ahead)")
@@ -236,12 +245,14 @@ class NumbaEngine(StackEngine):
         T, B = run.x.shape[:2]
         xw = np.empty((T, B, w.W_hh.shape[0]), run.x.dtype)
         loop = self.kernel_for(run.plan).start_forward(run.params.spec, w, xw, run.batch_sizes,
-                                                      *run.states(layer, direction), direction == 1, run.keep)
+                                                      *run.states(layer, direction), direction == 1, run.keep,
+                                                      norm_inputs=True)
         return w, loop
 
     def projector(self, run: StackRun, layer: int, w: DirectionWeights, chunks: bool = False) -> Projector:
         """The input projection of layer ``layer`` into a loop's buffer, the path the plan chose: each
-        step's active rows (a whole sequence only), the packed kernel (small products) or BLAS."""
+        step's active rows (a whole sequence only), the packed kernel (small products) or BLAS; with layer
+        norm, the raw product, which the loop normalises."""
         plan = run.plan
         if plan.active_projection and not chunks:
             return lambda x, out: project_active_rows(x, w, run.batch_sizes, out, plan.direction_threads)
@@ -256,6 +267,16 @@ class NumbaEngine(StackEngine):
         plan = plan or backward_plan(cache.params.spec, cache.x.shape[1])
         with engine_threads(plan.threads):
             return super().backward_sorted(cache, dy, dh_n, dc_n, dh_all, dc_all, plan)
+
+    def norm_input_backward(self, back: StackBackRun, layer: int, direction: int, w: DirectionWeights,
+                            g: DirectionGrads, fwd: DirectionForward, layer_input: Array) -> Array:
+        """From the raw input products the forward kept (:mod:`.input_norm`), in one compiled pass."""
+        if fwd.cache.raw_input is None:  # the loop ran on normalised inputs (a direction run alone)
+            return super().norm_input_backward(back, layer, direction, w, g, fwd, layer_input)
+        d_product, d_gain = input_norm.backward(w.norm, fwd.cache.raw_input, g.dpre_in,
+                                                back.cache.batch_sizes, back.plan.direction_threads)
+        put_grads(back.grads, layer, direction, {"g_ih": d_gain, **g.norm})
+        return d_product
 
     def backward_layer(self, back: StackBackRun, layer: int, d_layer: Array, layer_input: Array) -> Array:
         if back.plan.schedule == DIRECTIONS:

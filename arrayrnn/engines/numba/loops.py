@@ -33,6 +33,16 @@ zoneout (after the step; the backward splits each state's cotangent with :func:`
 peepholes (their own LSTM tile and backward loop), per-step cell cotangents (``return_all_states``). A
 plain call runs the code it ran before, plus one untaken branch per step.
 
+Layer norm (``layer_norm=True``; :class:`.NormForward`, :class:`.NormBackward`) runs in the same loops
+behind its flag: per step and active row, ``xw[t] = g_ih * LN(x_raw[t]) + b`` (:func:`_norm_input`), the
+recurrent GEMM into ``raw[t]`` (not into ``xw[t]``), ``xw[t] += g_hh * LN(raw[t])`` (:func:`_norm_rows`;
+the reset-after GRU's into ``rows``, the reset-before GRU's two parts each over its own row), then the gate
+math (the LSTM's with ``tanh(g_c * LN(c) + b_c)``, :func:`_lstm_norm_tile`; its column split:
+:func:`lstm_norm_forward_columns`). The backward runs each norm
+back where its cotangent is complete (:func:`_lstm_norm_grads`, :func:`_norm_rows_grad`: the GEMM then reads
+the raw product's cotangent ``d_raw[t]``), the gains' sums per row in ``acc_*``. The row passes are compiled
+apart with their sums reassociated (:data:`_JIT_SUMS`), so LLVM vectorises them.
+
 The gate formulas themselves (how activated gates combine into the state, and their derivatives) live
 in :mod:`.gate_math` and are shared with the cupy engine's CUDA kernels; numba inlines them here, so the
 compiled loops equal the hand-inlined ones (same instruction count within 0.5%, same packed vector ops).
@@ -59,6 +69,9 @@ from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
 from .spin_barrier import barrier
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
+# the layer norm's row passes: their sums vectorise only where LLVM may reassociate them (nothing else in
+# these functions is reassociated: they call no activation)
+_JIT_SUMS = dict(_JIT, fastmath={"reassoc"})
 # the time loops reach the SIMD kernels: their cache is keyed on the variant (simd_ir.simd_jit)
 
 
@@ -236,6 +249,89 @@ def _dy_plus_dh(dy, t, dh, out, r0, n):
             ob[j] = dyb[j] + dhb[j]
 
 
+# -- layer normalisation (layer_norm=True) ---------------------------------------------------------
+@simd_jit(**_JIT_SUMS)
+def row_stats(one, v, eps):
+    """``(mean, 1 / sqrt(var + eps))`` of the row ``v`` (two passes: the row is in L1)."""
+    prefer_full_vectors()
+    inv = one / v.shape[0]
+    total = one - one
+    for k in range(v.shape[0]):
+        total += v[k]
+    mean = total * inv
+    squares = one - one
+    for k in range(v.shape[0]):
+        d = v[k] - mean
+        squares += d * d
+    return mean, gm.layer_norm_rstd(one, squares * inv, eps)
+
+
+@simd_jit(**_JIT_SUMS)
+def _norm_rows(t, r0, n, k0, k1, slot, norm, dst, accumulate):
+    """Rows ``r0 .. n`` of step ``t``: ``dst[:, k0:k1] (+)= g_hh * LN(raw[t])`` over columns ``k0 .. k1`` of
+    the raw product (:class:`.NormForward`), each row's statistics into ``stats[t, :, slot]``."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    one = one_of(raw)
+    ts = t if kept else 0
+    g = g_hh[k0:k1]
+    for b in range(r0, n):
+        v, out = raw[ts, b, k0:k1], dst[b, k0:k1]
+        mean, rstd = row_stats(one, v, eps)
+        stats[ts, b, slot, 0] = mean
+        stats[ts, b, slot, 1] = rstd
+        if accumulate:
+            for k in range(k1 - k0):
+                out[k] += g[k] * gm.layer_normalized(v[k], mean, rstd)
+        else:
+            for k in range(k1 - k0):
+                out[k] = g[k] * gm.layer_normalized(v[k], mean, rstd)
+
+
+@simd_jit(**_JIT_SUMS)
+def _norm_input(t, r0, n, norm, xw):
+    """Rows ``r0 .. n`` of step ``t``, when the loop normalises the input side (``inputs``): ``xw[t] = g_ih
+    * LN(x_raw[t]) + bias`` (``x_raw`` may be ``xw`` itself)."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    if not inputs:
+        return
+    one = one_of(xw)
+    for b in range(r0, n):
+        v, out = x_raw[t, b], xw[t, b]
+        mean, rstd = row_stats(one, v, eps)
+        for k in range(v.shape[0]):
+            out[k] = g_ih[k] * gm.layer_normalized(v[k], mean, rstd) + bias[k]
+
+
+@simd_jit(**_JIT_SUMS)
+def _norm_rows_grad(t, r0, n, k0, k1, slot, src, norm):
+    """The backward of :func:`_norm_rows` for rows ``r0 .. n`` of step ``t``: ``d_raw[t, :, k0:k1]``
+    (:class:`.NormBackward`), the cotangent of ``raw[t]``, from ``src[:, k0:k1]``, that of ``g_hh *
+    LN(raw) + b_hh``; the per-row sums of the gain's and the shift's gradients into ``acc_hh``."""
+    prefer_full_vectors()
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
+    one = one_of(raw)
+    inv = one / (k1 - k0)
+    g = g_hh[k0:k1]
+    for b in range(r0, n):
+        v, d, dv = raw[t, b, k0:k1], src[b, k0:k1], d_raw[t, b, k0:k1]
+        d_gain, d_shift = acc_hh[b, 0, k0:k1], acc_hh[b, 1, k0:k1]
+        mean, rstd = stats[t, b, slot, 0], stats[t, b, slot, 1]
+        sum_d, sum_dx = one - one, one - one
+        for k in range(k1 - k0):
+            x = gm.layer_normalized(v[k], mean, rstd)
+            d_gain[k] += d[k] * x
+            d_shift[k] += d[k]
+            dd = d[k] * g[k]
+            sum_d += dd
+            sum_dx += dd * x
+        mean_d, mean_dx = sum_d * inv, sum_dx * inv
+        for k in range(k1 - k0):
+            x = gm.layer_normalized(v[k], mean, rstd)
+            dv[k] = gm.layer_norm_grad(rstd, d[k] * g[k], x, mean_d, mean_dx)
+
+
 # -- LSTM -----------------------------------------------------------------------------------------
 @register_jitable(inline="always")
 def _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc):
@@ -298,7 +394,40 @@ def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, cl
 
 
 @simd_jit(**_JIT)
-def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch):
+def _lstm_norm_tile(xw, t, i0, i1, H, c, y, m, project, tanh_c_all, clip_lo, clip_hi, P, norm):
+    """:func:`_lstm_peephole_tile` with the cell's norm: ``h = o * tanh(g_c * LN(c) + b_c)`` (``P``: zeros
+    without peepholes); ``tanh_c_all`` keeps each step's ``tanh(.)`` (the backward's residual), the cell's
+    statistics go into slot 1."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    one = one_of(xw)
+    ts = t if kept else 0
+    p_i, p_f, p_o = P[0], P[1], P[2]
+    for b in range(i0, i1):
+        g = xw[t, b]
+        gi_, gf_, gg_, go_ = g[LSTM_I * H:(LSTM_I + 1) * H], g[LSTM_F * H:(LSTM_F + 1) * H], \
+            g[LSTM_G * H:(LSTM_G + 1) * H], g[LSTM_O * H:(LSTM_O + 1) * H]
+        cb = c[b]
+        for j in range(H):
+            gi = sigmoid(gm.peephole_input(gi_[j], p_i[j], cb[j]))
+            gf = sigmoid(gm.peephole_input(gf_[j], p_f[j], cb[j]))
+            gg = tanh(gg_[j])
+            cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+            gi_[j], gf_[j], gg_[j] = gi, gf, gg
+            go_[j] = sigmoid(gm.peephole_input(go_[j], p_o[j], cn))
+            cb[j] = cn
+        mean, rstd = row_stats(one, cb, eps)
+        stats[ts, b, 1, 0] = mean
+        stats[ts, b, 1, 1] = rstd
+        out, tc_out = m[b] if project else y[t, b], tanh_c_all[ts, b]
+        for j in range(H):
+            tc = tanh(g_c[j] * gm.layer_normalized(cb[j], mean, rstd) + b_c[j])
+            tc_out[j] = tc
+            out[j] = go_[j] * tc
+
+
+@simd_jit(**_JIT)
+def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, scratch):
     """The LSTM forward of rows ``r0 .. r1`` (bundles: :class:`.Steps`, ``xw (T,B,4H)``; :class:`.State`;
     :class:`.LSTMCell` packed for the forward; :class:`.LSTMCache`; :class:`.Variants`;
     :class:`.ForwardWork`). Per step, per unit group and row tile: the tile's four gates (one GEMM tile)
@@ -312,6 +441,7 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch
     keep, c_all, tanh_c_all, c_cand_all = cache
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, H = xw.shape[0], c.shape[1]
     for s in range(T):
         t = _step_time(s, T, reverse)
@@ -322,12 +452,19 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch
             src = hm if masked else h
             if zone_c:
                 _copy_rows(c_prev[r0:n], c[r0:n])
-            _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, xw[t], True, scratch)
-            if peep:
-                _lstm_peephole_tile(xw, t, r0, n, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi,
-                                    P)
+            if on:  # layer norm: the raw product apart, normalised into xw[t], then the cell's norm
+                _norm_input(t, r0, n, norm, xw)
+                _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, raw[t if kept else 0], False,
+                             scratch)
+                _norm_rows(t, r0, n, 0, 4 * H, 0, norm, xw[t], True)
+                _lstm_norm_tile(xw, t, r0, n, H, c, y, rows, project, tanh_c_all, clip_lo, clip_hi, P, norm)
             else:
-                _lstm_tile(xw, t, r0, n, 0, H, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi)
+                _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, xw[t], True, scratch)
+                if peep:
+                    _lstm_peephole_tile(xw, t, r0, n, H, c, y, rows, project, keep, tanh_c_all, clip_lo,
+                                        clip_hi, P)
+                else:
+                    _lstm_tile(xw, t, r0, n, 0, H, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi)
             if zone_c:
                 if keep:
                     _copy_rows(c_cand_all[t, r0:n], c[r0:n])
@@ -340,17 +477,17 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
             _copy_rows(h[r0:n], y[t, r0:n])
-        _idle_rows(t, max(n, r0), r1, y, keep, xw, c_all, project, tanh_c_all, zone_c, c_cand_all)
+        _idle_rows(t, max(n, r0), r1, y, keep, xw, c_all, project or on, tanh_c_all, zone_c, c_cand_all)
 
 
 @register_jitable(inline="always")
-def _idle_rows(t, i0, i1, y, keep, xw, c_all, project, tanh_c_all, zone_c, c_cand_all):
+def _idle_rows(t, i0, i1, y, keep, xw, c_all, tanh_c_kept, tanh_c_all, zone_c, c_cand_all):
     """Rows ``i0 .. i1``, idle at step ``t`` of an LSTM forward: zero output, zero residuals where kept."""
     y[t, i0:i1] = 0.0
     if keep:
         xw[t, i0:i1] = 0.0
         c_all[t, i0:i1] = 0.0
-        if project:
+        if tanh_c_kept:
             tanh_c_all[t, i0:i1] = 0.0
         if zone_c:
             c_cand_all[t, i0:i1] = 0.0
@@ -417,14 +554,121 @@ def lstm_forward_columns(part, parts, sync, steps, state, cell, cache, work, scr
             return  # cancelled: the call is failing (loop_threads.run_columns)
 
 
+@simd_jit(**_JIT_SUMS)
+def _norm_unit_columns(t, n, j0, j1, H, part, norm, xw, in_stats):
+    """Layer norm of a column split's step ``t``, units ``j0 .. j1`` of each of the 4 gates, rows ``0 ..
+    n``: ``xw[t] = g_ih * LN(x_raw[t]) + b + g_hh * LN(raw[t])`` in those columns (``in_stats``: the input
+    rows' statistics, taken before any part wrote ``xw[t]``); each part takes every row's product
+    statistics itself (part 0 keeps them)."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    one = one_of(xw)
+    ts = t if kept else 0
+    for b in range(n):
+        r = raw[ts, b]
+        mean, rstd = row_stats(one, r, eps)
+        if part == 0:
+            stats[ts, b, 0, 0] = mean
+            stats[ts, b, 0, 1] = rstd
+        mean_in, rstd_in = in_stats[b, 0], in_stats[b, 1]
+        for k in range(4):
+            c0, c1 = k * H + j0, k * H + j1
+            out, v, rv = xw[t, b, c0:c1], x_raw[t, b, c0:c1], r[c0:c1]
+            gi, bi, gh = g_ih[c0:c1], bias[c0:c1], g_hh[c0:c1]
+            for j in range(c1 - c0):
+                out[j] = (gi[j] * gm.layer_normalized(v[j], mean_in, rstd_in) + bi[j]
+                          + gh[j] * gm.layer_normalized(rv[j], mean, rstd))
+
+
 @simd_jit(**_JIT)
-def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, scratch):
+def _lstm_norm_cell_columns(xw, t, n, j0, j1, H, c, clip_lo, clip_hi):
+    """The gates and the new cell of units ``j0 .. j1``, rows ``0 .. n`` of a column split's step ``t``."""
+    prefer_full_vectors()
+    for b in range(n):
+        g = xw[t, b]
+        gi_, gf_ = g[LSTM_I * H + j0:LSTM_I * H + j1], g[LSTM_F * H + j0:LSTM_F * H + j1]
+        gg_, go_ = g[LSTM_G * H + j0:LSTM_G * H + j1], g[LSTM_O * H + j0:LSTM_O * H + j1]
+        cb = c[b, j0:j1]
+        for j in range(j1 - j0):
+            gi, gf, gg = sigmoid(gi_[j]), sigmoid(gf_[j]), tanh(gg_[j])
+            gi_[j], gf_[j], gg_[j], go_[j] = gi, gf, gg, sigmoid(go_[j])
+            cb[j] = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+
+
+@simd_jit(**_JIT)
+def _lstm_norm_output_columns(xw, t, n, j0, j1, H, part, c, y, tanh_c_all, norm):
+    """``y[t] = o * tanh(g_c * LN(c) + b_c)`` for units ``j0 .. j1``, rows ``0 .. n``, once every part's
+    cell is written (each part takes every row's cell statistics itself; part 0 keeps them)."""
+    prefer_full_vectors()
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    one = one_of(xw)
+    ts = t if kept else 0
+    for b in range(n):
+        mean, rstd = row_stats(one, c[b], eps)
+        if part == 0:
+            stats[ts, b, 1, 0] = mean
+            stats[ts, b, 1, 1] = rstd
+        cb, go_, out, tc_out = c[b, j0:j1], xw[t, b, LSTM_O * H + j0:LSTM_O * H + j1], y[t, b, j0:j1], \
+            tanh_c_all[ts, b, j0:j1]
+        gc, bc = g_c[j0:j1], b_c[j0:j1]
+        for j in range(j1 - j0):
+            tc = tanh(gc[j] * gm.layer_normalized(cb[j], mean, rstd) + bc[j])
+            tc_out[j] = tc
+            out[j] = go_[j] * tc
+
+
+@simd_jit(**_JIT)
+def lstm_norm_forward_columns(part, parts, sync, steps, state, cell, cache, work, norm, scratch):
+    """:func:`lstm_forward_columns` with layer norm (``inputs``: the loop normalises the input side). A
+    normalised row needs every unit, so each part takes the statistics of whole rows itself, and the
+    parts meet three times a step: after the product (its columns), after the cell, at the end."""
+    prefer_full_vectors()
+    xw, bs, y, reverse = steps
+    h_buf, c = state
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    keep, c_all, tanh_c_all, c_cand_all = cache
+    rows, hm, c_prev = work
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    T, B, H = xw.shape[0], xw.shape[1], c.shape[1]
+    one = one_of(xw)
+    u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
+    in_stats = np.empty((B, 2), xw.dtype)
+    for s in range(T):
+        t = _step_time(s, T, reverse)
+        n = min(bs[t], B)
+        src, dst = h_buf[s % 2], h_buf[(s + 1) % 2]
+        _unit_groups(src, 0, n, W_hh_p, 4, u0, u1, raw[t if kept else 0], False, scratch)
+        for b in range(n):
+            mean, rstd = row_stats(one, x_raw[t, b], eps)
+            in_stats[b, 0] = mean
+            in_stats[b, 1] = rstd
+        if not barrier(sync, parts):
+            return  # cancelled: the call is failing (loop_threads.run_columns)
+        _norm_unit_columns(t, n, j0, j1, H, part, norm, xw, in_stats)
+        _lstm_norm_cell_columns(xw, t, n, j0, j1, H, c, clip_lo, clip_hi)
+        if not barrier(sync, parts):
+            return
+        _lstm_norm_output_columns(xw, t, n, j0, j1, H, part, c, y, tanh_c_all, norm)
+        _column_step_end(xw, t, n, j0, j1, H, 4, src, dst, y, keep)
+        if keep:
+            for b in range(n):
+                _copy_row(c_all[t, b, j0:j1], c[b, j0:j1])
+            c_all[t, n:, j0:j1] = 0.0
+            tanh_c_all[t, n:, j0:j1] = 0.0
+        if not barrier(sync, parts):
+            return
+
+
+@simd_jit(**_JIT)
+def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, norm, scratch):
     """The LSTM backward of rows ``r0 .. r1``, steps in reverse order of the forward (bundles:
     :class:`.LSTMResiduals`; :class:`.BackSteps`, ``dpre (T,B,4H)`` out; :class:`.Cotangents` ``dh``,
     ``dc``, carried in and out; :class:`.LSTMCell` packed for the backward; :class:`.Variants`;
     :class:`.BackwardWork`). Per step: the carried cotangents' shares (:func:`_lstm_carried_in`), the
     gate gradients (peepholes: :func:`_lstm_peephole_grads`), ``dh = dpre @ W_hh`` (times ``h_mask``
-    under recurrent dropout), the carried shares of zoneout added back."""
+    under recurrent dropout), the carried shares of zoneout added back. Layer norm (:class:`.NormBackward`):
+    the gate gradients through the cell's norm (:func:`_lstm_norm_grads`), then the product's norm
+    (:func:`_norm_rows_grad`: ``d_raw[t]``, the raw product's cotangent, is the GEMM's operand)."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -432,6 +676,7 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, sc
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     T, H = gates.shape[0], dc.shape[1]
     one = one_of(gates)
     for s in range(T):
@@ -439,7 +684,9 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, sc
         n = min(bs[t], r1)
         if n > r0:
             _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch)
-            if peep:
+            if on:
+                _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm)
+            elif peep:
                 _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work)
             else:
                 for b in range(r0, n):
@@ -457,7 +704,11 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, sc
                         _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
             if zone_c:
                 _add_rows(carry_c, dc, r0, n)
-            gemm(dpre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            if on:
+                _norm_rows_grad(t, r0, n, 0, 4 * H, 0, dpre[t], norm)
+                gemm(d_raw[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            else:
+                gemm(dpre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             if masked:
                 _scale_rows(dh, h_mask, r0, n)
             if zone_h:
@@ -465,6 +716,55 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, sc
         dpre[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
+        if on:
+            d_raw[t, max(n, r0):r1] = 0.0
+
+
+@simd_jit(**_JIT_SUMS)
+def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm):
+    """The gate gradients of step ``t``, rows ``r0 .. n``, through the cell's norm ``tanh(g_c * LN(c) +
+    b_c)`` (``tanh_c_all`` holds it): a first pass for the row's sums (and the per-row sums of ``g_c``'s and
+    ``b_c``'s gradients, into ``acc_c``), a second for :func:`.gate_math.lstm_norm_unit_grads` (``P``:
+    zeros without peepholes)."""
+    prefer_full_vectors()
+    gates, c_all, c_prev, tanh_c_all = residuals
+    bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
+    dh, dc = carry
+    W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
+    masked, h_mask, zone_h, m_h, zone_c, m_c = variants
+    rows, drh, carry_h, carry_c = work
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
+    H = dc.shape[1]
+    one = one_of(dy)
+    inv = one / H
+    for b in range(r0, n):
+        g, d = gates[t, b], dpre[t, b]
+        cb, cp, dcb, tcb = c_all[t, b], c_prev[t, b], dc[b], tanh_c_all[t, b]
+        dyb, dhb, dmb = dy[t, b], dh[b], rows[b]
+        go_ = g[LSTM_O * H:(LSTM_O + 1) * H]
+        d_gain, d_shift = acc_c[b, 0], acc_c[b, 1]
+        mean, rstd = stats[t, b, 1, 0], stats[t, b, 1, 1]
+        sum_d, sum_dx = one - one, one - one
+        for j in range(H):
+            dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
+            du = dmj * go_[j] * (one - tcb[j] * tcb[j])  # the cotangent of g_c * LN(c) + b_c
+            x = gm.layer_normalized(cb[j], mean, rstd)
+            d_gain[j] += du * x
+            d_shift[j] += du
+            dd = du * g_c[j]
+            sum_d += dd
+            sum_dx += dd * x
+        mean_d, mean_dx = sum_d * inv, sum_dx * inv
+        for j in range(H):
+            dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
+            du = dmj * go_[j] * (one - tcb[j] * tcb[j])
+            x = gm.layer_normalized(cb[j], mean, rstd)
+            d_cell = dcb[j] + gm.layer_norm_grad(rstd, du * g_c[j], x, mean_d, mean_dx)
+            gi, gf, gg = g[LSTM_I * H + j], g[LSTM_F * H + j], g[LSTM_G * H + j]
+            di, df, dg, do, dcp = gm.lstm_norm_unit_grads(one, gi, gf, gg, go_[j], cb[j], tcb[j], cp[j], dmj,
+                                                          d_cell, use_clip, clip_lo, clip_hi, P[0, j],
+                                                          P[1, j], P[2, j])
+            _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
 
 
 @register_jitable(inline="always")
@@ -583,13 +883,15 @@ def gru_forward_columns(part, parts, sync, steps, state, cell, cache, work, scra
 
 
 @simd_jit(**_JIT)
-def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch):
+def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, scratch):
     """The GRU forward of rows ``r0 .. r1`` (bundles: :class:`.Steps`, ``xw (T,B,3H)`` overwritten by r, z,
     n; :class:`.State` (``h``); :class:`.GRUCell` packed for the forward; :class:`.GRUCache` (reset-after:
     ``hn_all`` keeps ``W_hn h + b_hn``); :class:`.Variants`; :class:`.ForwardWork`, ``rows (B,3H)``).
     Reset-after: one fused tile per unit group and row tile. Reset-before (:func:`_gru_before_step`): the
     n product needs every unit's ``r * h`` first, so it runs after the r, z product. Recurrent dropout: the
-    products read ``hm = h * h_mask`` (``z * h`` keeps the carried ``h``); zoneout of ``h`` after the step."""
+    products read ``hm = h * h_mask`` (``z * h`` keeps the carried ``h``); zoneout of ``h`` after the step.
+    Layer norm (:class:`.NormForward`): each product into ``raw``, then ``g_hh * LN(.)`` where the plain
+    product would go (reset-after: ``rows``, which the tile reads)."""
     prefer_full_vectors()
     xw, bs, y, reverse = steps
     h, c = state
@@ -597,6 +899,7 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch)
     keep, hn_all = cache
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, H = xw.shape[0], h.shape[1]
     for s in range(T):
         t = _step_time(s, T, reverse)
@@ -604,12 +907,17 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch)
         if n > r0:
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
+            if on:
+                _norm_input(t, r0, n, norm, xw)
             if reset_after:
-                _unit_groups(hm if masked else h, r0, n, W_hh_p, 3, 0, W_hh_p.shape[0] // 3, rows, False,
+                product = raw[t if kept else 0] if on else rows  # with layer norm, normalised into rows
+                _unit_groups(hm if masked else h, r0, n, W_hh_p, 3, 0, W_hh_p.shape[0] // 3, product, False,
                              scratch)
+                if on:
+                    _norm_rows(t, r0, n, 0, 3 * H, 0, norm, rows, False)
                 _gru_after_tile(xw, t, r0, n, 0, H, H, h, rows, b_hn, y, hn_all, keep)
             else:
-                _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch)
+                _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch)
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
             _copy_rows(h[r0:n], y[t, r0:n])
@@ -621,7 +929,7 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch)
 
 
 @simd_jit(**_JIT)
-def _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch):
+def _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch):
     """A reset-before GRU step, rows ``r0 .. n``: the r, z product and gates, ``r * h`` (of the masked ``h``
     under recurrent dropout) into ``rows``, its n product, the output. Compiled apart, like
     :func:`_lstm_peephole_tile`."""
@@ -631,10 +939,15 @@ def _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch):
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
     src = hm if masked else h
-    gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
+    if on:  # layer norm: each product over its own row (r, z in slot 0, n in slot 1)
+        gemm(src[r0:n], W_rz_p, 1, raw[t if kept else 0, r0:n, RZ:RZ + 2 * H], False, scratch)
+        _norm_rows(t, r0, n, RZ, RZ + 2 * H, 0, norm, xw[t], True)
+    else:
+        gemm(src[r0:n], W_rz_p, 1, xw[t, r0:n, RZ:RZ + 2 * H], True, scratch)
     for b in range(r0, n):
         g, hb, q = xw[t, b], src[b], rows[b]
         for j in range(H):
@@ -642,7 +955,11 @@ def _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch):
             g[R + j] = r
             g[Z + j] = sigmoid(g[Z + j])
             q[j] = r * hb[j]
-    gemm(rows[r0:n, :H], W_n_p, 1, xw[t, r0:n, N:N + H], True, scratch)
+    if on:
+        gemm(rows[r0:n, :H], W_n_p, 1, raw[t if kept else 0, r0:n, N:N + H], False, scratch)
+        _norm_rows(t, r0, n, N, N + H, 1, norm, xw[t], True)
+    else:
+        gemm(rows[r0:n, :H], W_n_p, 1, xw[t, r0:n, N:N + H], True, scratch)
     for b in range(r0, n):
         g, hb, yb = xw[t, b], h[b], y[t, b]
         for j in range(H):
@@ -653,14 +970,16 @@ def _gru_before_step(t, r0, n, steps, state, cell, variants, work, scratch):
 
 
 @simd_jit(**_JIT)
-def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, scratch):
+def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, norm, scratch):
     """The GRU backward of rows ``r0 .. r1`` (bundles: :class:`.GRUResiduals`; :class:`.BackSteps`,
     ``dpre (T,B,3H)`` out and, reset-after, ``dn_rec (T,B,H)``, the n part of the gradient of ``W_hh h +
     b_hh`` (``dpre``'s times r; its r, z parts are ``dpre``'s); :class:`.Cotangents` ``dh``;
     :class:`.GRUCell` packed for the backward; :class:`.Variants`; :class:`.BackwardWork`). Per step: the z
     and n gradients, then the r gradient and the recurrent products (:func:`_gru_after_grads`,
     :func:`_gru_before_grads`). Recurrent dropout: the products' share of ``dh`` times ``h_mask``;
-    zoneout: ``dy + dh`` splits into the step's share and the carried share (``carry_h``, added after)."""
+    zoneout: ``dy + dh`` splits into the step's share and the carried share (``carry_h``, added after).
+    Layer norm (:class:`.NormBackward`): each product's operand through its norm first (``d_raw[t]``, the
+    raw product's cotangent, is the GEMM's operand; no ``dn_rec``)."""
     prefer_full_vectors()
     gates, hn_all, h_prev = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -668,6 +987,7 @@ def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, scr
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     T, H = gates.shape[0], dh.shape[1]
     Z, N = GRU_Z * H, GRU_N * H
     one = one_of(gates)
@@ -688,18 +1008,20 @@ def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, scr
                     d[Z + j] = dz
                     dhb[j] = carried
             if reset_after:
-                _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch)
+                _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm, scratch)
             else:
-                _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch)
+                _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm, scratch)
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
         dpre[t, max(n, r0):r1] = 0.0
-        if reset_after:
+        if on:
+            d_raw[t, max(n, r0):r1] = 0.0
+        elif reset_after:
             dn_rec[t, max(n, r0):r1] = 0.0
 
 
 @simd_jit(**_JIT)
-def _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch):
+def _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm, scratch):
     """Reset-after, step ``t``, rows ``r0 .. n``: the r gradient, the product's operand ``rows`` (and
     ``dn_rec``), then ``dh += rows @ W_hh`` (through ``drh`` and ``h_mask`` under recurrent dropout)."""
     prefer_full_vectors()
@@ -709,29 +1031,34 @@ def _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, sc
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     H = dh.shape[1]
     R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
     one = one_of(dh)
     for b in range(r0, n):
-        g, hnb, d, e, en = gates[t, b], hn_all[t, b], dpre[t, b], rows[b], dn_rec[t, b]
+        g, hnb, d, e = gates[t, b], hn_all[t, b], dpre[t, b], rows[b]
         for j in range(H):
             r = g[R + j]
             dr = gm.sigmoid_grad(one, r, d[N + j] * hnb[j])
             d[R + j] = dr
             e[R + j] = dr
             e[Z + j] = d[Z + j]
-            dn = d[N + j] * r
-            e[N + j] = dn
-            en[j] = dn
+            e[N + j] = d[N + j] * r
+        if not on:
+            _copy_row(dn_rec[t, b], e[N:N + H])
+    operand = rows  # the GEMM's; with layer norm the raw product's cotangent
+    if on:
+        _norm_rows_grad(t, r0, n, 0, 3 * H, 0, rows, norm)
+        operand = d_raw[t]
     if masked:
-        gemm(rows[r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
+        gemm(operand[r0:n], W_hh_p, 1, drh[r0:n], False, scratch)
         _add_masked(drh, h_mask, dh, r0, n)
     else:
-        gemm(rows[r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
+        gemm(operand[r0:n], W_hh_p, 1, dh[r0:n], True, scratch)
 
 
 @simd_jit(**_JIT)
-def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, scratch):
+def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm, scratch):
     """Reset-before, step ``t``, rows ``r0 .. n``: ``drh``, the gradient of ``r * h`` through the n rows; the
     r gradient; the r, z rows' share and ``r * drh`` into ``dh`` (through ``h_mask`` under recurrent
     dropout)."""
@@ -742,10 +1069,15 @@ def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, s
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     H = dh.shape[1]
     R, N, RZ = GRU_R * H, GRU_N * H, GRU_RZ_FIRST * H
     one = one_of(dh)
-    gemm(dpre[t, r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
+    operand = dpre[t]  # each product's GEMM's; with layer norm the raw product's cotangent
+    if on:
+        _norm_rows_grad(t, r0, n, N, N + H, 1, dpre[t], norm)
+        operand = d_raw[t]
+    gemm(operand[r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
     if masked:
         for b in range(r0, n):
             g, hp, d, q, mb = gates[t, b], h_prev[t, b], dpre[t, b], drh[b], h_mask[b]
@@ -753,7 +1085,9 @@ def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, s
                 r = g[R + j]
                 d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j] * mb[j])
                 q[j] *= r  # now the gradient of the masked h through r * h
-        gemm(dpre[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
+        if on:
+            _norm_rows_grad(t, r0, n, RZ, RZ + 2 * H, 0, dpre[t], norm)
+        gemm(operand[r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
         _add_masked(drh, h_mask, dh, r0, n)
         return
     for b in range(r0, n):
@@ -762,23 +1096,27 @@ def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, s
             r = g[R + j]
             d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
             dhb[j] += q[j] * r
-    gemm(dpre[t, r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
+    if on:
+        _norm_rows_grad(t, r0, n, RZ, RZ + 2 * H, 0, dpre[t], norm)
+    gemm(operand[r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
 
 
 # -- plain RNN (tanh or relu) ---------------------------------------------------------------------
 @simd_jit(**_JIT)
-def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, scratch):
+def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, norm, scratch):
     """``y[t] = act(xw[t] + h @ W_hh.T)`` for rows ``r0 .. r1`` (bundles: :class:`.Steps`, ``xw (T,B,H)``
     used as scratch; :class:`.State` (``h``); :class:`.RNNCell` packed for the forward; :class:`.Variants`;
     :class:`.ForwardWork`). The activation runs on each GEMM tile (one vector of units) as it is written.
     Recurrent dropout: the GEMM reads ``hm = h * h_mask``; zoneout of ``h`` after the step, ``xw[t]`` then
-    keeps the step's own output ``h~`` (the backward's residual)."""
+    keeps the step's own output ``h~`` (the backward's residual). Layer norm (:class:`.NormForward`): the
+    product into ``raw``, then ``g_hh * LN(.)`` into ``xw[t]``."""
     prefer_full_vectors()
     xw, bs, y, reverse = steps
     h, c = state
     W_hh_p, relu = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
+    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, H = xw.shape[0], h.shape[1]
     zero = one_of(xw) * 0
     for s in range(T):
@@ -789,7 +1127,12 @@ def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, scratch):
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
-            _unit_groups(src, r0, n, W_hh_p, 1, 0, W_hh_p.shape[0], pre, True, scratch)
+            if on:
+                _norm_input(t, r0, n, norm, xw)
+            product = raw[t if kept else 0] if on else pre
+            _unit_groups(src, r0, n, W_hh_p, 1, 0, W_hh_p.shape[0], product, not on, scratch)
+            if on:
+                _norm_rows(t, r0, n, 0, H, 0, norm, pre, True)
             for b in range(r0, n):
                 p, yb = pre[b], y[t, b]
                 for j in range(H):
@@ -802,18 +1145,20 @@ def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, scratch):
 
 
 @simd_jit(**_JIT)
-def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, scratch):
+def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, norm, scratch):
     """The plain RNN backward of rows ``r0 .. r1``: ``y (T,B,H)`` each step's own output (the forward's
     ``y``, or its ``xw`` under zoneout); bundles :class:`.BackSteps`, ``dpre (T,B,H)`` out;
     :class:`.Cotangents` ``dh``; :class:`.RNNCell` packed for the backward; :class:`.Variants`;
     :class:`.BackwardWork` (``carry_h`` under zoneout). Recurrent dropout: the GEMM's ``dh`` times
-    ``h_mask``."""
+    ``h_mask``. Layer norm (:class:`.NormBackward`): the GEMM reads the raw product's cotangent
+    (:func:`_norm_rows_grad`, into ``d_raw[t]``)."""
     prefer_full_vectors()
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
     dh, dc = carry
     W_hh_p, relu = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     T, H = y.shape[0], dh.shape[1]
     one = one_of(y)
     for s in range(T):
@@ -827,9 +1172,15 @@ def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, scratch):
                 yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], dpre[t, b]
                 for j in range(H):
                     d[j] = gm.rnn_grad(one, relu, yb[j], dhb[j] if zone_h else dyb[j] + dhb[j])
-            gemm(dpre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            if on:
+                _norm_rows_grad(t, r0, n, 0, H, 0, dpre[t], norm)
+                gemm(d_raw[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
+            else:
+                gemm(dpre[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             if masked:
                 _scale_rows(dh, h_mask, r0, n)
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
         dpre[t, max(n, r0):r1] = 0.0
+        if on:
+            d_raw[t, max(n, r0):r1] = 0.0

@@ -92,9 +92,10 @@ def loop_plan(spec: RNNSpec, rows: int, dtype: Any, variants: tuple[str, ...], t
 
 
 def column_loop(spec: RNNSpec, variants: tuple[str, ...]) -> bool:
-    """Whether a column-split loop runs this forward: a plain LSTM or a reset-after GRU (no projection, no
-    peepholes; of the variants' masks, only DropConnect's, which scales ``W_hh`` before the loop)."""
-    cell = spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after)
+    """Whether a column-split loop runs this forward: an LSTM (layer-normalised too) or a plain reset-after
+    GRU (no projection, no peepholes; of the variants' masks, only DropConnect's, which scales ``W_hh``
+    before the loop)."""
+    cell = spec.mode == "lstm" or (spec.mode == "gru" and spec.reset_after and not spec.layer_norm)
     return cell and not spec.proj_size and not spec.peepholes and set(variants) <= {"weight"}
 
 

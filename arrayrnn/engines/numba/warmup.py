@@ -130,7 +130,8 @@ def _specs(family: Family) -> tuple[RNNSpec, RNNSpec, RNNSpec | None]:
 
 def probe_calls(family: Family) -> list[Callable[[], None]]:
     """Calls that run every compiled function the family's calls can reach (each loop, the row and
-    column splits, the wavefront, the step-by-step input projection, T = 1, the cell step, each variant)."""
+    column splits, the wavefront, the step-by-step input projection, T = 1, the cell step, each variant,
+    layer norm)."""
     plain, variants, wide = _specs(family)
     training = family.training
     calls = [
@@ -139,6 +140,7 @@ def probe_calls(family: Family) -> list[Callable[[], None]]:
         _sequence(plain, 1, 2, None, training),
         _sequence(variants, 4, 3, _lengths(3, 4, 1), training, return_all_states=True),
         _sequence(variants, 4, 3, _lengths(3, 4, 1), False),
+        _sequence(variants.replace(layer_norm=True), 4, 3, _lengths(3, 4, 1), training),
         _cell(plain.replace(num_layers=1, bidirectional=False), training),
     ]
     if wide is not None:
