@@ -3,7 +3,7 @@ PyTorch Python loop a user writes without arrayrnn, and the memory of the saved 
 
 Shapes (bench/SHAPES.md, float32, time-major): S1 (T=100, B=64, I=256, H=256, one layer) and S2 (T=50, B=16,
 I=128, H=512, two layers). Rows, each the median of ``--repeats`` rounds that run every row twice and time
-the second (the row before may leave BLAS or torch threads spinning for a while):
+the second after a pause (the row before may leave BLAS or torch threads spinning for a while):
 
 - arrayrnn ``layer_norm=True`` on the numba engine and the plain LSTM on the numba engine, forward (inference)
   and training step (``rnn_forward(training=True)`` + ``rnn_backward``); their ratio (targets: forward <=
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 import arrayrnn as ar
 
 T, B, I, H = 100, 64, 256, 256  # S1
+SETTLE_S = 0.3  # the pause before each timed run (OpenBLAS's threads spin ~0.1 s before they sleep)
 SHAPES = {"S1": (100, 64, 256, 256, 1), "S2": (50, 16, 128, 512, 2)}  # T, B, I, H, layers
 
 
@@ -92,12 +93,15 @@ def torch_runs(spec: ar.RNNSpec, x: np.ndarray) -> tuple[Callable, Callable]:
 
 
 def medians(runs: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Milliseconds, the median of ``repeats`` rounds that run every entry twice, timing the second: the
-    previous entry's threads (BLAS's, torch's) may still spin after it returned and slow the first."""
+    """Milliseconds, the median of ``repeats`` rounds that run every entry twice, timing the second after a
+    pause: the previous entry's threads (OpenBLAS's, torch's) spin for a while after it returned and slowed
+    whatever ran next (measured: the numba S2 forward read 54 ms after the reference engine's rows, 38 ms
+    alone)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
             fn()
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             fn()
             times[name].append(1e3 * (time.perf_counter() - start))

@@ -225,7 +225,8 @@ class BackSteps(NamedTuple):
 class BackwardWork(NamedTuple):
     """A backward's row buffers: ``rows`` (LSTM ``(B,H)``: the gradient of ``o * tanh(c)`` under
     projection; reset-after GRU ``(B,3H)``: the step's recurrent-product operand); ``drh (B,H)`` (GRU:
-    the gradient of ``r * h``, or a product's before its mask); ``carry_h (B,H_out)`` / ``carry_c (B,H)``:
+    the gradient of ``r * h``, or a product's before its mask; layer-normalised LSTM: that of ``o *
+    tanh(.)`` without projection); ``carry_h (B,H_out)`` / ``carry_c (B,H)``:
     zoneout's carried share of each state's cotangent."""
 
     rows: Array

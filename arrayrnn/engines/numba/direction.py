@@ -309,7 +309,7 @@ def _lstm_backward(cell: bd.LSTMCell, variants: bd.Variants, cache: DirectionCac
     cell_seen = cache.c_cand if variants.zone_c else cache.c  # the cell h~ and the clip saw
     residuals = bd.LSTMResiduals(_c(cache.gates), _c(cell_seen), _c(c_prev),
                                  _c(cache.tanh_c) if cell.project or norm.on else absent(dtype, 3))
-    work = bd.BackwardWork(np.empty((B, H), dtype), absent(dtype, 2), carry_h,
+    work = bd.BackwardWork(np.empty((B, H), dtype), _rows_if(norm.on, B, H, dtype), carry_h,
                            _rows_if(variants.zone_c, B, H, dtype))
     args = (residuals, grads, bd.Cotangents(dh, dc), cell, variants, work, norm)
     return (LoopCall(loops.lstm_backward_loop, args),

@@ -234,6 +234,13 @@ def _split_zoned(one, m, t, total, own, carry, r0, n):
 
 
 @register_jitable(inline="always")
+def _add_row(a, b, out):
+    """``out = a + b`` over a row."""
+    for j in range(out.shape[0]):
+        out[j] = a[j] + b[j]
+
+
+@register_jitable(inline="always")
 def _add_rows(src, dst, r0, n):
     for b in range(r0, n):
         sb, db = src[b], dst[b]
@@ -420,10 +427,19 @@ def _lstm_norm_tile(xw, t, i0, i1, H, c, y, m, project, tanh_c_all, clip_lo, cli
         stats[ts, b, 1, 0] = mean
         stats[ts, b, 1, 1] = rstd
         out, tc_out = m[b] if project else y[t, b], tanh_c_all[ts, b]
-        for j in range(H):
-            tc = tanh(g_c[j] * gm.layer_normalized(cb[j], mean, rstd) + b_c[j])
-            tc_out[j] = tc
-            out[j] = go_[j] * tc
+        _cell_output(cb, mean, rstd, g_c, b_c, go_, tc_out, out)
+
+
+@register_jitable(inline="always")
+def _cell_output(c, mean, rstd, g_c, b_c, o, tanh_c, out):
+    """``tanh_c = tanh(g_c * LN(c) + b_c)`` and ``out = o * tanh_c`` over a row (or its units). Two loops:
+    written as one (with the statistics from :func:`row_stats`), LLVM left it scalar, 6x slower."""
+    for j in range(c.shape[0]):
+        tanh_c[j] = g_c[j] * gm.layer_normalized(c[j], mean, rstd) + b_c[j]
+    for j in range(c.shape[0]):
+        tc = tanh(tanh_c[j])
+        tanh_c[j] = tc
+        out[j] = o[j] * tc
 
 
 @simd_jit(**_JIT)
@@ -608,13 +624,8 @@ def _lstm_norm_output_columns(xw, t, n, j0, j1, H, part, c, y, tanh_c_all, norm)
         if part == 0:
             stats[ts, b, 1, 0] = mean
             stats[ts, b, 1, 1] = rstd
-        cb, go_, out, tc_out = c[b, j0:j1], xw[t, b, LSTM_O * H + j0:LSTM_O * H + j1], y[t, b, j0:j1], \
-            tanh_c_all[ts, b, j0:j1]
-        gc, bc = g_c[j0:j1], b_c[j0:j1]
-        for j in range(j1 - j0):
-            tc = tanh(gc[j] * gm.layer_normalized(cb[j], mean, rstd) + bc[j])
-            tc_out[j] = tc
-            out[j] = go_[j] * tc
+        go_, tc_out = xw[t, b, LSTM_O * H + j0:LSTM_O * H + j1], tanh_c_all[ts, b, j0:j1]
+        _cell_output(c[b, j0:j1], mean, rstd, g_c[j0:j1], b_c[j0:j1], go_, tc_out, y[t, b, j0:j1])
 
 
 @simd_jit(**_JIT)
@@ -725,7 +736,8 @@ def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
     """The gate gradients of step ``t``, rows ``r0 .. n``, through the cell's norm ``tanh(g_c * LN(c) +
     b_c)`` (``tanh_c_all`` holds it): a first pass for the row's sums (and the per-row sums of ``g_c``'s and
     ``b_c``'s gradients, into ``acc_c``), a second for :func:`.gate_math.lstm_norm_unit_grads` (``P``:
-    zeros without peepholes)."""
+    zeros without peepholes), split in two loops (one, LLVM left scalar: 1.7x slower). The output's cotangent
+    is first gathered into a row (``rows`` under projection, else ``drh``)."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -740,14 +752,18 @@ def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
     for b in range(r0, n):
         g, d = gates[t, b], dpre[t, b]
         cb, cp, dcb, tcb = c_all[t, b], c_prev[t, b], dc[b], tanh_c_all[t, b]
-        dyb, dhb, dmb = dy[t, b], dh[b], rows[b]
+        dm = rows[b] if project else drh[b]  # the cotangent of o * tanh(.)
+        if not project:
+            if zone_h:  # dh holds the step's share of dy + dh already
+                _copy_row(dm, dh[b])
+            else:
+                _add_row(dy[t, b], dh[b], dm)
         go_ = g[LSTM_O * H:(LSTM_O + 1) * H]
         d_gain, d_shift = acc_c[b, 0], acc_c[b, 1]
         mean, rstd = stats[t, b, 1, 0], stats[t, b, 1, 1]
         sum_d, sum_dx = one - one, one - one
         for j in range(H):
-            dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-            du = dmj * go_[j] * (one - tcb[j] * tcb[j])  # the cotangent of g_c * LN(c) + b_c
+            du = dm[j] * go_[j] * (one - tcb[j] * tcb[j])  # the cotangent of g_c * LN(c) + b_c
             x = gm.layer_normalized(cb[j], mean, rstd)
             d_gain[j] += du * x
             d_shift[j] += du
@@ -755,15 +771,15 @@ def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
             sum_d += dd
             sum_dx += dd * x
         mean_d, mean_dx = sum_d * inv, sum_dx * inv
-        for j in range(H):
-            dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-            du = dmj * go_[j] * (one - tcb[j] * tcb[j])
+        for j in range(H):  # dc: the carry, then the cell's whole cotangent (the output's part joins)
+            du = dm[j] * go_[j] * (one - tcb[j] * tcb[j])
             x = gm.layer_normalized(cb[j], mean, rstd)
-            d_cell = dcb[j] + gm.layer_norm_grad(rstd, du * g_c[j], x, mean_d, mean_dx)
-            gi, gf, gg = g[LSTM_I * H + j], g[LSTM_F * H + j], g[LSTM_G * H + j]
-            di, df, dg, do, dcp = gm.lstm_norm_unit_grads(one, gi, gf, gg, go_[j], cb[j], tcb[j], cp[j], dmj,
-                                                          d_cell, use_clip, clip_lo, clip_hi, P[0, j],
-                                                          P[1, j], P[2, j])
+            dcb[j] += gm.layer_norm_grad(rstd, du * g_c[j], x, mean_d, mean_dx)
+        for j in range(H):
+            gi, gf, gg, go = g[LSTM_I * H + j], g[LSTM_F * H + j], g[LSTM_G * H + j], go_[j]
+            p_i, p_f, p_o = P[0, j], P[1, j], P[2, j]
+            di, df, dg, do, dcp = gm.lstm_norm_unit_grads(one, gi, gf, gg, go, cb[j], tcb[j], cp[j], dm[j],
+                                                          dcb[j], use_clip, clip_lo, clip_hi, p_i, p_f, p_o)
             _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
 
 
