@@ -216,13 +216,17 @@ def test_the_numba_step_keeps_its_packed_weights_until_a_value_changes():
     assert stepper.prepare(case.spec, other, renewed) is not renewed  # same values, other memory
 
 
-def test_the_generic_step_engine_reuses_views_of_the_same_memory():
+def test_the_generic_step_engine_sums_its_biases_again_on_every_prepare():
+    """Its views read the buffer as it is, but ``input_bias`` is a sum: a bias written in place (an
+    optimizer's step) must reach the next step."""
     case = cell_case("gru")
     stepper = step_engine(load_engine("reference"))
     assert type(stepper) is StepEngine
     sw = stepper.prepare(case.spec, case.params.data)
-    assert stepper.prepare(case.spec, case.params.data, sw) is sw
-    assert stepper.prepare(case.spec.replace(reset_after=False), case.params.data, sw) is not sw
+    case.params.view(0, 0, "b_ih")[:] += 1.0
+    again = stepper.prepare(case.spec, case.params.data, sw)
+    assert again is not sw and again.source is case.params.data
+    np.testing.assert_allclose(again.w.input_bias, sw.w.input_bias + 1.0, rtol=1e-15)  # b_ih in every gate
 
 
 class _WholeSequences(Engine):

@@ -128,24 +128,104 @@ def test_first_order_runs_the_fused_step(monkeypatch):
     assert calls == [1] and dx.requires_grad
 
 
-@pytest.mark.parametrize("update", ["fused optimizer", "data copy", "numpy write", "load_state_dict",
-                                    "foreach optimizer"])
-def test_every_way_of_changing_the_weights_is_seen_by_the_next_step(update):
-    """The numba step keeps its weights packed between calls; a fused optimizer step, a write through
-    ``.data`` and a NumPy write move no version counter, and the next step still sees them."""
+def numba_loads(monkeypatch, loaded: bool):
+    """``engine='auto'`` sees numba's loops as loaded or not (before they have loaded in the background,
+    what every new process runs first, auto takes the reference engine). Returns ``load()``, which makes
+    the loads complete (the background compile finishing: ``forget_choices``)."""
+    from arrayrnn.engines import forget_choices
+    from arrayrnn.engines.numba import warmup
+
+    state = {"loaded": loaded}
+    monkeypatch.setattr(warmup, "loaded", lambda spec, training: state["loaded"])
+
+    def load():
+        state["loaded"] = True
+        forget_choices()
+
+    return load
+
+
+@pytest.fixture(params=["reference", "numba"])
+def step_on(request, monkeypatch):
+    """The drop-in cells' step on the reference engine or on numba; the value's ``engine`` names it."""
+    load = numba_loads(monkeypatch, request.param == "numba")
+    load.engine = request.param
+    return load
+
+
+def step_engine_of(cell):
+    """The engine the cell's last fused step ran on."""
+    return cell.__dict__["_prepared"][0][1].stepper.name
+
+
+UPDATES = ["fused optimizer", "data copy", "numpy write", "load_state_dict", "foreach optimizer",
+           "bias add_ under no_grad", "SGD step"]
+
+
+def update_weights(cell, update):
+    if update in ("fused optimizer", "foreach optimizer"):
+        torch.optim.Adam(cell.parameters(), lr=0.1, **{update.split()[0]: True}).step()
+    elif update == "SGD step":
+        torch.optim.SGD(cell.parameters(), lr=0.5).step()
+    elif update == "data copy":
+        cell.weight_hh.data.copy_(torch.full_like(cell.weight_hh, 0.01))
+    elif update == "numpy write":
+        cell.weight_hh.detach().numpy()[0, 0] = 3.0
+    elif update == "bias add_ under no_grad":
+        with torch.no_grad():
+            cell.bias_ih.add_(1.0)
+    else:
+        cell.load_state_dict({k: v * 0.5 for k, v in cell.state_dict().items()})
+
+
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell"])
+@pytest.mark.parametrize("update", UPDATES)
+def test_every_way_of_changing_the_weights_is_seen_by_the_next_step(update, name, step_on):
+    """Each step engine keeps what it prepared from the weights between calls (numba: packed copies; the
+    others: the summed biases); an optimizer step, a write through ``.data``, an in-place bias update and a
+    NumPy write move no version counter the step reads, and the next step still sees them."""
+    ours, theirs = pair(name, 3, 4)
+    x, hx = torch.randn(2, 3), states(name, 2, 4, torch.float32)
+    for cell in (ours, theirs):
+        out = cell(x, hx)
+        (out[0] if isinstance(out, tuple) else out).square().sum().backward()
+        update_weights(cell, update)
+    torch.testing.assert_close(ours(x, hx), theirs(x, hx))
+    assert step_engine_of(ours) == step_on.engine
+
+
+def test_a_cell_first_called_before_numba_loaded_moves_to_it_once_loaded(monkeypatch):
+    load = numba_loads(monkeypatch, False)
     ours, theirs = pair("LSTMCell", 3, 4)
     x, hx = torch.randn(2, 3), states("LSTMCell", 2, 4, torch.float32)
-    for cell in (ours, theirs):
-        cell(x, hx)[0].square().sum().backward()
-        if update in ("fused optimizer", "foreach optimizer"):
-            torch.optim.Adam(cell.parameters(), lr=0.1, **{update.split()[0]: True}).step()
-        elif update == "data copy":
-            cell.weight_hh.data.copy_(torch.full_like(cell.weight_hh, 0.01))
-        elif update == "numpy write":
-            cell.weight_hh.detach().numpy()[0, 0] = 3.0
-        else:
-            cell.load_state_dict({k: v * 0.5 for k, v in cell.state_dict().items()})
     torch.testing.assert_close(ours(x, hx), theirs(x, hx))
+    assert step_engine_of(ours) == "reference"
+    load()  # the background compile finished
+    torch.testing.assert_close(ours(x, hx), theirs(x, hx))
+    assert step_engine_of(ours) == "numba"
+
+
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell"])
+def test_weights_changed_and_restored_between_a_step_and_its_backward(name, step_on):
+    """The numba step packs the backward's matrices at the first backward: from the values the forward
+    read, not from what ``.data`` holds then, so the next step (weights restored) differentiates right."""
+    ours, theirs = pair(name, 3, 4)
+    ours.double(), theirs.double()
+    x, hx = torch.randn(2, 3, dtype=torch.float64), states(name, 2, 4)
+    grads = []
+    for cell in (ours, theirs):
+        kept = cell.weight_hh.detach().clone()
+        out = cell(x, hx)
+        cell.weight_hh.data.copy_(torch.full_like(kept, 0.3))  # no version counter moves
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+        cell.weight_hh.data.copy_(kept)
+        xr = x.clone().requires_grad_()
+        hr = [t.clone().requires_grad_() for t in (hx if isinstance(hx, tuple) else (hx,))]
+        out = cell(xr, tuple(hr) if len(hr) == 2 else hr[0])
+        loss_of([out if isinstance(out, tuple) else (out,)]).backward()
+        grads.append([xr.grad, *(t.grad for t in hr)])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name, inputs", [

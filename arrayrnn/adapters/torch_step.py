@@ -4,7 +4,9 @@ modules' forward of a single step.
 :func:`prepared_step` keeps, per module and slot (a cell has one; a stack one per layer-direction), the step
 engine (:mod:`arrayrnn.engines.step`) and the weights it prepared (on CPU: packed), and reuses them while
 they hold: the same weight tensors and memory and, where the engine keeps copies, the same values (the
-numba step compares them, as no version counter sees a fused optimizer's step or a ``.data`` write).
+numba step compares them, as no version counter sees a fused optimizer's step or a ``.data`` write; the
+other engines derive their summed biases per call). The engine is chosen again when the engine choices
+changed (numba finished loading in the background: a cell first called on the reference step moves to it).
 :func:`run_step` runs the step, as an autograd node (:class:`_StepFunction`: the step's hand-written
 backward, a torch-op re-run under ``create_graph=True``) when a gradient may follow. :func:`run_layers`
 runs a whole stack over one time step as one step per layer-direction.
@@ -13,13 +15,13 @@ runs a whole stack over one time step as one step per layer-direction.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 import arrayrnn as ar
-from arrayrnn.engines import probe_call, select_engine
+from arrayrnn.engines import choices_epoch, probe_call, select_engine
 from arrayrnn.engines.step import StepEngine, StepWeights
 from arrayrnn.frontend.cell import step_engine
 
@@ -32,13 +34,17 @@ _Tensor = torch.Tensor
 @dataclass(frozen=True, eq=False)
 class Step:
     """One fused step's engine, its prepared weights, the step as a one-step sequence call (where each
-    weight input sits in the buffer, for the torch-op re-run) and the weight tensors it reads (the autograd
-    node's inputs)."""
+    weight input sits in the buffer, for the torch-op re-run), the weight tensors it reads (the autograd
+    node's inputs), their flat buffer and the :func:`~arrayrnn.engines.choices_epoch` its engine was chosen
+    in. A forward's autograd node keeps the Step it ran: a later call that prepares the weights again makes
+    a new one."""
 
     stepper: StepEngine
     weights: StepWeights
     options: torch_call._ForwardOptions
     inputs: list[_Tensor]
+    flat: _Tensor
+    epoch: int
 
 
 @functools.lru_cache(maxsize=256)
@@ -51,25 +57,37 @@ def cell_spec(mode: str, input_size: int, hidden_size: int, bias: bool, dtype: s
 
 def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tensor],
                   device: torch.device) -> Step | None:
-    """The step of ``spec`` over ``weights`` (the cell's blocks in the canonical order) on ``device``:
-    ``cache[slot]`` while it holds, else made anew (and kept in ``cache`` when the weights are views of one
-    buffer; re-parametrised weights are concatenated per call). None when the weights are not tensors the
-    step can read (a ``torch.func`` transform's, another device or dtype)."""
+    """The step of ``spec`` over ``weights`` (the cell's blocks in the canonical order) on ``device``.
+
+    ``cache[slot]`` keeps the last one when the weights are views of one buffer (re-parametrised weights
+    are concatenated per call): its engine while the tensors, their memory and the engine choices
+    (:func:`~arrayrnn.engines.choices_epoch`) are the same, its prepared weights while the engine says they
+    hold for the buffer's values (:meth:`~arrayrnn.engines.step.StepEngine.prepare`). None when the
+    weights are not tensors the step can read (a ``torch.func`` transform's, another device or dtype)."""
     try:
         key = (device, spec, *((id(w), w.data_ptr()) for w in weights))
     except RuntimeError:  # a weight without storage (a torch.func transform's)
         return None
     last = cache.get(slot)
-    if last is not None and last[0] == key:
-        step = last[1]
-        if step.stepper.holds(step.weights, step.weights.params.data):
-            return step
-    elif not all(w.device == device and str(w.dtype).removeprefix("torch.") == spec.dtype for w in weights):
+    if last is not None and last[0] == key and last[1].epoch == choices_epoch():
+        step = _refreshed(last[1])
+        if step is not last[1]:
+            cache[slot] = (key, step)
+        return step
+    if not all(w.device == device and str(w.dtype).removeprefix("torch.") == spec.dtype for w in weights):
         return None
     step, kept = _new_step(spec, weights, device)
     if kept:
         cache[slot] = (key, step)
     return step
+
+
+def _refreshed(step: Step) -> Step:
+    """``step`` itself while its prepared weights hold for the buffer's values, else a Step with the
+    weights prepared again (the same engine)."""
+    with engine_stream(step.flat):
+        prepared = step.stepper.prepare(step.weights.spec, step.weights.source, step.weights)
+    return step if prepared is step.weights else replace(step, weights=prepared)
 
 
 def _new_step(spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device) -> tuple[Step, bool]:
@@ -83,11 +101,12 @@ def _new_step(spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device) ->
         flat = torch.cat([w.detach().reshape(-1) for w in weights])
     data = array_view(flat, "weights")
     index = device.index if device.type == "cuda" else None
+    epoch = choices_epoch()  # read before choosing: a load finishing meanwhile makes the next call ask again
     stepper = step_engine(select_engine("auto", probe_call(spec, ar.get_xp(data), device=index)))
     with engine_stream(flat):
         prepared = stepper.prepare(spec, data)
     options = torch_call._ForwardOptions(spec, None, False, False, None, "auto", torch_call.split_of(spec))
-    return Step(stepper, prepared, options, weights), one_buffer
+    return Step(stepper, prepared, options, weights, flat, epoch), one_buffer
 
 
 def _consecutive(tensors: list[_Tensor]) -> bool:

@@ -206,12 +206,22 @@ def select_engine(name: str, call: Call) -> Engine:
 # finished, a setting read at check time) calls forget_choices() when it does
 _CHOICES: dict[tuple[str, Call], Engine] = {}
 _MAX_CHOICES = 1024
+_epoch = 0
 
 
 def forget_choices() -> None:
     """Forget every remembered :func:`select_engine` answer (registrations and engines whose answer changed
     call this)."""
+    global _epoch
     _CHOICES.clear()
+    _epoch += 1
+
+
+def choices_epoch() -> int:
+    """A number that changes whenever :func:`select_engine`'s answers may have changed (each
+    :func:`forget_choices`): a caller that keeps an engine it was given (a cell module's step) asks again
+    when it moved, so a call that began on the reference engine moves to numba once numba has loaded."""
+    return _epoch
 
 
 def _select_auto(call: Call) -> Engine:
@@ -242,6 +252,6 @@ def _check_name(name: object, allow_auto: bool) -> None:
 
 _params.set_format_lookup(engine_for_format)
 
-__all__ = ["REGISTRY", "Call", "Engine", "EngineRecord", "auto_order", "available_engines",
+__all__ = ["REGISTRY", "Call", "Engine", "EngineRecord", "auto_order", "available_engines", "choices_epoch",
            "engine_for_format", "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices",
            "load_engine", "probe_call", "register_engine", "select_engine", "unregister_engine"]

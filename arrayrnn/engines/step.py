@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.backend import get_xp, same_memory
+from ..core.backend import get_xp
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from .base import DirectionForward, DirectionGrads, DirectionWeights
@@ -38,13 +38,15 @@ Array = Any
 @dataclass(frozen=True, eq=False)
 class StepWeights:
     """The weights of one cell as a step engine reads them: ``params`` (canonical, one layer, one
-    direction), their views and whatever the engine prepared from them (``packed``: the numba engine's
-    packed matrices, filled on first use, and ``snapshot``, the values they were packed from)."""
+    direction: the values the step computes with), their views ``w`` and whatever the engine prepared from
+    them (``packed``: the numba engine's packed matrices, filled on first use). ``source`` is the caller's
+    buffer they were prepared from; ``params.data`` is ``source`` itself or, for an engine that keeps
+    derived copies, a private copy of its values (:meth:`StepEngine.prepare`)."""
 
     params: PackedParams
     w: DirectionWeights
     packed: dict[str, np.ndarray]
-    snapshot: Array | None = None
+    source: Array
 
     @property
     def spec(self) -> RNNSpec:
@@ -104,16 +106,22 @@ class StepEngine:
 
     def prepare(self, spec: RNNSpec, data: Array, previous: StepWeights | None = None) -> StepWeights:
         """The weights ``data`` (the canonical buffer of the cell ``spec``) for :meth:`forward` /
-        :meth:`backward`. ``previous``, weights this engine prepared before, comes back as it is while it
-        still holds for ``data``: the same spec and memory (and values, where the engine keeps copies)."""
+        :meth:`backward`. ``previous``, weights this engine prepared before, comes back as it is only while
+        it holds for ``data`` (:meth:`holds`): the same spec, memory and values."""
         if previous is not None and previous.spec == spec and self.holds(previous, data):
             return previous
+        return self.weights_of(spec, data)
+
+    def weights_of(self, spec: RNNSpec, data: Array) -> StepWeights:
+        """New weights over ``data``: views of the buffer itself (the summed biases are computed here)."""
         params = PackedParams(spec, data)
-        return StepWeights(params, direction_weights(params, 0, 0), {})
+        return StepWeights(params, direction_weights(params, 0, 0), {}, data)
 
     def holds(self, sw: StepWeights, data: Array) -> bool:
-        """Whether ``sw`` still holds for ``data``: views of the same memory read its values as they are."""
-        return same_memory(sw.params.data, data)
+        """Whether ``sw`` still holds for ``data``. Never, here: the views would read the values as they
+        are, but ``w.input_bias`` (``b_ih + b_hh``) is a sum made by :meth:`weights_of`, which a write into
+        a bias (an optimizer's step) leaves stale; making them again costs one small addition."""
+        return False
 
     # -- forward --------------------------------------------------------------------------------------
     def forward(self, sw: StepWeights, x: Array, h: Array, c: Array | None,

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ...core.backend import same_memory
 from ...core.spec import RNNSpec
 from ..base import DirectionForward, DirectionGrads
 from ..step import StepEngine, StepWeights
@@ -63,17 +64,21 @@ def _rows(a: np.ndarray) -> np.ndarray:
 class NumbaStep(StepEngine):
     """:class:`~.step.StepEngine` on the compiled loops, the weights packed once per :class:`StepWeights`.
 
-    The packed matrices are copies: :meth:`holds` compares the weights with the values they were packed
-    from (one pass over the buffer, a few times cheaper than packing), so no write is missed, whether
-    torch's version counters see it or not (a fused optimizer's step, ``weight.data.copy_``, NumPy).
+    The step reads a private copy of the caller's weights, and every matrix is packed from that copy:
+    :meth:`holds` compares the caller's buffer with it (one pass, a few times cheaper than packing), so no
+    write is missed, whether torch's version counters see it or not (a fused optimizer's step,
+    ``weight.data.copy_``, NumPy), and a matrix packed later (the backward's, at the first backward) holds
+    the same values as the forward's even when the buffer changed and changed back in between.
     """
 
-    def prepare(self, spec: RNNSpec, data: Array, previous: StepWeights | None = None) -> StepWeights:
-        sw = super().prepare(spec, data, previous)
-        return sw if sw is previous else replace(sw, snapshot=data.copy())
+    def weights_of(self, spec: RNNSpec, data: Array) -> StepWeights:
+        """Views of a private copy of ``data``: whatever is packed from them later (the backward's matrices
+        at the first backward) holds the values :meth:`holds` compares with, whatever the caller writes
+        into ``data`` meanwhile."""
+        return replace(super().weights_of(spec, data.copy()), source=data)
 
     def holds(self, sw: StepWeights, data: Array) -> bool:
-        return super().holds(sw, data) and bool(np.array_equal(sw.snapshot, data))
+        return same_memory(sw.source, data) and bool(np.array_equal(sw.params.data, data))
 
     def _cell(self, sw: StepWeights, backward: bool) -> Cell:
         """The cell's packed weights for the forward or the ``backward`` loop, packed on first use."""
