@@ -138,13 +138,69 @@ def test_on_a_gpu_an_unchanged_buffer_passes(gpu_like):
     guard.synchronize()
 
 
-def test_an_inference_forward_keeps_no_copy_of_the_weights(engine, monkeypatch):
-    """training=False records nothing (its backward's recompute compares outputs instead)."""
+# -- after an inference forward: what was written is compared, not recomputed outputs ----------------------
+def test_backward_after_inference_never_raises_when_nothing_was_written(engine, threads):
+    """The recompute may round differently from the forward (here the numba engine's plan for 3 threads
+    against 2, which gives other last bits for this LSTM); only a write into the weights raises."""
+    spec = ar.RNNSpec(mode="lstm", input_size=32, hidden_size=64, num_layers=2, dtype="float64")
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((20, 16, 32))
+    lengths = np.random.default_rng(1).integers(0, 21, 16)
+    threads(3)
+    res = ar.rnn_forward(params, x, lengths, engine=engine)
+    threads(2)
+    got = ar.rnn_backward(res, dy=np.ones_like(res.y))
+    want = ar.rnn_backward(ar.rnn_forward(params, x, lengths, training=True, engine=engine),
+                           dy=np.ones_like(res.y))
+    np.testing.assert_allclose(got.dparams.data, want.dparams.data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got.dx, want.dx, rtol=1e-10, atol=1e-12)
+
+
+def test_after_inference_a_write_no_output_shows_is_found_and_a_restored_one_passes(engine):
+    """W_hh at T = 1 from zero states changes no output, but it is a write: found, as after a training
+    forward. A value written and written back leaves the weights as the forward read them."""
+    params = ar.PackedParams.init(SPEC, seed=0)
+    x = np.ones((1, 2, 3))
+    res = ar.rnn_forward(params, x, engine=engine)
+    params.view(0, 0, "W_hh")[...] += 1.0
+    with pytest.raises(ValueError, match="modified in place between rnn_forward and rnn_backward"):
+        ar.rnn_backward(res)
+    res = ar.rnn_forward(params, x, engine=engine)
+    kept = params.data.copy()
+    params.data *= 2.0
+    params.data[...] = kept
+    ar.rnn_backward(res)
+
+
+def test_a_forward_under_no_backward_keeps_nothing_and_its_backward_says_why(engine, monkeypatch):
+    """The adapters' inference calls (no gradient will follow) keep no copy of the weights."""
     from arrayrnn.frontend import guard
 
     made = []
-    monkeypatch.setattr(guard, "snapshot", lambda *a: made.append(a) or None)
+    real = guard.HostSnapshot
+    monkeypatch.setattr(guard, "HostSnapshot", lambda data: made.append(1) or real(data))
     params = ar.PackedParams.init(SPEC, seed=0)
-    res = ar.rnn_forward(params, np.ones((5, 2, 3)), training=False, engine=engine)
+    with guard.no_backward():
+        res = ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine)
     assert made == []
-    ar.rnn_backward(res)  # unchanged weights: the recompute gives the same outputs
+    with pytest.raises(ValueError, match=r"ran inside arrayrnn.frontend.guard.no_backward\(\)"):
+        ar.rnn_backward(res)
+    ar.rnn_backward(ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine))  # outside it: recorded
+    assert made == [1]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_cell_steps_backward_compares_the_weights_it_stepped_with(engine, training):
+    spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4, dtype="float64")
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.ones((2, 3))
+    res = ar.cell_step(params, x, training=training, engine=engine)
+    params.view(0, 0, "b_hh")[0] += 1e-12
+    with pytest.raises(ValueError, match="modified in place"):
+        ar.cell_step_backward(res, dh=np.ones_like(res.h))
+    params.view(0, 0, "b_hh")[0] -= 1e-12
+    res = ar.cell_step(params, x, training=training, engine=engine)
+    want = ar.cell_step_backward(ar.cell_step(params.copy(), x, training=True, engine=engine),
+                                 dh=np.ones_like(res.h))
+    got = ar.cell_step_backward(res, dh=np.ones_like(res.h))
+    np.testing.assert_allclose(got.dparams.data, want.dparams.data, rtol=1e-12)

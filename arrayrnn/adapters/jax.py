@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import arrayrnn as ar
+from arrayrnn.frontend import guard
 
 
 def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = None,
@@ -172,7 +173,8 @@ def _with_dtype(spec: ar.RNNSpec, dtype: Any) -> ar.RNNSpec:
 
 
 def _host_forward(spec, params, x, lengths, h0, c0):
-    res = _run(spec, params, x, lengths, h0, c0, training=False)
+    with guard.no_backward():  # the backward runs its own forward (_host_backward)
+        res = _run(spec, params, x, lengths, h0, c0, training=False)
     return (res.y, res.h_n) + ((res.c_n,) if c0 is not None else ())
 
 

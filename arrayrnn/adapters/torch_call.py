@@ -39,6 +39,7 @@ import torch
 
 import arrayrnn as ar
 from arrayrnn.engines import thread_count
+from arrayrnn.frontend import guard
 from arrayrnn.frontend.dropout import dropout_masks
 
 from . import torch_recurrence
@@ -244,9 +245,10 @@ def _engine_forward(opts: _ForwardOptions, flat: _Tensor, x: _Tensor, h0: _Tenso
     zoneout = bool(spec.zoneout or spec.zoneout_cell)
     training = opts.training or (keep_cache and not zoneout)
     params = ar.PackedParams(spec, array_view(flat, "flat"))
-    return ar.rnn_forward(params, array_view(x, "x"), opts.lengths, array_view(h0, "h0"),
-                          array_view(c0, "c0"), batch_first=opts.batch_first, training=training,
-                          seed=opts.seed, engine=opts.engine)
+    with contextlib.nullcontext() if keep_cache else guard.no_backward():  # no copy of the weights kept
+        return ar.rnn_forward(params, array_view(x, "x"), opts.lengths, array_view(h0, "h0"),
+                              array_view(c0, "c0"), batch_first=opts.batch_first, training=training,
+                              seed=opts.seed, engine=opts.engine)
 
 
 def _engine_grads(opts: _ForwardOptions, res: ar.RNNResult, cotangents: Sequence[_Tensor | None],

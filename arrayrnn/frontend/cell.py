@@ -49,7 +49,7 @@ class _StepSaved:
     h: Array
     c: Array | None
     fwd: DirectionForward  # its cache is None after an inference step
-    weights_then: guard.HostSnapshot | guard.DeviceFingerprint | None  # None after an inference step
+    weights_then: guard.HostSnapshot | guard.DeviceFingerprint | None  # None inside guard.no_backward()
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,7 +103,7 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
         # the result owns what its backward reads: the caller may refill x, h, c
         saved = _StepSaved(stepper, weights, xp.array(x, copy=True), xp.array(h, copy=True),
                            xp.array(c, copy=True) if c is not None else None, fwd,
-                           guard.snapshot(params.data, xp) if training else None)
+                           guard.snapshot(params.data, xp))
     return CellResult(fwd.h_n, fwd.c_n, params, training, stepper.name, saved)
 
 
@@ -118,13 +118,10 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
     if dc is not None and res.c is None:
         raise ValueError(f"dc was given but mode = {spec.mode!r} has no cell state; pass dc=None")
     dc = _check_cotangent("dc", dc, res.c, "res.c") if res.c is not None else None
+    guard.assert_unchanged(saved.weights_then, res.params.data)
     fwd, weights = saved.fwd, saved.weights
-    if fwd.cache is None:  # an inference step: recompute it with the residuals; other outputs = other weights
-        weights = saved.engine.prepare(spec, res.params.data)  # from the values the params hold now
+    if fwd.cache is None:  # an inference step: recompute it with the residuals, from the same weights
         fwd = saved.engine.forward(weights, saved.x, saved.h, saved.c, keep_cache=True)
-        guard.assert_same_outputs((res.h, res.c), (fwd.h_n, fwd.c_n))
-    else:
-        saved.weights_then.assert_unchanged(res.params.data)
     g = saved.engine.backward(weights, fwd, saved.x, saved.h, saved.c, dh, dc)
     return CellGrads(g.dx, g.dh, g.dc, PackedParams(spec, g.dflat))
 

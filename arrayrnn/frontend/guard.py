@@ -5,11 +5,11 @@ CuPy arrays have no version counter, so a training forward records the buffer an
 Any write that changes a value of ``params.data`` (an optimizer step, ``-=`` on a view, ``params.data[...] =
 ...``) is detected; a write that leaves every value as it was (NaN as NaN) is harmless.
 
-An inference forward (``training=False``) records nothing: its backward recomputes the forward anyway, and
-:func:`assert_same_outputs` compares the recomputed ``y``, ``h_n``, ``c_n`` with the result's (bitwise, NaN
-as NaN; on a GPU through their fingerprints, reported like the weights' below). Outputs that moved mean the
-weights moved; a write that changes no output (``W_hh`` at ``T = 1`` from zero states) is one the gradient
-of the current weights is consistent with.
+An inference forward (``training=False``) records the same as a training forward: its backward recomputes
+the forward, and the comparison is of what was written, not of outputs, which another engine, algorithm
+(cuDNN's inference and training modes), thread split or rounding may compute with other last bits. A
+caller that knows no backward will follow (the adapters' inference calls) runs inside :func:`no_backward`,
+which records nothing.
 
 - **NumPy** (:class:`HostSnapshot`): a private copy of the flat buffer, compared at the backward, which
   raises there. Exact.
@@ -26,15 +26,17 @@ of the current weights is consistent with.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ..core import fingerprint
-from ..core.backend import get_xp
 
 _MESSAGE = ("params.data was modified in place between rnn_forward and rnn_backward (for example an "
             "optimizer step before the backward); the gradient would match neither the old nor the new "
@@ -73,26 +75,6 @@ class DeviceFingerprint:
         _queue(_PendingCheck(self._xp, slots))
 
 
-def assert_same_outputs(saved: tuple, again: tuple) -> None:
-    """The recomputed outputs (``again``) of an inference forward equal the result's (``saved``); ``None``
-    entries (no cell state) are skipped. NumPy: raises now; CuPy: queued like the weights' check."""
-    pairs = [(a, b) for a, b in zip(saved, again, strict=True) if a is not None]
-    xp = get_xp(pairs[0][0])
-    if xp is np:
-        if not all(np.array_equal(a, b, equal_nan=True) for a, b in pairs):
-            raise ValueError(_MESSAGE + _RECOMPUTED)
-        return
-    slots = xp.zeros(2, np.uint64)
-    for slot, arrays in enumerate(zip(*pairs, strict=True)):
-        for a in arrays:
-            fingerprint.accumulate(xp.ascontiguousarray(a).reshape(-1), slots, slot, xp)
-    _queue(_PendingCheck(xp, slots, _RECOMPUTED))
-
-
-_RECOMPUTED = (" (found by the backward of an inference forward, which recomputes the forward: its outputs "
-               "differ from the result's)")
-
-
 def _queue(check: _PendingCheck) -> None:
     if os.environ.get("ARRAYRNN_SYNC_GUARD") == "1":
         check.wait()
@@ -102,10 +84,35 @@ def _queue(check: _PendingCheck) -> None:
         _PENDING.append(check)
 
 
-def snapshot(data: Any, xp: Any) -> HostSnapshot | DeviceFingerprint:
-    """What the forward keeps of ``params.data`` (an array of ``xp``): a copy on the host, a fingerprint on
-    a GPU."""
+def snapshot(data: Any, xp: Any) -> HostSnapshot | DeviceFingerprint | None:
+    """What a forward keeps of ``params.data`` (an array of ``xp``): a copy on the host, a fingerprint on
+    a GPU; None inside :func:`no_backward`."""
+    if _no_backward.get():
+        return None
     return HostSnapshot(data) if xp is np else DeviceFingerprint(data, xp)
+
+
+_no_backward: contextvars.ContextVar[bool] = contextvars.ContextVar("arrayrnn_no_backward", default=False)
+
+
+@contextlib.contextmanager
+def no_backward() -> Iterator[None]:
+    """Inference forwards inside record nothing of the weights: no backward of theirs will run (an
+    adapter's forward without gradients). :func:`assert_recorded` refuses one that does."""
+    token = _no_backward.set(True)
+    try:
+        yield
+    finally:
+        _no_backward.reset(token)
+
+
+def assert_unchanged(record: HostSnapshot | DeviceFingerprint | None, data: Any) -> None:
+    """``record`` (from :func:`snapshot`) still matches ``data``; ``ValueError`` if it does not or if the
+    forward recorded nothing."""
+    if record is None:
+        raise ValueError("this result's forward ran inside arrayrnn.frontend.guard.no_backward(), which "
+                         "keeps nothing for a backward; run the forward outside it to differentiate it")
+    record.assert_unchanged(data)
 
 
 class _PendingCheck:

@@ -60,7 +60,7 @@ class _Saved:
     c0: Array | None
     masks: tuple[Array, ...] | None
     cache: Any  # None after an inference forward
-    weights: guard.HostSnapshot | guard.DeviceFingerprint | None  # None after an inference forward
+    weights: guard.HostSnapshot | guard.DeviceFingerprint | None  # None inside guard.no_backward()
     variants: dict[str, Any] = field(default_factory=dict)  # cell_masks= / all_states= (only when used)
 
 
@@ -148,7 +148,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
                          keep_cache=training, **variants)
     # with a cache the engine holds its input itself; without one, the recompute needs it
     saved = _Saved(chosen, run_params, batch_first, x if out.cache is None else None, host_lengths, h0, c0,
-                   masks, out.cache, guard.snapshot(params.data, xp) if training else None, variants)
+                   masks, out.cache, guard.snapshot(params.data, xp), variants)
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved, h_all=out.h_all, c_all=out.c_all)
 
@@ -191,15 +191,12 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n", none_ok) if res.c_n is not None else None
     all_states = _all_states_cotangents(res, dh_all, dc_all)
 
+    guard.assert_unchanged(saved.weights, res.params.data)
     cache = saved.cache
-    if cache is None:  # inference forward: recompute it with the cache; other outputs = other weights
-        again = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
+    if cache is None:  # inference forward: recompute it with the cache, from the same weights
+        cache = saved.engine.forward(saved.run_params, saved.x, saved.lengths, saved.h0, saved.c0,
                                      saved.masks, batch_first=saved.batch_first, keep_cache=True,
-                                     **saved.variants)
-        guard.assert_same_outputs((res.y, res.h_n, res.c_n), (again.y, again.h_n, again.c_n))
-        cache = again.cache
-    else:
-        saved.weights.assert_unchanged(res.params.data)
+                                     **saved.variants).cache
     g = saved.engine.backward(cache, _contiguous(dy), dh_n, dc_n, **all_states)
     dparams = g.dparams if saved.run_params is res.params else _back_to_format(g.dparams, saved.engine,
                                                                                  res.params.format)
