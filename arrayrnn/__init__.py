@@ -11,6 +11,7 @@ from .core.io import load, save
 from .core.layout import Layout, layout_of
 from .core.params import PackedParams
 from .core.spec import RNNSpec
+from .engines.determinism import is_deterministic, set_deterministic
 from .engines.numba.warmup import warmup
 from .engines.thread_count import get_num_threads, set_num_threads
 from .frontend.cell import CellGrads, CellResult, cell_step, cell_step_backward
@@ -50,6 +51,8 @@ __all__ = [
     "get_xp",
     "get_num_threads",
     "set_num_threads",
+    "is_deterministic",
+    "set_deterministic",
     "layout_of",
     "rnn_backward",
     "rnn_forward",

@@ -50,6 +50,7 @@ from ..base import (
     StackForward,
     StackGrads,
 )
+from ..determinism import is_deterministic
 from ..layer_norm import put_grads
 from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
 from . import direction, input_norm, warmup, wavefront
@@ -203,7 +204,7 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
-        if not call.explicit and not warmup.loaded(call.spec, call.training):
+        if not call.explicit and not is_deterministic() and not warmup.loaded(call.spec, call.training):
             return ("its compiled loops for this call are compiling in the background (engine='numba' "
                     "waits for them; arrayrnn.warmup() compiles them ahead)")
         return None

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
+from ..determinism import is_deterministic
 from ..thread_count import get_num_threads
 from . import workers
 from .packed_gemm import new_scratch
@@ -54,8 +55,9 @@ _state = threading.local()
 
 
 def available_threads() -> int:
-    """:func:`arrayrnn.get_num_threads`, or 1 inside :func:`one_thread`."""
-    return 1 if getattr(_state, "one_thread", False) else get_num_threads()
+    """:func:`arrayrnn.get_num_threads`, or 1 inside :func:`one_thread` or with
+    :func:`arrayrnn.set_deterministic` on."""
+    return 1 if getattr(_state, "one_thread", False) or is_deterministic() else get_num_threads()
 
 
 @contextmanager
