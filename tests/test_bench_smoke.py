@@ -120,3 +120,24 @@ def test_the_layer_norm_bench_times_the_loop_it_checked(monkeypatch):
     compares the same function."""
     bench = _load_bench(monkeypatch, BENCH.parent / "bench_layer_norm.py")
     assert bench.check_the_loop() < 1e-10
+
+
+def test_the_guard_bench_runs_and_reports_each_row(capsys, monkeypatch):
+    """bench_guard imported a class the guard no longer had; it now runs its rows (one repeat here)."""
+    bench = _load_bench(monkeypatch, BENCH.parent / "bench_guard.py")
+    monkeypatch.setattr(bench, "_case", lambda T, B, I, H: _small_case(min(T, 3), min(B, 2), 4, 5))
+    monkeypatch.setattr(sys, "argv", ["bench_guard", "--repeats", "1"])
+    bench.main()
+    out = capsys.readouterr().out
+    for row in ("| S1 training step", "| guard (snapshot + check", "| S1 inference forward",
+                "| T=1 B=1 H=64 inference forward", "| its snapshot ("):
+        assert row in out
+
+
+def _small_case(T, B, I, H):
+    import numpy as np
+
+    import arrayrnn as ar
+
+    spec = ar.RNNSpec(mode="lstm", input_size=I, hidden_size=H, dtype="float32")
+    return ar.PackedParams.init(spec, seed=0), np.ones((T, B, I), np.float32)
