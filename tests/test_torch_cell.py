@@ -114,7 +114,7 @@ def test_gradcheck_and_gradgradcheck_in_float64(name):
     assert torch.autograd.gradgradcheck(step, inputs)
 
 
-def test_first_order_runs_the_fused_step(monkeypatch):
+def test_first_order_runs_the_fused_step(monkeypatch, auto_takes_numba):
     from arrayrnn.engines.numba.step import NumbaStep
 
     calls = []

@@ -105,6 +105,7 @@ def test_first_order_runs_the_fused_engines(monkeypatch):
                                          ("RNN", {"nonlinearity": "relu", "bidirectional": True,
                                                   "bias": False}),
                                          ("LSTM", {"num_layers": 2, "dropout": 0.5})])
+@pytest.mark.usefixtures("auto_takes_numba")
 def test_one_step_calls_run_one_fused_step_per_layer_direction_and_equal_torch(mode, kwargs, monkeypatch):
     """T = 1 (online inference, a decoder feeding the module one step at a time): the fused cell step of
     each layer-direction (arrayrnn.torch_step), not the sequence engines; values and gradients as nn's."""
