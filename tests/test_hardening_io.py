@@ -116,3 +116,61 @@ def test_load_of_a_socket_object_is_a_type_error_naming_its_type():
     with socket.socket() as sock, pytest.raises(TypeError, match="path has type socket; expected a str or "
                                                                  "os.PathLike file name"):
         ar.load(sock)
+
+
+# -- float fields of the spec and the nn layers: huge ints, NaN, inf, bools (issue 45, item 4) ---------------
+
+HUGE = 10**400
+_FLOAT_FIELDS = {   # field: (spec fields it needs, the start of what the error expects)
+    "layer_norm_eps": ({"layer_norm": True}, r"expected a finite float > 0"),
+    "dropout": ({"num_layers": 2}, r"expected a probability in \[0, 1\)"),
+    "recurrent_dropout": ({}, r"expected a probability in \[0, 1\)"),
+    "weight_dropout": ({}, r"expected a probability in \[0, 1\)"),
+    "zoneout": ({}, r"expected a probability in \[0, 1\)"),
+    "zoneout_cell": ({}, r"expected a probability in \[0, 1\)"),
+    "cell_clip": ({}, r"expected (finite bounds with lo < hi|None, a positive float c, or a pair)"),
+}
+HUGE_TEXT = r"1\.000e\+400 \(an int of 401 digits\)"
+_BAD_FLOATS = [(HUGE, HUGE_TEXT), (-HUGE, "-" + HUGE_TEXT),
+               (10**5000, r"1\.000e\+5000 \(an int of 5001 digits\)"), (float("nan"), "nan"),
+               (float("inf"), "inf"), (True, "True"), (np.float32("nan"), r"np\.float32\(nan\)")]
+
+
+@pytest.mark.parametrize("field", list(_FLOAT_FIELDS))
+@pytest.mark.parametrize("value, value_text", _BAD_FLOATS, ids=["huge", "-huge", "10**5000", "nan", "inf",
+                                                                "True", "np-nan"])
+def test_a_float_field_out_of_range_is_a_value_error_naming_it(field, value, value_text):
+    """``RNNSpec(layer_norm_eps=10**400)`` raised ``OverflowError`` (``float(10**400)``), and a 10**5000
+    anywhere raised numpy's/Python's digit-limit error instead of the field's message."""
+    needs, expected = _FLOAT_FIELDS[field]
+    with pytest.raises(ValueError, match=rf"^{field} = {value_text}; {expected}"):
+        ar.RNNSpec("lstm", 2, 3, **needs, **{field: value})
+
+
+@pytest.mark.parametrize("clip", [(HUGE, 1), (-1, HUGE), (0, float("nan"))], ids=str)
+def test_a_cell_clip_pair_with_a_bound_out_of_range_is_a_value_error(clip):
+    with pytest.raises(ValueError, match=r"^cell_clip = \(.*\); expected finite bounds with lo < hi"):
+        ar.RNNSpec("lstm", 2, 3, cell_clip=clip)
+
+
+@pytest.mark.parametrize("layer", [ar.nn.LSTM, ar.nn.GRU, ar.nn.RNN])
+def test_the_nn_layers_name_layer_norm_eps(layer):
+    with pytest.raises(ValueError, match=rf"^layer_norm_eps = {HUGE_TEXT}; expected"):
+        layer(2, 3, layer_norm=True, layer_norm_eps=HUGE)
+    with pytest.raises(ValueError, match=rf"^dropout = {HUGE_TEXT}; expected"):
+        layer(2, 3, num_layers=2, dropout=HUGE)
+
+
+def test_huge_sizes_and_seeds_are_named_abbreviated():
+    """Past 4300 digits ``repr`` of an int raises: the messages showed Python's digit-limit error instead."""
+    with pytest.raises(ValueError, match=r"^hidden_size = 1\.000e\+5000 \(an int of 5001 digits\); expected"):
+        ar.RNNSpec("lstm", 2, 10**5000)
+    with pytest.raises(ValueError, match=r"^seed = 9\.999e\+4999 \(an int of 5000 digits\); expected None"):
+        ar.PackedParams.init(SMALL, seed=10**5000 - 1)
+
+
+def test_fields_in_range_are_kept_as_floats():
+    spec = ar.RNNSpec("lstm", 2, 3, layer_norm=True, layer_norm_eps=10**300, cell_clip=(-(10**300), 2),
+                      dropout=np.float32(0.5), zoneout=0)
+    assert spec.layer_norm_eps == 1e300 and spec.cell_clip == (-1e300, 2.0) and spec.dropout == 0.5
+    assert all(type(v) is float for v in (spec.layer_norm_eps, *spec.cell_clip, spec.dropout, spec.zoneout))
