@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -174,3 +177,79 @@ def test_fields_in_range_are_kept_as_floats():
                       dropout=np.float32(0.5), zoneout=0)
     assert spec.layer_norm_eps == 1e300 and spec.cell_clip == (-1e300, 2.0) and spec.dropout == 0.5
     assert all(type(v) is float for v in (spec.layer_norm_eps, *spec.cell_clip, spec.dropout, spec.zoneout))
+
+
+# -- thread counts from the environment (issue 45, item 5) ---------------------------------------------------
+
+_THREAD_VARIABLES = ("ARRAYRNN_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+@pytest.fixture
+def environment_default(monkeypatch):
+    """``get_num_threads()``'s default read afresh from the given variables (the others unset)."""
+    from arrayrnn.engines import thread_count
+
+    def read(**env: str) -> int:
+        for name in _THREAD_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(thread_count, "_explicit", None)
+        monkeypatch.setattr(thread_count, "_environment", {})   # the read-once cache
+        return ar.get_num_threads()
+    return read
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "NUMBA_NUM_THREADS"])
+@pytest.mark.parametrize("value", ["²", "٣", "0", "-1", "4,", "1.5", "four"])
+def test_an_unreadable_host_limit_is_ignored_with_a_warning(environment_default, name, value):
+    """``OMP_NUM_THREADS='²'`` (``'²'.isdigit()`` is True, ``int('²')`` fails) raised from every numba call;
+    libgomp ignores an invalid value with a warning, and so does arrayrnn now."""
+    said = (rf"^{name} = {re.escape(repr(value))} is not a thread count \(expected an int >= 1 or a list "
+            r"such as '4,2'\); arrayrnn ignores it")
+    with pytest.warns(RuntimeWarning, match=said):
+        assert environment_default(**{name: value}) == _cpus()
+    with pytest.warns(RuntimeWarning, match=name):
+        assert environment_default(**{name: value, "NUMBA_NUM_THREADS" if name[0] == "O" else
+                                      "OMP_NUM_THREADS": "1"}) == 1   # the other limit still applies
+
+
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "NUMBA_NUM_THREADS"])
+@pytest.mark.parametrize("value, expected", [(" 1 ", 1), ("1,3", 1), (" 1 , 2 ", 1), ("", None),
+                                             ("  ", None)])
+def test_readable_host_limits(environment_default, recwarn, name, value, expected):
+    assert environment_default(**{name: value}) == (_cpus() if expected is None else expected)
+    assert not [w for w in recwarn if "thread count" in str(w.message)]
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "0", "-1", "4,2", "", " ", "+2"])
+def test_a_bad_arrayrnn_num_threads_stays_a_clear_error(environment_default, value):
+    expected = rf"^ARRAYRNN_NUM_THREADS = {re.escape(repr(value))}; expected an int >= 1 \(or unset\)"
+    with pytest.raises(ValueError, match=expected):
+        environment_default(ARRAYRNN_NUM_THREADS=value)
+
+
+def test_arrayrnn_num_threads_may_have_spaces_around_it(environment_default, recwarn):
+    assert environment_default(ARRAYRNN_NUM_THREADS=" 3 ", OMP_NUM_THREADS="²") == 3
+    assert not recwarn.list, "the host's limits are not read when ARRAYRNN_NUM_THREADS is set"
+
+
+def test_a_numba_call_runs_under_an_unreadable_omp_num_threads():
+    """The whole path in a fresh process: import, the first read of the environment, a numba call."""
+    pytest.importorskip("numba")
+    root = Path(__file__).resolve().parent.parent
+    code = ("import numpy as np, arrayrnn as ar\n"
+            "p = ar.PackedParams.init(ar.RNNSpec('gru', 2, 3))\n"
+            "y = ar.rnn_forward(p, np.ones((2, 1, 2), np.float32), engine='numba').y\n"
+            "print(ar.get_num_threads(), y.shape)\n")
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARIABLES}
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="²", NUMBA_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "(2,", "1,", "3)"]
+    assert "OMP_NUM_THREADS = '²' is not a thread count" in proc.stderr
