@@ -253,3 +253,48 @@ def test_a_numba_call_runs_under_an_unreadable_omp_num_threads():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1", "(2,", "1,", "3)"]
     assert "OMP_NUM_THREADS = '²' is not a thread count" in proc.stderr
+
+
+# -- layer norm of float32 rows near 1e20 (issue 45, item 6) ------------------------------------------------
+
+_LN_SPECS = [dict(mode="lstm", proj_size=2), dict(mode="gru"), dict(mode="gru", reset_after=False),
+             dict(mode="rnn_tanh", bidirectional=True)]
+
+
+def _run(params, x, engine):
+    res = ar.rnn_forward(params, x, engine=engine, training=True)
+    dy = np.linspace(-1, 1, res.y.size).reshape(res.y.shape).astype(res.y.dtype)
+    g = ar.rnn_backward(res, dy=dy)
+    return {"y": res.y, "h_n": res.h_n, "dx": g.dx, "dparams": g.dparams.data}
+
+
+@pytest.mark.parametrize("fields", _LN_SPECS, ids=lambda f: "-".join(map(str, f.values())))
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_float32_layer_norm_of_rows_near_1e20_equals_float64(fields, engine):
+    """The reference engine squared float32 deviations near 1e20: the variance overflowed to inf and the
+    outputs were off by 1.0-1.8 (the numba loops reduce in float64, so ``"auto"`` answered differently
+    before and after numba loaded)."""
+    if engine == "numba":
+        pytest.importorskip("numba")
+    spec = ar.RNNSpec(input_size=4, hidden_size=3, layer_norm=True, **fields)
+    params = ar.PackedParams.init(spec, seed=1)
+    scale = np.geomspace(1e19, 1e20, 4)
+    x = (np.random.default_rng(0).standard_normal((3, 2, 4)) * scale).astype(np.float32)
+    assert np.isfinite(x).all() and np.abs(x).max() > 1e19
+    with np.errstate(over="raise", invalid="raise"):
+        got = _run(params, x, engine)
+    want = _run(params.astype("float64"), x.astype(np.float64), "reference")
+    for name, value in got.items():
+        assert value.dtype == np.float32 and np.isfinite(value).all(), name
+        bound = 1e-4 * np.abs(want[name]).max()
+        np.testing.assert_allclose(value, want[name], rtol=1e-3, atol=bound, err_msg=name)
+
+
+def test_float64_layer_norm_statistics_are_unchanged():
+    """The float64 path is the one it was: the statistics of a float64 row are computed as before."""
+    from arrayrnn.engines.layer_norm import row_stats
+    v = np.random.default_rng(2).standard_normal((5, 7)) * 1e3 + 10
+    stats = row_stats(np, v, 1e-5)
+    centred = v - v.mean(axis=-1)[..., None]
+    assert np.array_equal(stats[..., 0], v.mean(axis=-1))
+    assert np.array_equal(stats[..., 1], 1.0 / np.sqrt((centred * centred).mean(axis=-1) + 1e-5))
