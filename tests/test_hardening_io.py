@@ -298,3 +298,93 @@ def test_float64_layer_norm_statistics_are_unchanged():
     centred = v - v.mean(axis=-1)[..., None]
     assert np.array_equal(stats[..., 0], v.mean(axis=-1))
     assert np.array_equal(stats[..., 1], 1.0 / np.sqrt((centred * centred).mean(axis=-1) + 1e-5))
+
+
+# -- warmup's progress bar without a usable stderr (issue 45, item 7) ---------------------------------------
+
+_FAKE_COMPILE = '''
+from arrayrnn.engines.numba import warmup as W
+compiled = []
+
+def compile_family(family, progress=None):   # the probe calls stand for a 100-second compile
+    for _ in W.probe_calls(family):
+        if progress is not None:
+            progress.update(1)
+    compiled.append(family.text())
+    return {}
+'''
+
+
+def _fake_compile(monkeypatch) -> dict:
+    """warmup's compile step replaced for the test by the probe count; ``["compiled"]``: the families."""
+    namespace: dict = {}
+    exec(_FAKE_COMPILE, namespace)
+    monkeypatch.setattr(namespace["W"], "compile_family", namespace["compile_family"])
+    return namespace
+
+
+class _ClosedDescriptor:
+    """A stream whose descriptor was closed under it (``os.close(2)`` after start-up)."""
+
+    closed = False
+
+    def __init__(self):
+        read, write = os.pipe()
+        os.close(read)
+        os.close(write)
+        self.fd, self.written = write, []
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, text: str) -> int:
+        self.written.append(text)
+        raise OSError(9, "Bad file descriptor")
+
+    def flush(self) -> None:
+        raise OSError(9, "Bad file descriptor")
+
+
+def _closed_stringio():
+    import io
+    stream = io.StringIO()
+    stream.close()
+    return stream
+
+
+@pytest.mark.parametrize("make_stderr", [lambda: None, _closed_stringio, _ClosedDescriptor],
+                         ids=["none", "closed", "closed-descriptor"])
+def test_warmup_without_a_usable_stderr_skips_the_bar_and_compiles(monkeypatch, make_stderr):
+    """With ``sys.stderr = None`` (pythonw, a daemon) tqdm's first write raised ``AttributeError`` and
+    warmup compiled nothing."""
+    pytest.importorskip("tqdm")
+    namespace = _fake_compile(monkeypatch)
+    stderr = make_stderr()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    ar.warmup(["rnn_tanh", "gru"], "float64", training=False)
+    assert namespace["compiled"] == ["rnn:float64:forward", "gru:float64:forward"]
+    assert not getattr(stderr, "written", [])
+
+
+def test_warmup_shows_its_bar_on_a_usable_stderr(monkeypatch):
+    import io
+    pytest.importorskip("tqdm")
+    namespace = _fake_compile(monkeypatch)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    ar.warmup("rnn_tanh", "float64", training=False)
+    assert "arrayrnn warmup" in sys.stderr.getvalue() and namespace["compiled"] == ["rnn:float64:forward"]
+
+
+def test_the_warmup_command_with_stderr_closed_compiles():
+    """``python -m arrayrnn warmup 2>&-``: Python starts with ``sys.stderr = None``; the bar failed."""
+    pytest.importorskip("tqdm")
+    root = Path(__file__).resolve().parent.parent
+    code = _FAKE_COMPILE + ("W.compile_family = compile_family\n"
+                            "from arrayrnn.__main__ import main\n"
+                            "rc = main(['warmup', '--modes', 'rnn_tanh', '--dtypes', 'float64', "
+                            "'--inference-only'])\n"
+                            "print(rc, compiled)\n")
+    proc = subprocess.run(["sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, code], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.splitlines() == ["0 ['rnn:float64:forward']"], (proc.returncode, proc.stdout)
