@@ -46,7 +46,7 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-_SHOWN_DIGITS = 24  # an int longer than this is abbreviated in a message
+_SHOWN_DIGITS = 100  # an int longer than this is abbreviated in a message (2**100 is shown whole)
 
 
 def shown(value: Any) -> str:
