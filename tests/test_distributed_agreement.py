@@ -89,6 +89,17 @@ def test_mpi_uneven_calls_inside_abort_on_error_and_join_end_the_job_naming_the_
     assert said in res.stderr, res.stderr[-3000:]
 
 
+def test_mpi_uneven_calls_inside_abort_on_error_alone_end_the_job_naming_the_rank_and_count():
+    """Without ``join(comm)``, rank 1's extra all-reduce inside ``abort_on_error`` waited forever (issue 45):
+    the block now counts the calls as ``join`` does, and the job ends within the timeout."""
+    res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "uneven-abort-only"],
+                  timeout=TIMEOUT)
+    assert res.returncode != 0
+    said = "rank 0 has left join(comm) after 3 calls; this is call 4 on rank 1"
+    assert said in res.stderr, res.stderr[-3000:]
+    assert "aborting the MPI job" in res.stderr
+
+
 RESUMED = {"Adam": {"betas": [0.5, 0.75], "eps": 0.001, "lr": 0.25, "weight_decay": 0.125},
            "SGD": {"dampening": 0.0, "lr": 0.5, "momentum": 0.25, "nesterov": True, "weight_decay": 0.375}}
 

@@ -5,8 +5,11 @@ mode of the file it replaces (or the umask default for a new file) and renames i
 a failing write leaves the old file intact. A ``path`` that cannot name a file (empty, a directory, ending
 with a separator, in a missing folder) is refused before anything is written. A symbolic link is written
 through, as ``np.savez`` and ``torch.save`` do: the file it names gets the new contents, the link stays.
-A temporary (``.<name>.arrayrnn-<random>.tmp``) is locked (``flock``) while its save runs; each save
-first removes the temporaries of ``path`` that no save holds, those a killed process (``kill -9``) left.
+A ``path`` that exists and is not a regular file (a FIFO, a device such as ``/dev/null``, a socket; also
+at the end of a link) is refused with a ``ValueError``: the rename would replace it with a regular file.
+The temporary (``.arrayrnn-<8 random characters>.tmp``: short, so any file name up to the system's limit
+can be saved) is locked (``flock``) while its save runs; each save first removes the temporaries in its
+folder that no save holds, those a killed process (``kill -9``) left.
 
 ``read(path, kind, versions)`` returns ``(header, arrays)`` and turns every way a file can be damaged or
 foreign (truncation, flipped bytes, a bad zip, bad JSON, JSON nested too deep, a header that is not an
@@ -27,6 +30,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 import zipfile
@@ -72,20 +76,25 @@ def write(path: str | os.PathLike, kind: str, version: int, header: dict[str, An
     atomic_write(path, lambda f: np.savez(f, **members))
 
 
-_TMP_SUFFIX = ".tmp"
+_TMP_PREFIX, _TMP_SUFFIX = ".arrayrnn-", ".tmp"
+_TMP_NAME = re.compile(r"\.arrayrnn-[a-z0-9_]{8}\.tmp")  # what mkstemp makes of them (8 random characters)
 
 
-def _temporary_prefix(path: Path) -> str:
-    return f".{path.name}.arrayrnn-"
+def _is_temporary_of(name: str, path: Path) -> bool:
+    """Whether ``name`` is a temporary a save of ``path`` may have left: ours, or the longer form older
+    versions used (``.<name>.arrayrnn-<random>.tmp``, too long for names near NAME_MAX)."""
+    legacy = name.startswith(f".{path.name}{_TMP_PREFIX}") and name.endswith(_TMP_SUFFIX)
+    return legacy or _TMP_NAME.fullmatch(name) is not None
 
 
 def atomic_write(path: str | os.PathLike, write_to: Callable[[Any], None]) -> None:
     """Call ``write_to(binary file)`` on a temporary file beside ``path``, then rename it over ``path``.
     ``path`` must name a file in an existing folder (see `file_target`); a symbolic link is written
     through (the module docstring)."""
-    path = file_target(path)
+    given = path = file_target(path)
     if path.is_symlink():
         path = file_target(os.path.realpath(path))
+    _check_replaceable(given, path)
     folder = path.parent
     mode = _mode_for(path)
     remove_abandoned_temporaries(path)
@@ -107,11 +116,27 @@ def atomic_write(path: str | os.PathLike, write_to: Callable[[Any], None]) -> No
     _fsync_folder(folder)
 
 
+def _check_replaceable(given: Path, path: Path) -> None:
+    """Refuse an existing ``path`` (``given``, resolved) that is not a regular file. Writing through to a
+    FIFO or a device, as ``np.save`` does, is not atomic and not what a checkpoint means; replacing one
+    (the rename) would put a file where ``/dev/null`` was. A clear error is the safe answer."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    kind = _kind_of(mode)
+    if kind is not None:
+        where = "" if given == path else f" (the link {str(given)!r} points there)"
+        raise ValueError(f"path = {str(path)!r}{where} is {kind}, not a regular file; saving replaces its "
+                         f"target with a new file, so it only writes regular files: expected a file name "
+                         f"that is new or names a regular file")
+
+
 def _held_temporary(path: Path) -> tuple[BinaryIO, str]:
     """A new temporary for ``path`` (a unique name), open and locked; made again if another save removed
     it between its creation and the lock (it took it for abandoned)."""
     while True:
-        fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=path.parent)
         f = os.fdopen(fd, "wb")
         if fcntl is None:
             return f, tmp
@@ -122,13 +147,13 @@ def _held_temporary(path: Path) -> tuple[BinaryIO, str]:
 
 
 def remove_abandoned_temporaries(path: Path) -> None:
-    """Remove the temporaries of ``path`` (regular files named like ours) that no save holds locked:
+    """Remove the temporaries beside ``path`` (regular files named like ours) that no save holds locked:
     those of saves killed before they could remove them."""
     if fcntl is None:
         return
     with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
         for entry in entries:
-            if entry.name.startswith(_temporary_prefix(path)) and entry.name.endswith(_TMP_SUFFIX):
+            if _is_temporary_of(entry.name, path):
                 _remove_if_abandoned(Path(entry.path))
 
 
@@ -245,21 +270,42 @@ _NOT_REGULAR = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block de
                 (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 
 
+def _kind_of(mode: int) -> str | None:
+    """What a non-regular, non-directory file of ``mode`` is ("a FIFO"), or None."""
+    return next((kind for is_kind, kind in _NOT_REGULAR if is_kind(mode)), None)
+
+
 def _open_regular_file(path: str | os.PathLike, what: str) -> BinaryIO:
     """``path`` open for reading, refused before a byte is read unless it is a regular file. Missing, no
     permission: the OSError as it is; a directory: ``IsADirectoryError``."""
-    fd = os.open(_path_text(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
+    text = _path_text(path)
+    try:
+        fd = os.open(text, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
+    except OSError as e:  # a socket cannot be opened (ENXIO), nor a device without its driver
+        _refuse_non_regular(path, _mode_or_zero(text), what, cause=e)
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        for is_kind, kind in _NOT_REGULAR:
-            if is_kind(mode):
-                raise ValueError(f"{path}: is not a regular file ({kind}); expected an .npz {what}")
+        _refuse_non_regular(path, mode, what)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def _refuse_non_regular(path: Any, mode: int, what: str, cause: OSError | None = None) -> None:
+    kind = _kind_of(mode)
+    if kind is not None:
+        raise ValueError(f"{path}: is not a regular file ({kind}); expected an .npz {what}") from cause
+
+
+def _mode_or_zero(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _directory(path: Any, archive: zipfile.ZipFile, what: str) -> dict[str, zipfile.ZipInfo]:

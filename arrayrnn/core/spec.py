@@ -46,16 +46,54 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+_SHOWN_DIGITS = 100  # an int longer than this is abbreviated in a message (2**100 is shown whole)
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, a huge int abbreviated (``10**400``'s repr is 401 digits, and
+    past 4300 digits ``repr`` itself raises); tuples and lists element by element."""
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(map(shown, value)) + ("," if isinstance(value, tuple) and len(value) == 1 else "")
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, numbers.Integral) and _is_real(value) and abs(int(value)) >= 10**_SHOWN_DIGITS:
+        return _abbreviated(int(value))
+    return repr(value)
+
+
+def _abbreviated(value: int) -> str:
+    """``-1.234e+400 (an int of 401 digits)``: exact digits, the leading ones truncated; no ``str(value)``."""
+    magnitude = abs(value)
+    digits = int((magnitude.bit_length() - 1) * math.log10(2))  # a lower bound, then counted up
+    while 10**digits <= magnitude:
+        digits += 1
+    leading = magnitude // 10 ** (digits - 4)  # the first 4 digits, truncated
+    sign = "-" if value < 0 else ""
+    return f"{sign}{leading // 1000}.{leading % 1000:03d}e+{digits - 1} (an int of {digits} digits)"
+
+
+def _finite_float(value: Any) -> float | None:
+    """``value`` (a real number, not a bool) as a finite float, or None: not a number, NaN, infinite, or an
+    int beyond a float's range (``float(10**400)`` raises ``OverflowError``)."""
+    if not _is_real(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_positive_int(field: str, value: Any, minimum: int = 1) -> int:
     if not (isinstance(value, numbers.Integral) and _is_real(value)) or not minimum <= value <= _INDEX_MAX:
-        raise ValueError(f"{field} = {value!r}; expected an integer >= {minimum} (and <= {_INDEX_MAX})")
+        raise ValueError(f"{field} = {shown(value)}; expected an integer >= {minimum} (and <= {_INDEX_MAX})")
     return int(value)
 
 
 def _check_probability(field: str, value: Any) -> float:
-    if not _is_real(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{field} = {value!r}; expected a probability in [0, 1)")
-    return float(value)
+    number = _finite_float(value)
+    if number is None or not 0.0 <= number < 1.0:
+        raise ValueError(f"{field} = {shown(value)}; expected a probability in [0, 1)")
+    return number
 
 
 def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
@@ -70,13 +108,15 @@ def _normalize_cell_clip(cell_clip: Any) -> tuple[float, float] | None:
     if cell_clip is None:
         return None
     if _is_real(cell_clip):
-        lo, hi = -float(cell_clip), float(cell_clip)
+        c = _finite_float(cell_clip)
+        lo, hi = (None, None) if c is None else (-c, c)
     elif isinstance(cell_clip, (tuple, list)) and len(cell_clip) == 2 and all(map(_is_real, cell_clip)):
-        lo, hi = (float(v) for v in cell_clip)
+        lo, hi = (_finite_float(v) for v in cell_clip)
     else:
-        raise ValueError(f"cell_clip = {cell_clip!r}; expected None, a positive float c, or a pair (lo, hi)")
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(f"cell_clip = {cell_clip!r}; expected finite bounds with lo < hi")
+        raise ValueError(f"cell_clip = {shown(cell_clip)}; expected None, a positive float c, or a pair "
+                         "(lo, hi)")
+    if lo is None or hi is None or not lo < hi:
+        raise ValueError(f"cell_clip = {shown(cell_clip)}; expected finite bounds with lo < hi")
     return (lo, hi)
 
 
@@ -170,11 +210,11 @@ class RNNSpec:
 
     def _normalize_layer_norm(self) -> None:
         object.__setattr__(self, "layer_norm", check_flag("layer_norm", self.layer_norm))
-        eps = self.layer_norm_eps
-        if not (_is_real(eps) and math.isfinite(eps) and eps > 0):
-            raise ValueError(f"layer_norm_eps = {eps!r}; expected a finite float > 0 (the variance's floor "
-                             "inside the square root, 1e-5 by default)")
-        object.__setattr__(self, "layer_norm_eps", float(eps))
+        eps = _finite_float(self.layer_norm_eps)
+        if eps is None or not eps > 0:
+            raise ValueError(f"layer_norm_eps = {shown(self.layer_norm_eps)}; expected a finite float > 0 "
+                             "(the variance's floor inside the square root, 1e-5 by default)")
+        object.__setattr__(self, "layer_norm_eps", eps)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -285,7 +325,7 @@ def check_seed(seed: Any) -> int | None:
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed has type {type(seed).__name__}; expected None or an int in [0, 2**64)")
     if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed = {seed}; expected None or an int in [0, 2**64) (a 64-bit seed)")
+        raise ValueError(f"seed = {shown(seed)}; expected None or an int in [0, 2**64) (a 64-bit seed)")
     return int(seed)
 
 
@@ -296,5 +336,5 @@ def check_count(name: str, value: Any, minimum: int = 0) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} = {value!r} has type {type(value).__name__}; expected {expected}")
     if value < minimum:
-        raise ValueError(f"{name} = {value!r}; expected {expected}")
+        raise ValueError(f"{name} = {shown(value)}; expected {expected}")
     return int(value)

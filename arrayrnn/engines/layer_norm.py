@@ -59,11 +59,14 @@ STAT_MEAN, STAT_RSTD = 0, 1  # the last axis of a statistics array (norm_stats[.
 
 # -- one row (the last axis) --------------------------------------------------------------------------
 def row_stats(xp: ModuleType, v: Array, eps: float, out: Array | None = None) -> Array:
-    """``(..., 2)``: the mean and ``1 / sqrt(var + eps)`` of each row of ``v`` (into ``out`` if given)."""
+    """``(..., 2)``: the mean and ``1 / sqrt(var + eps)`` of each row of ``v`` (into ``out`` if given).
+    A narrower dtype than float64 is reduced in float64, as the numba loops do: the squares of a float32 row
+    near 1e20 overflow float32 (the variance became inf, the outputs were off by 1 or more)."""
     stats = xp.empty((*v.shape[:-1], 2), v.dtype) if out is None else out
-    mean = v.mean(axis=-1)
-    centred = v - mean[..., None]
-    var = (centred * centred).mean(axis=-1)
+    wide = v if v.dtype.itemsize >= 8 else v.astype(xp.float64)
+    mean = wide.mean(axis=-1)
+    centred = wide - mean[..., None]
+    var = xp.square(centred, out=centred).mean(axis=-1)
     stats[..., STAT_MEAN] = mean
     stats[..., STAT_RSTD] = 1.0 / xp.sqrt(var + v.dtype.type(eps))
     return stats

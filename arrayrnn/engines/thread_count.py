@@ -3,8 +3,11 @@
 The one knob, process-wide (like ``torch.set_num_threads``). Until :func:`set_num_threads` is called, the
 count comes from the environment, read once: ``ARRAYRNN_NUM_THREADS`` if set; otherwise the smaller of the
 limits the host already set, ``OMP_NUM_THREADS`` (its first level) and ``NUMBA_NUM_THREADS`` (this
-engine's knob before it had its own); otherwise the CPUs this process may run on. Inside the drop-in
-PyTorch modules a count not set explicitly is also held to ``torch.get_num_threads()``
+engine's knob before it had its own); otherwise the CPUs this process may run on. A count is ASCII digits,
+at least 1, spaces around it allowed (``" 4 "``); a host limit is read as libgomp reads ``OMP_NUM_THREADS``
+(a comma-separated list of counts, ``"4,2"`` -> 4), and one that is not (``"²"``, ``"0"``, ``"-1"``) is
+ignored with a ``RuntimeWarning``, as libgomp ignores it; a bad ``ARRAYRNN_NUM_THREADS`` is a ``ValueError``.
+Inside the drop-in PyTorch modules a count not set explicitly is also held to ``torch.get_num_threads()``
 (:func:`at_most`), so a host limited to one thread gets one.
 
 Nothing here starts a thread pool or touches another library's setting: numba's threading layer (whose
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 from ..core.spec import check_count
 
@@ -39,7 +43,8 @@ def get_num_threads() -> int:
     if _explicit is not None:
         return _explicit
     if not _environment:
-        _environment.update(variable=_variable(), host=_host_default())
+        variable = _variable()
+        _environment.update(variable=variable, host=_host_default() if variable is None else None)
     if _environment["variable"] is not None:
         return _environment["variable"]
     default, cap = _environment["host"], getattr(_cap, "limit", None)
@@ -67,21 +72,44 @@ def _variable() -> int | None:
     text = os.environ.get(VARIABLE)
     if text is None:
         return None
-    if not (text.strip().isdigit() and int(text) >= 1):
+    count = _count(text)
+    if count is None:
         raise ValueError(f"{VARIABLE} = {text!r}; expected an int >= 1 (or unset)")
-    return int(text)
+    return count
 
 
 def _host_default() -> int:
-    limits = [_leading_int(os.environ.get(name, "")) for name in _HOST_LIMITS]
+    limits = [_host_limit(name) for name in _HOST_LIMITS]
     set_limits = [n for n in limits if n is not None]
     return min(set_limits) if set_limits else _cpus()
 
 
-def _leading_int(text: str) -> int | None:
-    """The first entry of an ``OMP_NUM_THREADS``-style list (``"4,2"`` -> 4), or None if not a count."""
-    first = text.split(",")[0].strip()
-    return int(first) if first.isdigit() and int(first) >= 1 else None
+def _host_limit(name: str) -> int | None:
+    """The first entry of the ``OMP_NUM_THREADS``-style list in ``name`` (``"4,2"`` -> 4); None if unset,
+    blank, or not such a list (then with a warning: the host's own parser may read it another way, but
+    this engine cannot, and refusing would break every call over another library's setting)."""
+    text = os.environ.get(name, "")
+    if not text.strip():
+        return None
+    counts = [_count(entry) for entry in text.split(",")]
+    if None in counts:
+        warnings.warn(f"{name} = {text!r} is not a thread count (expected an int >= 1 or a list such as "
+                      f"'4,2'); arrayrnn ignores it", RuntimeWarning, stacklevel=3)
+        return None
+    return counts[0]
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def _count(text: str) -> int | None:
+    """``text`` as a count >= 1: ASCII digits, spaces around them allowed; else None (``str.isdigit`` and
+    ``int`` take other scripts' digits, ``"²"`` passes the first and fails the second)."""
+    digits = text.strip(" \t\n\r\f\v")
+    if not digits or not set(digits) <= _DIGITS:
+        return None
+    count = int(digits)
+    return count if count >= 1 else None
 
 
 def _cpus() -> int:

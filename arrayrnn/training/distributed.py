@@ -261,8 +261,8 @@ def _agreed(call: str, backend: _Backend, comm: Any, plan: Callable[[], tuple[li
         refused: Exception | None = None
     except Exception as err:  # noqa: BLE001 - whatever stops this rank, the others must hear of it
         names, buffers, refused = [], [], err
-    scope = _joins.get(id(comm))
-    calls = OUTSIDE_JOIN if scope is None else scope.count_call()
+    scopes = _joins.get(id(comm))
+    calls = scope.count_call() if (scope := scopes[-1] if scopes else None) is not None else OUTSIDE_JOIN
     try:
         agree(call, names, buffers, _collectives(backend, comm), root if refused is None else -1,
               refused is not None, joined=(calls, False))
@@ -425,10 +425,11 @@ def _on_host(buf: Any) -> np.ndarray:
 
 
 class _JoinScope:
-    """The collective calls this rank made inside ``join(comm)``."""
+    """The collective calls this rank made inside ``join(comm)`` (``implicit``: ``abort_on_error(comm)``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, implicit: bool = False) -> None:
         self.calls = 0
+        self.implicit = implicit
 
     def count_call(self) -> int:
         """The calls made before this one."""
@@ -436,7 +437,20 @@ class _JoinScope:
         return self.calls - 1
 
 
-_joins: dict[int, _JoinScope] = {}   # by id(comm): the join(comm) blocks this process is inside
+_joins: dict[int, list[_JoinScope]] = {}   # by id(comm): the blocks this process is inside, innermost last
+
+
+def _enter(comm: Any, implicit: bool) -> _JoinScope:
+    scope = _JoinScope(implicit)
+    _joins.setdefault(id(comm), []).append(scope)
+    return scope
+
+
+def _exit(comm: Any) -> None:
+    scopes = _joins[id(comm)]
+    scopes.pop()
+    if not scopes:
+        del _joins[id(comm)]
 
 
 @contextlib.contextmanager
@@ -456,9 +470,9 @@ def join(comm: Any) -> Iterator[None]:
     would pair with the agreement's).
     """
     backend = _backend_for(comm)
-    if id(comm) in _joins:
+    if any(not scope.implicit for scope in _joins.get(id(comm), ())):
         raise ValueError("join(comm) is already active for this communicator; expected one block per comm")
-    scope = _joins[id(comm)] = _JoinScope()
+    scope = _enter(comm, implicit=False)
     try:
         yield
     except BaseException:
@@ -474,7 +488,7 @@ def _leave(backend: _Backend, comm: Any, scope: _JoinScope, by_exception: bool) 
     it caused (the text, not the exception: one kept here would hold this frame, and the communicator's
     tensors in it, in a reference cycle until some garbage collection, which a torch.distributed process
     group destroyed meanwhile did not survive: an abort at exit, ~1 run in 10 with gloo)."""
-    del _joins[id(comm)]
+    _exit(comm)
     first: str | None = None
     while True:
         try:
@@ -491,6 +505,12 @@ def abort_on_error(comm: Any, errorcode: int = 1) -> Iterator[None]:
     An exception on one rank would otherwise leave the others waiting forever in their next
     collective; ``MPI_Abort`` ends the whole job (``mpiexec`` returns ``errorcode``). The traceback is
     printed first. ``comm`` must be an ``mpi4py.MPI.Comm``.
+
+    Uneven calls end the job too: the block counts arrayrnn's collectives on ``comm`` as ``join(comm)``
+    does (unless a block around it already counts them), so a rank making a call the others never make
+    raises (and aborts) instead of waiting forever, and one that leaves the block after fewer calls than
+    another aborts when the block ends, naming the ranks and their counts. A ``join(comm)`` inside counts
+    its own calls as before.
     """
     if not _BACKENDS[0].matches(comm):
         raise TypeError(f"comm has type {type(comm).__module__}.{type(comm).__name__}; expected an "
@@ -500,14 +520,27 @@ def abort_on_error(comm: Any, errorcode: int = 1) -> Iterator[None]:
             1 <= errorcode <= 255):
         raise ValueError(f"errorcode = {errorcode!r}; expected an int in 1..255 (the exit status mpiexec "
                          "reports; 0 would report success)")
+    scope = None if _joins.get(id(comm)) else _enter(comm, implicit=True)
     try:
         yield
-    except Exception:
-        # one write, then a moment for mpiexec to forward it: MPI_Abort may kill this rank's output stream
-        # before a traceback written line by line gets through (seen as a lone first line, ~1 run in 10)
-        sys.stderr.write(f"rank {comm.Get_rank()}: aborting the MPI job after an exception:\n"
-                         f"{traceback.format_exc()}")
-        sys.stderr.flush()
-        time.sleep(0.2)
-        comm.Abort(errorcode)
+    except BaseException as err:
+        if scope is not None:
+            _exit(comm)
+        if isinstance(err, Exception):
+            _abort(comm, errorcode, f"after an exception:\n{traceback.format_exc()}")
         raise
+    if scope is not None:
+        uneven = _leave(_BACKENDS[0], comm, scope, by_exception=False)
+        if uneven is not None:
+            _abort(comm, errorcode, f"uneven collective calls: {uneven}\n")
+            raise ValueError(uneven)
+
+
+def _abort(comm: Any, errorcode: int, why: str) -> None:
+    # one write, then a moment for mpiexec to forward it: MPI_Abort may kill this rank's output stream
+    # before a traceback written line by line gets through (seen as a lone first line, ~1 run in 10)
+    if sys.stderr is not None:
+        sys.stderr.write(f"rank {comm.Get_rank()}: aborting the MPI job {why}")
+        sys.stderr.flush()
+    time.sleep(0.2)
+    comm.Abort(errorcode)

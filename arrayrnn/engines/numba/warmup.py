@@ -340,6 +340,22 @@ def families(modes: RNNSpec | str | Iterable[RNNSpec | str], dtypes: str | Itera
     return [Family(k, d, training) for k in dict.fromkeys(kinds) for d in dict.fromkeys(names)]
 
 
+def _writable(stream: Any) -> bool:
+    """Whether ``stream`` (``sys.stderr``) can take a progress bar: not None, not closed, and its file
+    descriptor, where it has one, still open."""
+    if stream is None or getattr(stream, "closed", False):
+        return False
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (a StringIO, a notebook's stream): fine
+        return True
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str | Iterable[str] = DTYPES, *,
            training: bool = True, progress: bool = True) -> None:
     """Compile the numba engine's loops for ``modes`` x ``dtypes`` now, in this process, so that no later
@@ -348,7 +364,8 @@ def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str |
     ``modes``: mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ...) or :class:`RNNSpec` s; ``dtypes``:
     ``"float32"``, ``"float64"``; ``training``: the backward's loops too. The compiled code lands in
     numba's on-disk cache, so later processes load it (``python -m arrayrnn warmup`` in a server or CI
-    image). ``progress``: a progress bar on stderr.
+    image). ``progress``: a progress bar on stderr, skipped where there is none to write to (``sys.stderr``
+    None under pythonw or with ``2>&-``, closed, or its descriptor gone).
     """
     from tqdm.auto import tqdm
 
@@ -356,7 +373,9 @@ def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str |
         raise TypeError(f"training = {training!r}; expected True or False")
     todo = families(modes, dtypes, training)
     total = sum(len(probe_calls(f)) for f in todo)
-    with tqdm(total=total, desc="arrayrnn warmup", unit="call", disable=not progress) as bar:
+    stream = sys.stderr
+    shown = progress and _writable(stream)
+    with tqdm(total=total, desc="arrayrnn warmup", unit="call", file=stream, disable=not shown) as bar:
         for family in todo:
             bar.set_postfix_str(family.text())
             compile_family(family, bar)

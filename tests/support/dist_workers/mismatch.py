@@ -65,6 +65,13 @@ def _uneven_abort(rank: int, comm: Any) -> None:
         _uneven(rank, comm)
 
 
+def _uneven_abort_only(rank: int, comm: Any) -> None:
+    """Rank 1 makes one all-reduce more than rank 0 inside ``abort_on_error`` alone (no ``join``)."""
+    with abort_on_error(comm):
+        for _ in range(3 + rank):
+            allreduce_mean(np.ones(2), comm)
+
+
 def _raising(rank: int, comm: Any) -> None:
     """Rank 1 fails after its first all-reduce inside ``join``; rank 0 goes on to a second."""
     from arrayrnn.distributed import join
@@ -101,7 +108,8 @@ def _resume(rank: int, comm: Any) -> None:
 
 CASES: dict[str, Callable[[int, Any], None]] = {
     "count": _count, "shape": _shape, "dtype": _dtype, "refused": _refused, "root": _root, "call": _call,
-    "uneven": _uneven, "uneven-abort": _uneven_abort, "raising": _raising, "resume": _resume}
+    "uneven": _uneven, "uneven-abort": _uneven_abort,
+    "uneven-abort-only": _uneven_abort_only, "raising": _raising, "resume": _resume}
 
 
 def say(line: str) -> None:
