@@ -32,10 +32,11 @@ elif SETTING == "waiting":
 else:
     raise ValueError(f"ARRAYRNN_TEST_SETTING = {SETTING!r}; expected 'waiting' (or unset) or 'default'")
 
-from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
+# the setting is chosen before arrayrnn (and numba, which reads NUMBA_CACHE_DIR) is imported
+from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases  # noqa: E402
 
-import arrayrnn as ar
-from arrayrnn.engines import forget_choices, thread_count
+import arrayrnn as ar  # noqa: E402
+from arrayrnn.engines import forget_choices, thread_count  # noqa: E402
 
 ENGINES = cpu_engines()
 ENGINE_CASES = (*(EngineOnDevice(name, np) for name in ENGINES), *gpu_cases(), *dry_run_cases())
