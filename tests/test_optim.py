@@ -117,6 +117,20 @@ def test_clip_grad_norm_matches_torch(norm_type, max_norm):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("make", [lambda v: optim.SGD(np.ones(2), lr=v),
+                                  lambda v: optim.SGD(np.ones(2), momentum=v),
+                                  lambda v: optim.Adam(np.ones(2), eps=v),
+                                  lambda v: optim.Adam(np.ones(2), weight_decay=v),
+                                  lambda v: optim.Adam(np.ones(2), betas=(v, 0.9)),
+                                  lambda v: optim.clip_grad_norm([np.ones(2)], v)])
+@pytest.mark.parametrize("value, shown", [(10**400, r"1\.000e\+400 \(an int of 401 digits\)"),
+                                          (float("nan"), "nan"), (float("inf"), "inf"), (True, "True")])
+def test_numbers_out_of_floats_range_are_the_arguments_value_error(make, value, shown):
+    """10**400 raised OverflowError from float() before (issue 45's audit)."""
+    with pytest.raises(ValueError, match=rf" = {shown}; expected a number in "):
+        make(value)
+
+
 def test_errors():
     with pytest.raises(ValueError, match="lr = -1"):
         optim.SGD(np.ones(2), lr=-1)

@@ -22,6 +22,7 @@ import numpy as np
 from ..core import npzfile
 from ..core.backend import get_xp, is_writeable, to_host
 from ..core.params import PackedParams
+from ..core.spec import shown
 
 KIND = "arrayrnn-optimizer"
 VERSIONS = range(1, 2)  # the file versions this code reads; it writes the last
@@ -73,11 +74,22 @@ def _is_real(value: Any) -> bool:
 
 def _check_number(name: str, value: Any, lo: float = 0.0, hi: float = math.inf,
                   hi_open: bool = False) -> float:
-    ok = _is_real(value) and math.isfinite(value)
-    if not ok or value < lo or value > hi or (hi_open and value == hi):
+    number = _finite(value)
+    if number is None or number < lo or number > hi or (hi_open and number == hi):
         bound = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
-        raise ValueError(f"{name} = {value!r}; expected a number in {bound}")
-    return float(value)
+        raise ValueError(f"{name} = {shown(value)}; expected a number in {bound}")
+    return number
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a real number, NaN, inf, an int past float's range)."""
+    if not _is_real(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # 10**400
+        return None
+    return number if math.isfinite(number) else None
 
 
 class Optimizer:
