@@ -98,7 +98,7 @@ _no_backward: contextvars.ContextVar[bool] = contextvars.ContextVar("arrayrnn_no
 @contextlib.contextmanager
 def no_backward() -> Iterator[None]:
     """Inference forwards inside record nothing of the weights: no backward of theirs will run (an
-    adapter's forward without gradients). :func:`assert_recorded` refuses one that does."""
+    adapter's forward without gradients). :func:`assert_unchanged` refuses one that does."""
     token = _no_backward.set(True)
     try:
         yield
