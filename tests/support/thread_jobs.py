@@ -20,7 +20,9 @@ def run_child(*args: str, threads: int | None = 2, timeout: float = 240, **env: 
     full = {k: v for k, v in os.environ.items() if k not in ("ARRAYRNN_NUM_THREADS", "NUMBA_NUM_THREADS")}
     if threads is not None:
         full.update(ARRAYRNN_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
-    full.update(PYTHONPATH=str(ROOT), **env)
+    # the scenarios exercise the numba engine's hand-off: the child waits for numba's compile, in either
+    # test setting (a new process's first minutes, on the reference engine, are test_warmup's)
+    full.update(PYTHONPATH=str(ROOT), ARRAYRNN_BACKGROUND_COMPILE="0", **env)
     try:
         proc = subprocess.run([sys.executable, str(CHILD), *args], cwd=ROOT, env=full, capture_output=True,
                               text=True, timeout=timeout)
