@@ -8,6 +8,7 @@ itself start fresh Python processes with an empty numba cache directory.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -142,9 +143,12 @@ def test_probes_cover_the_family(kind, dtype):
 
 
 # -- fresh processes, empty cache ---------------------------------------------------------------------
-def _run(script: str, tmp_path: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def _run(script: str, tmp_path: Path, timeout: float = 900, root: Path = ROOT,
+         **env: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh process importing arrayrnn from ``root``, with background compile on and an empty
+    numba cache in ``tmp_path`` unless ``env`` says otherwise."""
     env = {**os.environ, "ARRAYRNN_BACKGROUND_COMPILE": "1", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), **env}
     return subprocess.run([sys.executable, "-W", "error", "-c", textwrap.dedent(script)], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
@@ -205,3 +209,72 @@ def test_exit_while_compiling_is_clean(tmp_path):
     print("ok")
     """, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == "", out.stderr
+
+
+# -- numba's cache corrupt or nowhere to write (issue 45) ---------------------------------------------
+_CHECKED_CALLS = _COMMON + """
+    for _ in range(2):
+        res = ar.rnn_forward(params, x)
+        np.testing.assert_allclose(res.y, expected, rtol=0, atol=1e-12)
+    waiting = os.environ["ARRAYRNN_BACKGROUND_COMPILE"] == "0"   # "auto" took numba from the first call
+    assert waiting or W.wait(spec, training=False, timeout=600)
+    res = ar.rnn_forward(params, x)
+    np.testing.assert_allclose(res.y, expected, rtol=0, atol=1e-12)
+    print(res.engine)
+"""
+
+
+@pytest.fixture(scope="module")
+def filled_cache(tmp_path_factory) -> Path:
+    """numba's cache holding the compiled loops of _COMMON's family (RNN, float64, inference)."""
+    where = tmp_path_factory.mktemp("filled")
+    out = _run("""
+    import arrayrnn as ar
+    ar.warmup("rnn_tanh", "float64", training=False, progress=False)
+    """, where, ARRAYRNN_BACKGROUND_COMPILE="0")
+    assert out.returncode == 0, out.stderr
+    return where / "cache"
+
+
+@pytest.mark.parametrize("background", ["1", "0"])
+@pytest.mark.parametrize("damage", ["index", "data"])
+def test_a_corrupt_cache_file_is_compiled_again_and_overwritten(filled_cache, tmp_path, damage, background):
+    """Before, a truncated index or data file made every call that reached it raise UnpicklingError."""
+    shutil.copytree(filled_cache, tmp_path / "cache")
+    pattern = "loops.rnn_forward_loop-*.nbi" if damage == "index" else "loops.rnn_forward_loop-*.1.nbc"
+    (target,) = (tmp_path / "cache").rglob(pattern)
+    size = target.stat().st_size
+    target.write_bytes(target.read_bytes()[:size // 2])
+    out = _run(_CHECKED_CALLS, tmp_path, timeout=600, ARRAYRNN_BACKGROUND_COMPILE=background)
+    assert out.returncode == 0 and out.stdout.strip() == "numba", out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("corrupt entry in numba's cache") <= 1, out.stderr
+    assert target.stat().st_size >= size, "the corrupt entry was not written anew"
+
+
+@pytest.mark.parametrize("background, first_engine", [("1", "reference"), ("0", "numba")])
+def test_no_writable_cache_location_imports_and_runs(tmp_path, background, first_engine):
+    """A read-only package, HOME and NUMBA_CACHE_DIR (each under a regular file: root writes anywhere
+    else): before, ``import arrayrnn`` raised numba's "no locator available"."""
+    package = tmp_path / "package"
+    shutil.copytree(ROOT / "arrayrnn", package / "arrayrnn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in [package / "arrayrnn", *(package / "arrayrnn").rglob("*")]:
+        if folder.is_dir():
+            (folder / "__pycache__").write_text("")   # numba's in-tree cache folder cannot be made
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    out = _run(_COMMON + f"""
+    first = ar.rnn_forward(params, x)
+    assert first.engine == "{first_engine}" and W._queue.thread is None, (first.engine, W._queue.thread)
+    np.testing.assert_allclose(first.y, expected, rtol=0, atol=1e-12)
+    named = ar.rnn_forward(params, x, engine="numba")       # compiled here, kept nowhere
+    np.testing.assert_allclose(named.y, expected, rtol=0, atol=1e-12)
+    print("ok")
+    """, tmp_path, timeout=600, root=package, NUMBA_CACHE_DIR=str(blocked / "cache"), HOME=str(blocked),
+        XDG_CACHE_HOME=str(blocked / "xdg"), PYTHONDONTWRITEBYTECODE="1",
+        ARRAYRNN_BACKGROUND_COMPILE=background)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("numba has no writable cache directory") == 1, out.stderr
+    assert "Set NUMBA_CACHE_DIR to a writable directory" in out.stderr
