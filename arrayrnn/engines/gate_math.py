@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from ..core.spec import GATE_NAMES
-from .numba.disk_cache import njit
+from .numba_cache import njit
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy", inline="always")
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...core.spec import RNNSpec
+from .. import numba_cache
 from ..base import (
     Call,
     CellMasks,
@@ -52,7 +53,7 @@ from ..base import (
 )
 from ..layer_norm import put_grads
 from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
-from . import direction, disk_cache, input_norm, warmup, wavefront
+from . import direction, input_norm, warmup, wavefront
 from .direction import LoopCall, cell_of, variants_of
 from .loop_threads import (
     available_threads,
@@ -204,7 +205,7 @@ class NumbaEngine(StackEngine):
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
         if not call.explicit and not warmup.loaded(call.spec, call.training):
-            if disk_cache.location() is None:
+            if numba_cache.location() is None:
                 return ("numba has no writable cache directory (set NUMBA_CACHE_DIR); engine='numba' "
                         "compiles in this process")
             return ("its compiled loops for this call are compiling in the background (engine='numba' "

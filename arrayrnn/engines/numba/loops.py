@@ -62,8 +62,8 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from .. import gate_math as gm
 from ..gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from ..numba_cache import njit
 from ..step_order import step_time
-from .disk_cache import njit
 from .packed_gemm import gate_group, gemm
 from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
 from .spin_barrier import barrier

@@ -45,7 +45,7 @@ from numba import types
 from numba.core import caching
 from numba.extending import intrinsic
 
-from .disk_cache import njit
+from ..numba_cache import njit
 
 VARIANTS = ("avx512", "avx2", "portable")
 _VECTOR_BITS = {"avx512": 512, "avx2": 256, "portable": 128}

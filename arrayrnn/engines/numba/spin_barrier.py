@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .disk_cache import njit
+from ..numba_cache import njit
 
 SPINS_BEFORE_YIELD = 1 << 10
 # the slots of ``sync``: arrivals, then the generation and the cancel flag on the next cache line (the one

@@ -269,7 +269,7 @@ def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
 
 def loaded(spec: RNNSpec, training: bool) -> bool:
     """Whether this process has the compiled loops of a call of ``spec``; if not, they are queued."""
-    from .disk_cache import location
+    from ..numba_cache import location
 
     family = family_of(spec, training)
     if family in _loaded or not background_enabled():

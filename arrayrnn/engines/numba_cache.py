@@ -141,7 +141,7 @@ def njit(**options: Any) -> Any:
 
 
 def _probe() -> None:
-    """A function in the engine's folder: where its cache would go, the compiled loops' would."""
+    """A function beside the engines' compiled code: where its cache can go, theirs can."""
 
 
 @functools.cache
