@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -278,3 +279,85 @@ def test_no_writable_cache_location_imports_and_runs(tmp_path, background, first
     assert "Traceback" not in out.stderr, out.stderr
     assert out.stderr.count("numba has no writable cache directory") == 1, out.stderr
     assert "Set NUMBA_CACHE_DIR to a writable directory" in out.stderr
+
+
+# -- exit, Ctrl-C and fork while the reference engine runs and numba compiles (issue 45) --------------
+_LONG_CALLS = """
+    import faulthandler, os, signal, sys, threading, time
+    import numpy as np
+    import arrayrnn as ar
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # a runner may start us with it ignored
+    spec = ar.RNNSpec(mode="lstm", input_size=64, hidden_size=256, dtype="float32")
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((200, 64, 64)).astype(np.float32)
+    small = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=8, hidden_size=32), seed=0)
+    xs = np.ones((3, 16, 8), np.float32)
+    expected = ar.rnn_forward(small, xs, engine="reference").y
+
+    def long_calls():
+        while True:
+            assert ar.rnn_forward(params, x).engine == "reference"
+"""
+
+_SCENARIOS = {
+    # the interpreter exits while a daemon thread is inside a long forward
+    "exit": """
+    threading.Thread(target=long_calls, daemon=True).start()
+    time.sleep(0.5)
+    print("ok")
+    """,
+    # Ctrl-C during a long forward: the KeyboardInterrupt ends it, the next call is correct
+    "interrupt": """
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        long_calls()
+    except KeyboardInterrupt:
+        pass
+    np.testing.assert_allclose(ar.rnn_forward(small, xs).y, expected, rtol=1e-5, atol=1e-6)
+    print("ok")
+    """,
+    # forks while another thread calls (its first call imports the numba engine); each child calls
+    "fork": """
+    threading.Thread(target=long_calls, daemon=True).start()
+    for k in range(3):
+        time.sleep(0.05 * k)
+        pid = os.fork()
+        if pid == 0:
+            faulthandler.dump_traceback_later(30, exit=True)   # a hung child ends (status 1)
+            same = np.allclose(ar.rnn_forward(small, xs).y, expected, rtol=1e-5, atol=1e-6)
+            os._exit(0 if same else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"fork {k}: the child ended with status {status}"
+    print("ok")
+    """,
+}
+
+
+def _end_compiles(cache: Path) -> None:
+    """End the background compiles a test process left running (they outlive it, filling ``cache``)."""
+    marker = f"NUMBA_CACHE_DIR={cache}\0".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                os.kill(int(environ.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="os.fork with threads, /proc: Linux")
+@pytest.mark.parametrize("scenario", sorted(_SCENARIOS))
+def test_exit_interrupt_and_fork_in_a_new_process_never_hang(tmp_path, scenario):
+    """A fresh process, an empty cache, the background compile on: the reference engine runs the calls and
+    the child process compiles. Before, a fork while another thread called hung the child (2 runs of 3:
+    the reference engine's products were not waited for, nor the numba engine's import in flight)."""
+    for run in range(5):
+        where = tmp_path / str(run)
+        where.mkdir()
+        try:
+            out = _run(_LONG_CALLS + _SCENARIOS[scenario], where, timeout=60)
+        except subprocess.TimeoutExpired as err:
+            pytest.fail(f"{scenario}, run {run}: hung (killed after 60 s): {err.stderr!r}")
+        finally:
+            _end_compiles(where / "cache")
+        assert out.returncode == 0 and out.stdout.strip() == "ok", f"{scenario}, run {run}: {out.stderr}"
