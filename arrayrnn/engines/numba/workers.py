@@ -113,16 +113,29 @@ class _Crew:
     def __init__(self) -> None:
         self.idle: deque[Inbox] = deque()
         self.everyone: list[Inbox] = []
+        self.spawning = threading.Lock()   # one caller starts workers at a time (taken without waiting)
 
     def reserve(self, gang: _Gang, wanted: int, limit: int) -> None:
         """Move up to ``wanted`` idle workers into ``gang.helpers``, keeping at most ``limit`` busy."""
-        while len(self.idle) < wanted and len(self.everyone) < limit:
-            self._spawn()
+        self._grow(wanted, limit)
         take = max(0, min(wanted, limit - (len(self.everyone) - len(self.idle))))
         try:
             gang.helpers.extend(islice(iter(self.idle.popleft, None), take))   # one step per worker taken
         except IndexError:   # another caller took the last idle ones meanwhile
             pass
+
+    def _grow(self, wanted: int, limit: int) -> None:
+        """Start workers while fewer than ``wanted`` are idle, at most ``limit`` in all. Callers checking at
+        once each started one (4 callers under 2 threads: up to 4 workers beside them, not 1); the caller
+        that finds another starting workers leaves it the work and takes what is idle: nobody waits (a
+        lock an interrupt left taken only stops the crew growing)."""
+        if not self.spawning.acquire(blocking=False):
+            return
+        try:
+            while len(self.idle) < wanted and len(self.everyone) < limit:
+                self._spawn()
+        finally:
+            self.spawning.release()
 
     def busy(self) -> int:
         return len(self.everyone) - len(self.idle)
