@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import threading
+import time
 
 import numba
 import numpy as np
@@ -313,3 +314,23 @@ def test_float32_results_change_with_the_thread_count_only_by_the_documented_rou
             continue
         assert two[name].tobytes() == again[name].tobytes(), name
         np.testing.assert_allclose(two[name], value, rtol=0, atol=1e-5 * np.abs(value).max(), err_msg=name)
+
+
+def test_callers_starting_workers_at_once_start_no_more_than_the_limit(monkeypatch):
+    """Issue 45: 4 callers under 2 threads each started a worker when they reserved at once (up to 4
+    workers, each able to run a part beside its caller: 8 threads on 2 cores); the limit is 1."""
+    crew = workers._Crew()
+    real = workers._Crew._spawn
+    monkeypatch.setattr(workers._Crew, "_spawn", lambda self: time.sleep(0.05) or real(self))
+    meet = threading.Barrier(4)
+
+    def reserve():
+        meet.wait()
+        crew.reserve(workers._Gang(None), 1, 1)
+
+    callers = [threading.Thread(target=reserve) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(30)
+    assert len(crew.everyone) == 1

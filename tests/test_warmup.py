@@ -8,6 +8,8 @@ itself start fresh Python processes with an empty numba cache directory.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -142,9 +144,12 @@ def test_probes_cover_the_family(kind, dtype):
 
 
 # -- fresh processes, empty cache ---------------------------------------------------------------------
-def _run(script: str, tmp_path: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def _run(script: str, tmp_path: Path, timeout: float = 900, root: Path = ROOT,
+         **env: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh process importing arrayrnn from ``root``, with background compile on and an empty
+    numba cache in ``tmp_path`` unless ``env`` says otherwise."""
     env = {**os.environ, "ARRAYRNN_BACKGROUND_COMPILE": "1", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), **env}
     return subprocess.run([sys.executable, "-W", "error", "-c", textwrap.dedent(script)], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
@@ -205,3 +210,154 @@ def test_exit_while_compiling_is_clean(tmp_path):
     print("ok")
     """, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == "", out.stderr
+
+
+# -- numba's cache corrupt or nowhere to write (issue 45) ---------------------------------------------
+_CHECKED_CALLS = _COMMON + """
+    for _ in range(2):
+        res = ar.rnn_forward(params, x)
+        np.testing.assert_allclose(res.y, expected, rtol=0, atol=1e-12)
+    waiting = os.environ["ARRAYRNN_BACKGROUND_COMPILE"] == "0"   # "auto" took numba from the first call
+    assert waiting or W.wait(spec, training=False, timeout=600)
+    res = ar.rnn_forward(params, x)
+    np.testing.assert_allclose(res.y, expected, rtol=0, atol=1e-12)
+    print(res.engine)
+"""
+
+
+@pytest.fixture(scope="module")
+def filled_cache(tmp_path_factory) -> Path:
+    """numba's cache holding the compiled loops of _COMMON's family (RNN, float64, inference)."""
+    where = tmp_path_factory.mktemp("filled")
+    out = _run("""
+    import arrayrnn as ar
+    ar.warmup("rnn_tanh", "float64", training=False, progress=False)
+    """, where, ARRAYRNN_BACKGROUND_COMPILE="0")
+    assert out.returncode == 0, out.stderr
+    return where / "cache"
+
+
+@pytest.mark.parametrize("background", ["1", "0"])
+@pytest.mark.parametrize("damage", ["index", "data"])
+def test_a_corrupt_cache_file_is_compiled_again_and_overwritten(filled_cache, tmp_path, damage, background):
+    """Before, a truncated index or data file made every call that reached it raise UnpicklingError."""
+    shutil.copytree(filled_cache, tmp_path / "cache")
+    pattern = "loops.rnn_forward_loop-*.nbi" if damage == "index" else "loops.rnn_forward_loop-*.1.nbc"
+    (target,) = (tmp_path / "cache").rglob(pattern)
+    size = target.stat().st_size
+    target.write_bytes(target.read_bytes()[:size // 2])
+    out = _run(_CHECKED_CALLS, tmp_path, timeout=600, ARRAYRNN_BACKGROUND_COMPILE=background)
+    assert out.returncode == 0 and out.stdout.strip() == "numba", out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("corrupt entry in numba's cache") <= 1, out.stderr
+    assert target.stat().st_size >= size, "the corrupt entry was not written anew"
+
+
+@pytest.mark.parametrize("background, first_engine", [("1", "reference"), ("0", "numba")])
+def test_no_writable_cache_location_imports_and_runs(tmp_path, background, first_engine):
+    """A read-only package, HOME and NUMBA_CACHE_DIR (each under a regular file: root writes anywhere
+    else): before, ``import arrayrnn`` raised numba's "no locator available"."""
+    package = tmp_path / "package"
+    shutil.copytree(ROOT / "arrayrnn", package / "arrayrnn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in [package / "arrayrnn", *(package / "arrayrnn").rglob("*")]:
+        if folder.is_dir():
+            (folder / "__pycache__").write_text("")   # numba's in-tree cache folder cannot be made
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    out = _run(_COMMON + f"""
+    first = ar.rnn_forward(params, x)
+    assert first.engine == "{first_engine}" and W._queue.thread is None, (first.engine, W._queue.thread)
+    np.testing.assert_allclose(first.y, expected, rtol=0, atol=1e-12)
+    named = ar.rnn_forward(params, x, engine="numba")       # compiled here, kept nowhere
+    np.testing.assert_allclose(named.y, expected, rtol=0, atol=1e-12)
+    print("ok")
+    """, tmp_path, timeout=600, root=package, NUMBA_CACHE_DIR=str(blocked / "cache"), HOME=str(blocked),
+        XDG_CACHE_HOME=str(blocked / "xdg"), PYTHONDONTWRITEBYTECODE="1",
+        ARRAYRNN_BACKGROUND_COMPILE=background)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("numba has no writable cache directory") == 1, out.stderr
+    assert "Set NUMBA_CACHE_DIR to a writable directory" in out.stderr
+
+
+# -- exit, Ctrl-C and fork while the reference engine runs and numba compiles (issue 45) --------------
+_LONG_CALLS = """
+    import faulthandler, os, signal, sys, threading, time
+    import numpy as np
+    import arrayrnn as ar
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # a runner may start us with it ignored
+    spec = ar.RNNSpec(mode="lstm", input_size=64, hidden_size=256, dtype="float32")
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((200, 64, 64)).astype(np.float32)
+    small = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=8, hidden_size=32), seed=0)
+    xs = np.ones((3, 16, 8), np.float32)
+    expected = ar.rnn_forward(small, xs, engine="reference").y
+
+    def long_calls():
+        while True:
+            assert ar.rnn_forward(params, x).engine == "reference"
+"""
+
+_SCENARIOS = {
+    # the interpreter exits while a daemon thread is inside a long forward
+    "exit": """
+    threading.Thread(target=long_calls, daemon=True).start()
+    time.sleep(0.5)
+    print("ok")
+    """,
+    # Ctrl-C during a long forward: the KeyboardInterrupt ends it, the next call is correct
+    "interrupt": """
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        long_calls()
+    except KeyboardInterrupt:
+        pass
+    np.testing.assert_allclose(ar.rnn_forward(small, xs).y, expected, rtol=1e-5, atol=1e-6)
+    print("ok")
+    """,
+    # forks while another thread calls (its first call imports the numba engine); each child calls
+    "fork": """
+    threading.Thread(target=long_calls, daemon=True).start()
+    for k in range(3):
+        time.sleep(0.05 * k)
+        pid = os.fork()
+        if pid == 0:
+            faulthandler.dump_traceback_later(30, exit=True)   # a hung child ends (status 1)
+            same = np.allclose(ar.rnn_forward(small, xs).y, expected, rtol=1e-5, atol=1e-6)
+            os._exit(0 if same else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"fork {k}: the child ended with status {status}"
+    print("ok")
+    """,
+}
+
+
+def _end_compiles(cache: Path) -> None:
+    """End the background compiles a test process left running (they outlive it, filling ``cache``)."""
+    marker = f"NUMBA_CACHE_DIR={cache}\0".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                os.kill(int(environ.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="os.fork with threads, /proc: Linux")
+@pytest.mark.parametrize("scenario", sorted(_SCENARIOS))
+def test_exit_interrupt_and_fork_in_a_new_process_never_hang(tmp_path, scenario):
+    """A fresh process, an empty cache, the background compile on: the reference engine runs the calls and
+    the child process compiles. Before, a fork while another thread called hung the child (2 runs of 3:
+    the reference engine's products were not waited for, nor the numba engine's import in flight)."""
+    for run in range(5):
+        where = tmp_path / str(run)
+        where.mkdir()
+        try:
+            out = _run(_LONG_CALLS + _SCENARIOS[scenario], where, timeout=60)
+        except subprocess.TimeoutExpired as err:
+            pytest.fail(f"{scenario}, run {run}: hung (killed after 60 s): {err.stderr!r}")
+        finally:
+            _end_compiles(where / "cache")
+        assert out.returncode == 0 and out.stdout.strip() == "ok", f"{scenario}, run {run}: {out.stderr}"

@@ -31,6 +31,7 @@ from ..core import params as _params
 from ..core.errors import EngineUnavailableError
 from ..core.spec import RNNSpec
 from .base import Call, Engine
+from .in_flight import engine_call
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ def load_engine(name: str) -> Engine:
     if isinstance(record.source, Engine):
         return record.source
     try:
-        module = importlib.import_module(record.source)
+        with engine_call():  # a fork waits for the import: a child would wait for its module lock forever
+            module = importlib.import_module(record.source)
     except ModuleNotFoundError as err:
         if err.name is not None and (record.source + ".").startswith(err.name + "."):
             raise EngineUnavailableError(f"engine = {name!r} is not part of this installation (module "

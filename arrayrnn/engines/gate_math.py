@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import math
 
-import numba
-
 from ..core.spec import GATE_NAMES
+from .numba_cache import njit
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy", inline="always")
 
@@ -38,7 +37,7 @@ assert abs(GRU_R - GRU_Z) == 1
 
 
 # -- LSTM -----------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def lstm_cell(i, f, g, c_prev, lo, hi):
     """The new cell state ``clip(f*c_prev + i*g, lo, hi)`` (``lo, hi = -inf, inf`` without clipping)."""
     c = f * c_prev + i * g
@@ -46,7 +45,7 @@ def lstm_cell(i, f, g, c_prev, lo, hi):
     return hi if c > hi else c
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi):
     """Gradients of one LSTM element: ``(di, df, dg, do, dc_prev)`` (pre-activation gradients).
 
@@ -59,7 +58,7 @@ def lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi
     return di, df, dg, do, dc_prev
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi):
     """``(di, df, dg, dc_prev)`` of one LSTM element from ``d``, the whole cotangent of its new cell ``c``
     (the carry and the output's part; with layer norm the output's part comes through the cell's norm)."""
@@ -72,19 +71,19 @@ def lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi):
 
 
 # -- GRU ------------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def gru_candidate_input(x_n, r, hn):
     """Reset-after GRU: the argument of the candidate's tanh, ``x_n + r * (W_hn h + b_hn)``."""
     return x_n + r * hn
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def gru_output(z, n, h_prev):
     """``(1 - z) * n + z * h_prev``."""
     return n + z * (h_prev - n)
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def gru_zn_grads(one, z, n, h_prev, dh):
     """``(dz, dn, dh_prev part)``: pre-activation gradients of z and n and the direct carry ``dh*z``."""
     dn = dh * (one - z) * (one - n * n)
@@ -92,14 +91,14 @@ def gru_zn_grads(one, z, n, h_prev, dh):
     return dz, dn, dh * z
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def sigmoid_grad(one, s, upstream):
     """Gradient through ``s = sigmoid(x)``: ``upstream * s * (1 - s)`` (the GRU's r gate)."""
     return upstream * s * (one - s)
 
 
 # -- plain RNN ------------------------------------------------------------------------------------
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def rnn_grad(one, relu, y, dh):
     """Gradient through ``y = act(pre)`` taken from the output."""
     zero = one - one
@@ -108,13 +107,13 @@ def rnn_grad(one, relu, y, dh):
 
 
 # -- cell variants (issue 24): peepholes and zoneout ----------------------------------------------
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def peephole_input(pre, p, c):
     """A peephole gate's pre-activation: ``pre + p * c`` (i, f: ``c = c_{t-1}``; o: ``c = c_t``)."""
     return pre + p * c
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def lstm_peephole_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi, p_i, p_f, p_o):
     """:func:`lstm_cell_grads` with peepholes ``p_i, p_f, p_o``: ``o`` also reads ``c`` (its gradient
     joins the cell's before the clip), ``i`` and ``f`` read ``c_prev`` (their gradients join ``dc_prev``)."""
@@ -124,7 +123,7 @@ def lstm_peephole_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_cli
     return di, df, dg, do, dc_prev + di * p_i + df * p_f
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def lstm_norm_unit_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, d_cell, use_clip, lo, hi, p_i, p_f, p_o):
     """``(di, df, dg, do, dc_prev)`` of one element of a layer-normalised LSTM (``h = o * tanh_c``,
     ``tanh_c = tanh(g_c * LN(c) + b_c)``) from its output's cotangent ``dm`` and ``d_cell``, its cell's
@@ -135,32 +134,32 @@ def lstm_norm_unit_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, d_cell, use_cli
     return di, df, dg, do, dc_prev + di * p_i + df * p_f
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def zoneout(m, prev, new):
     """The zoned-out state ``m * prev + (1 - m) * new`` (``m``: 0 or 1 in training, the rate in inference)."""
     return new + m * (prev - new)
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def zoneout_grads(one, m, d):
     """Gradients through :func:`zoneout` of its cotangent ``d``: ``(d new, d prev)``."""
     return (one - m) * d, m * d
 
 
 # -- layer normalisation (issue 38): one row's statistics and the scalar parts of LN's backward -----------
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def layer_norm_rstd(one, var, eps):
     """``1 / sqrt(var + eps)`` of a row of variance ``var`` (the mean of its squared deviations)."""
     return one / math.sqrt(var + eps)
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def layer_normalized(v, mean, rstd):
     """An element of ``LN(v)``: ``(v - mean) * rstd``."""
     return (v - mean) * rstd
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def layer_norm_grad(rstd, d, x, mean_d, mean_dx):
     """The cotangent of ``v`` from the cotangent ``d`` of ``x = LN(v)`` and the row's means of ``d`` and of
     ``d * x``: ``rstd * (d - mean_d - x * mean_dx)``."""

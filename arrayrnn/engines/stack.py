@@ -54,6 +54,7 @@ from .base import (
 )
 from .batch_order import BatchOrder
 from .cells import gate, gate_slice, split_biases
+from .in_flight import engine_call
 from .layer_norm import input_backward, norm_weights, normalize_input
 
 Array = Any
@@ -294,8 +295,9 @@ class StackEngine(Engine):
                 cell_masks: CellMasks | None = None, all_states: bool = False) -> StackForward:
         xp, order = get_xp(x.x), x.order
         masks = tuple(order.sort(m) for m in masks) if masks is not None else None
-        out = self.forward_sorted(params, x.x, order.batch_sizes, order.sort(h0), order.sort(c0), masks,
-                                  keep_cache, sorted_cell_masks(order, cell_masks), all_states)
+        with engine_call():  # every engine's call: a fork waits for it (OpenBLAS's fork handler, workers.py)
+            out = self.forward_sorted(params, x.x, order.batch_sizes, order.sort(h0), order.sort(c0), masks,
+                                      keep_cache, sorted_cell_masks(order, cell_masks), all_states)
         cache = out.cache
         if cache is not None:
             cache = _replace(cache, order=order, batch_first=batch_first)
@@ -364,8 +366,9 @@ class StackEngine(Engine):
                  dh_all: Array | None = None, dc_all: Array | None = None) -> StackGrads:
         xp, order = get_xp(dy), cache.order
         dy = xp.ascontiguousarray(order.sort(xp.swapaxes(dy, 0, 1) if cache.batch_first else dy))
-        g = self.backward_sorted(cache, dy, order.sort(dh_n), order.sort(dc_n), order.sort(dh_all, axis=2),
-                                 order.sort(dc_all, axis=2))
+        with engine_call():
+            g = self.backward_sorted(cache, dy, order.sort(dh_n), order.sort(dc_n),
+                                     order.sort(dh_all, axis=2), order.sort(dc_all, axis=2))
         return StackGrads(_to_caller(xp, order.unsort(g.dx), cache.batch_first), order.unsort(g.dh0),
                           order.unsort(g.dc0), g.dparams)
 

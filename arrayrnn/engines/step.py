@@ -30,6 +30,7 @@ from ..core.backend import get_xp
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from .base import DirectionForward, DirectionGrads, DirectionWeights
+from .in_flight import engine_call
 from .stack import StackEngine, _weight_grads, direction_weights
 
 Array = Any
@@ -128,8 +129,9 @@ class StepEngine:
                 keep_cache: bool) -> DirectionForward:
         """One step from ``x (B, I)``, ``h (B, H_out)``, ``c (B, H)``: ``h_n``, ``c_n`` are the new states
         (new arrays; the inputs are not written), ``cache`` the residuals when ``keep_cache``."""
-        xw = self.project(sw, x)
-        return self.run_forward(sw, xw, h, c, keep_cache)
+        with engine_call():  # a fork waits for it (.stack)
+            xw = self.project(sw, x)
+            return self.run_forward(sw, xw, h, c, keep_cache)
 
     def project(self, sw: StepWeights, x: Array) -> Array:
         """``x @ W_ih.T + input_bias`` as ``(1, B, G*H)``."""
@@ -145,6 +147,11 @@ class StepEngine:
         """The step's hand-written backward for the cotangents ``dh`` (of ``fwd.h_n``) and ``dc`` (of
         ``fwd.c_n``, LSTM only), None meaning zeros; ``x``, ``h``, ``c``: the forward's inputs. ``dx`` /
         ``dflat`` are None where not ``need_dx`` / ``need_weights``."""
+        with engine_call():
+            return self._backward(sw, fwd, x, h, c, dh, dc, need_dx, need_weights)
+
+    def _backward(self, sw: StepWeights, fwd: DirectionForward, x: Array, h: Array, c: Array | None,
+                  dh: Array | None, dc: Array | None, need_dx: bool, need_weights: bool) -> StepGrads:
         spec, xp = sw.spec, sw.xp
         dh = dh if dh is not None else xp.zeros_like(fwd.h_n)
         if spec.has_cell and dc is None:

@@ -28,12 +28,12 @@ import secrets
 from types import ModuleType
 from typing import Any
 
-import numba
 import numpy as np
 
 from ..core.spec import RNNSpec, check_count, check_seed
 from ..engines.base import CellMasks
 from ..engines.numba.warmup import background_enabled
+from ..engines.numba_cache import njit
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -77,7 +77,7 @@ def uniform_arrays(xp: ModuleType, key: int, start: int, count: int) -> Any:
     return (_mix(xp, state) >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _uniform_host(key: np.uint64, start: np.uint64, count: int) -> np.ndarray:
     """`uniform` on the host, the same bits: every operation on uint64, wrapping like NumPy's."""
     out = np.empty(count, np.float64)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...core.spec import RNNSpec
+from .. import numba_cache
 from ..base import (
     Call,
     CellMasks,
@@ -205,6 +206,9 @@ class NumbaEngine(StackEngine):
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
         if not call.explicit and not is_deterministic() and not warmup.loaded(call.spec, call.training):
+            if numba_cache.location() is None:
+                return ("numba has no writable cache directory (set NUMBA_CACHE_DIR); engine='numba' "
+                        "compiles in this process")
             return ("its compiled loops for this call are compiling in the background (engine='numba' "
                     "waits for them; arrayrnn.warmup() compiles them ahead)")
         return None

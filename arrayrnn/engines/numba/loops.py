@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -63,6 +62,7 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from .. import gate_math as gm
 from ..gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from ..numba_cache import njit
 from ..step_order import step_time
 from .packed_gemm import gate_group, gemm
 from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
@@ -152,7 +152,7 @@ def _tanh_impl(x):
     return lambda x: math.tanh(x)
 
 
-@numba.njit(**_JIT)
+@njit(**_JIT)
 def activate(kind, x, out):
     """Test hook: ``out = sigmoid(x)`` (kind 0) or ``tanh(x)`` (kind 1), elementwise over 1-D arrays."""
     for j in range(x.shape[0]):

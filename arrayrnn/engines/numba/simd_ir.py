@@ -45,6 +45,8 @@ from numba import types
 from numba.core import caching
 from numba.extending import intrinsic
 
+from ..numba_cache import njit
+
 VARIANTS = ("avx512", "avx2", "portable")
 _VECTOR_BITS = {"avx512": 512, "avx2": 256, "portable": 128}
 _REGISTERS = {"avx512": 32, "avx2": 16, "portable": 16}
@@ -140,7 +142,7 @@ def _variant_index_key(cache: caching.FunctionCache):
 def simd_jit(**options):
     """``numba.njit(**options)`` whose ``cache=True`` on-disk cache is keyed on the SIMD variant too."""
     def decorate(fn):
-        dispatcher = numba.njit(**options)(fn)
+        dispatcher = njit(**options)(fn)
         cache = getattr(dispatcher, "_cache", None)
         if isinstance(cache, caching.FunctionCache):
             cache._index_key = _variant_index_key(cache)

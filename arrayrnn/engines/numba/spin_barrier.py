@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import sys
 
-import numba
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ..numba_cache import njit
 
 SPINS_BEFORE_YIELD = 1 << 10
 # the slots of ``sync``: arrivals, then the generation and the cancel flag on the next cache line (the one
@@ -119,7 +120,7 @@ def _yield_core(typingctx):
     return types.none(), codegen
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def barrier(sync, parties):
     """Wait until ``parties`` threads have called ``barrier(sync, parties)`` (reusable, once per step);
     ``True``, or ``False`` once the barrier is cancelled (:func:`cancel_barrier`): stop then."""
@@ -142,7 +143,7 @@ def barrier(sync, parties):
     return atomic_load(sync, _CANCELLED) == 0
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _cancel(sync):
     atomic_store(sync, _CANCELLED, 1)
 

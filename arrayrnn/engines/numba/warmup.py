@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...core.spec import RNNSpec
+from ..in_flight import engine_call
 
 KINDS = ("lstm", "gru", "rnn")
 DTYPES = ("float32", "float64")
@@ -258,7 +259,8 @@ def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
         if child.returncode != 0:
             raise RuntimeError(child.stderr.decode(errors="replace").strip().splitlines()[-1:])
         if not stop.is_set():
-            load_signatures(pickle.loads(child.stdout))
+            with engine_call():  # a fork waits for the imports and loads (..in_flight)
+                load_signatures(pickle.loads(child.stdout))
     except Exception as err:  # noqa: BLE001 - the numba engine then compiles on the caller's thread
         _log.warning("arrayrnn: the background compile of the numba engine's %s loops failed (%s); "
                      "calls of engine='auto' will compile them when they run", family.text(), err)
@@ -269,10 +271,13 @@ def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
 
 def loaded(spec: RNNSpec, training: bool) -> bool:
     """Whether this process has the compiled loops of a call of ``spec``; if not, they are queued."""
+    from ..numba_cache import location
+
     family = family_of(spec, training)
     if family in _loaded or not background_enabled():
         return True
-    _queue.ask(family)
+    if location() is not None:  # else a child's compile would be kept nowhere: "auto" stays on reference
+        _queue.ask(family)
     return False
 
 
@@ -281,26 +286,8 @@ def wait(spec: RNNSpec, training: bool, timeout: float | None = None) -> bool:
     return _queue.wait(family_of(spec, training), timeout)
 
 
-def _compiler_lock() -> Any:
-    module = sys.modules.get("numba.core.compiler_lock")  # not imported: nothing compiled, nothing to hold
-    return None if module is None else module.global_compiler_lock
-
-
-def _before_fork() -> None:
-    lock = _compiler_lock()
-    if lock is not None:
-        lock.acquire()  # a load in flight ends first: a child never inherits numba mid-load
-
-
-def _after_fork_in_parent() -> None:
-    lock = _compiler_lock()
-    if lock is not None:
-        lock.release()
-
-
 def _after_fork_in_child() -> None:
     global _queue
-    _after_fork_in_parent()
     _queue = _Queue()  # the thread stayed in the parent; the child asks again for what it needs
 
 
@@ -308,9 +295,8 @@ def _at_exit() -> None:
     _queue.stop.set()  # no new load starts; a child process compiling goes on filling the cache
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # the fork itself waits for a load in flight (..in_flight)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_at_exit)
 
 

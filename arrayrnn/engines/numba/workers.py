@@ -24,10 +24,9 @@ wrong bytecode stays locked): each change of shared state is ONE call into C (``
 ``list.extend``, every hand-off and its record through one ``deque(map(...))``), which an interrupt
 cannot split, and whose record the cleanup reads.
 
-**fork.** :func:`engine_call` marks a call in flight. ``os.register_at_fork`` makes a fork wait until no
-other thread is inside a call (new calls wait meanwhile), so a child never inherits a half-done call
-(OpenBLAS's own fork handler deadlocked when another thread was inside a product) nor a reserved worker
-that is not there; the child starts with no workers and makes its own.
+**fork.** Every engine call runs inside :func:`..in_flight.engine_call`: a fork waits until no other
+thread is inside a call (new calls wait meanwhile), so a child never inherits a reserved worker that is not
+there; the child starts with no workers and makes its own (:func:`_crew`).
 """
 
 from __future__ import annotations
@@ -36,15 +35,13 @@ import operator
 import os
 import queue
 import threading
-import time
-import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
 
+from ..in_flight import engine_call  # noqa: F401 - the scope of a call; re-exported for loop_threads
 from ..thread_count import get_num_threads
 
 Job = Callable[[], Any]
@@ -116,16 +113,29 @@ class _Crew:
     def __init__(self) -> None:
         self.idle: deque[Inbox] = deque()
         self.everyone: list[Inbox] = []
+        self.spawning = threading.Lock()   # one caller starts workers at a time (taken without waiting)
 
     def reserve(self, gang: _Gang, wanted: int, limit: int) -> None:
         """Move up to ``wanted`` idle workers into ``gang.helpers``, keeping at most ``limit`` busy."""
-        while len(self.idle) < wanted and len(self.everyone) < limit:
-            self._spawn()
+        self._grow(wanted, limit)
         take = max(0, min(wanted, limit - (len(self.everyone) - len(self.idle))))
         try:
             gang.helpers.extend(islice(iter(self.idle.popleft, None), take))   # one step per worker taken
         except IndexError:   # another caller took the last idle ones meanwhile
             pass
+
+    def _grow(self, wanted: int, limit: int) -> None:
+        """Start workers while fewer than ``wanted`` are idle, at most ``limit`` in all. Callers checking at
+        once each started one (4 callers under 2 threads: up to 4 workers beside them, not 1); the caller
+        that finds another starting workers leaves it the work and takes what is idle: nobody waits (a
+        lock an interrupt left taken only stops the crew growing)."""
+        if not self.spawning.acquire(blocking=False):
+            return
+        try:
+            while len(self.idle) < wanted and len(self.everyone) < limit:
+                self._spawn()
+        finally:
+            self.spawning.release()
 
     def busy(self) -> int:
         return len(self.everyone) - len(self.idle)
@@ -187,63 +197,3 @@ def _crew() -> _Crew:
     if _state.get("pid") != os.getpid():
         _state.update(crew=_Crew(), pid=os.getpid())
     return _state["crew"]
-
-
-# -- calls in flight and fork ------------------------------------------------------------------------
-class _Call:
-    """A call in flight, on thread ``ident`` (weakly held: a call whose cleanup an interrupt skipped
-    ends with its frame)."""
-
-    def __init__(self) -> None:
-        self.ident = threading.get_ident()
-
-
-_calls: weakref.WeakSet[_Call] = weakref.WeakSet()
-_no_fork = threading.Event()        # clear while a fork waits for the calls in flight
-_no_fork.set()
-_fork_lock = threading.Lock()       # one fork at a time
-FORK_POLL_S = 1e-3
-
-
-@contextmanager
-def engine_call() -> Iterator[None]:
-    """The scope of one engine call: a fork waits until it has ended (module doc)."""
-    call = _Call()
-    try:
-        _calls.add(call)
-        while not _no_fork.is_set() and not _inside_another_call(call):
-            _calls.discard(call)      # stand aside until the child exists
-            _no_fork.wait()
-            _calls.add(call)
-        yield
-    finally:
-        _calls.discard(call)
-
-
-def _inside_another_call(call: _Call) -> bool:
-    return any(other.ident == call.ident and other is not call for other in list(_calls))
-
-
-def _before_fork() -> None:
-    _fork_lock.acquire()
-    _no_fork.clear()
-    me = threading.get_ident()
-    while any(call.ident != me for call in list(_calls)):
-        time.sleep(FORK_POLL_S)
-
-
-def _after_fork_in_parent() -> None:
-    _no_fork.set()
-    _fork_lock.release()
-
-
-def _after_fork_in_child() -> None:
-    global _calls, _no_fork, _fork_lock
-    _calls, _no_fork, _fork_lock = weakref.WeakSet(), threading.Event(), threading.Lock()
-    _no_fork.set()
-    _state.update(crew=_Crew(), pid=os.getpid())
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
