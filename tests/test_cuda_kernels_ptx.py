@@ -31,6 +31,7 @@ def _example_args(name: str, dtype: type) -> tuple:
     slot = np.int64(0)
     one, t, n, flag = dtype(1), np.int64(0), np.int64(1), True
     return {
+        "product_step": (t, n, one, a3, flag, a2, a3, flag),
         "rnn_forward_step": (t, n, one, flag, a3, a2, a2, a3),
         "rnn_backward_step": (t, n, one, flag, a3, a3, a2, a3),
         "lstm_forward_step": (t, n, one, a3, a2, a2, a2, a3, a2, flag, flag, a3, a3, one, one),
@@ -57,7 +58,7 @@ def _example_args(name: str, dtype: type) -> tuple:
     }[name]
 
 
-KERNELS = ("rnn_forward_step", "rnn_backward_step", "lstm_forward_step", "add_carry_step",
+KERNELS = ("product_step", "rnn_forward_step", "rnn_backward_step", "lstm_forward_step", "add_carry_step",
            "lstm_backward_step", "gru_forward_step", "gru_rz_step", "gru_n_step", "gru_backward_step",
            "gru_r_backward_step", "lstm_peephole_forward_step", "lstm_peephole_backward_step", "zoneout_step",
            "zoneout_cell_step", "zoneout_split_step", "cell_carry_step", "norm_step", "norm_backward_step",

@@ -68,6 +68,32 @@ def test_a_fixed_block_width_gives_one_block_per_row(elements, expected):
     assert ck.launch_shape(elements, block=expected[1]) == expected
 
 
+class _SynchronisingLoop:
+    """A program whose loop waits for its stream, which a capture cannot hold."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+
+    def issue(self) -> None:
+        self.cupy.cuda.get_current_stream().synchronize()
+
+
+def test_a_failed_capture_names_its_cause_not_the_invalidated_capture():
+    """CUDA invalidates a capture after a refused call (``cudaStreamSynchronize`` here), so ending it fails
+    too (``cudaErrorStreamCaptureInvalidated``); the error says what the loop did, and the stream can capture
+    again."""
+    from support import fake_cupy
+
+    cache = cuda_graphs.GraphCache()
+    with fake_cupy.installed() as cupy, cupy.cuda.Stream(non_blocking=True):
+        for _ in range(cuda_graphs.CAPTURE_AFTER):
+            cache.run(cupy, "key", lambda: _SynchronisingLoop(cupy), lambda p: None)
+        with pytest.raises(cuda_graphs.GraphCaptureError, match=r"CUDARuntimeError: "
+                           r"cudaErrorStreamCaptureUnsupported: .*use_graphs = False"):
+            cache.run(cupy, "key", lambda: _SynchronisingLoop(cupy), lambda p: None)
+        assert not any(s.is_capturing() for s in cache._state().capture_streams.values())
+
+
 # -- GPU -------------------------------------------------------------------------------------------
 def _on_gpu(case):
     cp = cupy_module()

@@ -95,23 +95,24 @@ def _graph_nodes(kind: str) -> tuple[str, ...]:
     return graph.nodes
 
 
+GEMM = KERNEL = "host_func"  # under the simulator a kernel launch, the step's GEMMs' too, is a host function
+
+
 @pytest.mark.parametrize("config, forward_step, backward_step", [
-    (dict(mode="lstm"), ("matmul", "host_func"), ("host_func", "matmul")),
-    (dict(mode="gru"), ("matmul", "host_func"), ("host_func", "matmul")),
-    (dict(mode="rnn_tanh"), ("matmul", "host_func"), ("host_func", "matmul")),
-    (dict(mode="gru", reset_after=False), ("matmul", "host_func") * 2, ("host_func", "matmul") * 2),
-    (dict(mode="lstm", proj_size=2), ("matmul", "host_func", "matmul", "setitem"),
-     ("host_func", "matmul", "host_func", "matmul")),
-    (dict(mode="lstm", recurrent_dropout=0.5), ("multiply", "matmul", "host_func"),
-     ("host_func", "matmul", "multiply")),
+    (dict(mode="lstm"), (GEMM, KERNEL), (KERNEL, GEMM)),
+    (dict(mode="gru"), (GEMM, KERNEL), (KERNEL, GEMM)),
+    (dict(mode="rnn_tanh"), (GEMM, KERNEL), (KERNEL, GEMM)),
+    (dict(mode="gru", reset_after=False), (GEMM, KERNEL) * 2, (KERNEL, GEMM) * 2),
+    (dict(mode="lstm", proj_size=2), (GEMM, KERNEL, GEMM, "setitem"), (KERNEL, GEMM, KERNEL, GEMM)),
+    (dict(mode="lstm", recurrent_dropout=0.5), ("multiply", GEMM, KERNEL), (KERNEL, GEMM, "multiply")),
     (dict(mode="lstm", zoneout=0.5, zoneout_cell=0.5),
-     ("setitem", "setitem", "matmul", "host_func", "host_func", "host_func"),
-     ("host_func", "host_func", "host_func", "matmul", "add", "add")),
+     ("setitem", "setitem", GEMM, KERNEL, KERNEL, KERNEL), (KERNEL, KERNEL, KERNEL, GEMM, "add", "add")),
 ], ids=["lstm", "gru", "rnn", "gru-reset-before", "lstm-proj", "lstm-recurrent-dropout", "lstm-zoneout"])
 def test_each_captured_step_is_its_gemms_and_kernels(config: dict, forward_step: tuple, backward_step: tuple):
-    """The graph of a T = 5 loop is exactly T times the step's GEMMs (``matmul``), kernels (``host_func``
-    under the simulator) and the variants' few elementwise operations: nothing per step is left out or
-    added (the GRU backward clears its carry once, before the loop)."""
+    """The graph of a T = 5 loop is exactly T times the step's GEMMs and kernels (``host_func`` under the
+    simulator: the GEMMs are the engine's own kernel, as CuPy refuses cuBLAS in a capture) and the variants'
+    few elementwise operations: nothing per step is left out or added (the GRU backward clears its carry
+    once, before the loop)."""
     spec = _spec(config)
     case = make_case(spec, 5, 3, seed=1, lengths="full")
     with cupy_sim.installed(capture_after=0):
@@ -170,7 +171,7 @@ def test_without_graphs_every_step_is_issued(monkeypatch) -> None:
         for seed in range(2):
             log = _check_against_reference(make_case(spec, 4, 2, seed=seed, lengths="full"), seed)
             names = _names(log)
-            assert names["graph_launch"] == 0 and names["host_func"] == 2 * 4  # forward and backward steps
+            assert names["graph_launch"] == 0 and names["host_func"] == 2 * 2 * 4  # GEMM, kernel; both passes
     assert ENGINE.kernel.graphs.graphs() == []
 
 
@@ -180,14 +181,36 @@ def test_a_loop_that_allocates_fails_its_capture_and_says_how_to_run_without(mon
     spec = _spec(dict(mode="rnn_tanh"))
     case = make_case(spec, 3, 2, seed=0, lengths="full")
 
-    def allocating_matmul(self, a, b, out):
-        out[...] = self.xp.matmul(a, b)  # a temporary per step
+    def allocating_product(self, a, w, out):
+        return lambda t, n: out.__setitem__(Ellipsis, out * self.one)  # a temporary per step
 
     with cupy_sim.installed(capture_after=0):
         with monkeypatch.context() as patch:
-            patch.setattr(cupy_steps.StepProgram, "matmul", allocating_matmul)
-            expected = r"matmul without out=.*use_graphs = False"
+            patch.setattr(cupy_steps.StepProgram, "product", allocating_product)
+            expected = r"multiply without out=.*use_graphs = False"
             with pytest.raises(cuda_graphs.GraphCaptureError, match=expected):
                 forward_backward(case, CUPY)
         _check_against_reference(case, seed=0)
     assert np.all([not stream.is_capturing() for stream in fake_cupy._STREAMS])
+
+
+def test_a_loop_that_calls_cublas_fails_its_capture_as_cupy_refuses_it(monkeypatch) -> None:
+    """The step's GEMM through ``cupy.matmul`` (the engine before issue 44) fails every capture, as CuPy
+    refuses cuBLAS while a stream captures (cupy_backends/cuda/libs/cublas.pyx, ``setStream``); the engine's
+    own GEMM kernel is what lets the loop be captured."""
+    spec = _spec(dict(mode="lstm"))
+    case = make_case(spec, 3, 2, seed=0, lengths="full")
+
+    def cublas_product(self, a, w, out):
+        def rows(x, t, n):
+            return x[t, :n] if x.ndim == 3 else x[:n]
+
+        return lambda t, n: self.xp.matmul(rows(a, t, n), w, out=rows(out, t, n))
+
+    with cupy_sim.installed(capture_after=0):
+        with monkeypatch.context() as patch:
+            patch.setattr(cupy_steps.StepProgram, "product", cublas_product)
+            expected = f"NotImplementedError: {fake_cupy.CUBLAS_IN_CAPTURE}; set"
+            with pytest.raises(cuda_graphs.GraphCaptureError, match=expected):
+                forward_backward(case, CUPY)
+        _check_against_reference(case, seed=0)

@@ -17,6 +17,7 @@ the device; graphs and their buffers are kept per thread, the :data:`MAX_GRAPHS`
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -101,14 +102,23 @@ class GraphCache:
                 stream.begin_capture()
                 try:
                     program.issue()
-                finally:
-                    graph = stream.end_capture()
+                except BaseException:
+                    _end_failed_capture(stream)
+                    raise
+                graph = stream.end_capture()
         except Exception as err:
             raise GraphCaptureError(
                 "capturing the cupy engine's time loop into a CUDA graph failed: "
                 f"{type(err).__name__}: {err}; set arrayrnn.engines.cuda_graphs.use_graphs = False to run it "
                 "step by step") from err
         return graph
+
+
+def _end_failed_capture(stream: Any) -> None:
+    """End a capture the loop failed in. CUDA invalidates a capture after a call it refuses, and then
+    ``end_capture`` fails too; its error would hide the loop's own."""
+    with contextlib.suppress(Exception):
+        stream.end_capture()
 
 
 def _step_by_step(program: P, load: Callable[[P], None]) -> P:

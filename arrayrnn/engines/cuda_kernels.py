@@ -2,8 +2,9 @@
 
 One kernel launch per step (two for the reset-before GRU and the projected LSTM backward) does all the
 elementwise work of a step: activations, the gate formulas of :mod:`.gate_math` (shared with the numba
-CPU engine), the new state, the output and the residuals. The per-step GEMMs run outside, on cuBLAS
-(:mod:`.cupy_steps`). One thread per ``(row b, unit j)`` of the ``B x H`` step; a kernel gets the whole
+CPU engine), the new state, the output and the residuals. The per-step GEMMs are launches of their own
+(:func:`product_step`, not cuBLAS, which CuPy refuses inside the CUDA graph a time loop is captured into).
+One thread per ``(row b, unit j)`` of the ``B x H`` step; a kernel gets the whole
 ``(T, B, .)`` stacks and the step ``t`` plus the number of active rows ``n`` as arguments, so nothing is
 sliced or allocated per step. Roughly, for an LSTM step::
 
@@ -134,6 +135,23 @@ def _store_lstm_backward(dpre_in, dc, t, b, j, di, df, dg, do, dcp):
     dpre_in[t, b, G] = dg
     dpre_in[t, b, O] = do
     dc[b, j] = dcp
+
+
+# -- the step's GEMM -------------------------------------------------------------------------------
+@cuda.jit(cache=True)
+def product_step(t, n, one, a, a_per_step, w, out, out_per_step):
+    """``out[s, :n] = a[r, :n] @ w`` (``s``, ``r``: ``t`` if per step, else 0): a step's recurrent GEMM as a
+    kernel, because CuPy refuses every cuBLAS call while a stream captures (``cupy_backends/cuda/libs/
+    cublas.pyx``, ``setStream``). One thread per ``(b, j)``: a block's threads read the same row of ``a``
+    and neighbouring columns of ``w``; the sum runs in the compute dtype."""
+    b, j = _element(n, out.shape[2])
+    if b < 0:
+        return
+    r = t if a_per_step else 0
+    acc = one - one
+    for k in range(w.shape[0]):
+        acc += a[r, b, k] * w[k, j]
+    out[t if out_per_step else 0, b, j] = acc
 
 
 # -- plain RNN ------------------------------------------------------------------------------------

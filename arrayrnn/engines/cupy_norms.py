@@ -107,9 +107,9 @@ class BackwardNorm:
         self.p, self.v, self.h_prev = p, v, h_prev
         self.stats = p.input("stats", (s.T, s.B, p.spec.norms_per_step, 2))
         self.h_rec = p.empty(h_prev.shape) if v.h_mask is not None else h_prev   # h_{t-1} * mask
-        # (r, scratch, then the GEMM's operands: h's rows, W.T, raw's rows), every view made here (a capture
-        # of recompute may only write into existing arrays)
-        self._products: list[tuple[Array | None, Array | None, Array, Array, Array]] = []
+        # (r, scratch, the GEMM over every step's rows), every view made here (a capture of recompute may
+        # only write into existing arrays)
+        self._products: list[tuple[Array | None, Array | None, Callable[[], None]]] = []
 
     def product(self, W: Array, r: Array | None = None) -> Array:
         """``(T, B, rows of W)``: every step's ``h_rec @ W.T`` (of ``r * h_rec`` when ``r`` is given: the
@@ -118,7 +118,8 @@ class BackwardNorm:
         raw = self.p.empty((s.T, s.B, W.shape[0]))
         scratch = self.p.empty(self.h_prev.shape) if r is not None else None
         h = self.h_rec if scratch is None else scratch
-        self._products.append((r, scratch, h.reshape(s.T * s.B, -1), W.T, raw.reshape(s.T * s.B, -1)))
+        gemm = self.p.product(h.reshape(s.T * s.B, -1), W.T, raw.reshape(s.T * s.B, -1))
+        self._products.append((r, scratch, lambda: gemm(0, s.T * s.B)))
         return raw
 
     def recompute(self) -> None:
@@ -126,10 +127,10 @@ class BackwardNorm:
         xp = self.p.xp
         if self.v.h_mask is not None:
             xp.multiply(self.h_prev, self.v.h_mask, out=self.h_rec)
-        for r, scratch, h_rows, W_T, raw_rows in self._products:
+        for r, scratch, gemm in self._products:
             if r is not None:
                 xp.multiply(r, self.h_rec, out=scratch)
-            self.p.matmul(h_rows, W_T, raw_rows)
+            gemm()
 
     def grad(self, src: Array, per_step: bool, gain: Array, raw: Array, slot: int, dst: Array) -> Launch:
         """``(t, n) -> None``: ``dst[t, :n]``, the cotangent of ``raw[t, :n]`` through ``gain * LN(.)`` from

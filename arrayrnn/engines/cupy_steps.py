@@ -6,8 +6,12 @@ buffers, ``issue`` enqueues the loop and ``result`` copies the outputs out. ``is
 the current stream into buffers that never move, and never allocates or reads a value back, so its stream
 capture is a CUDA graph every later call replays. Per step, roughly (an LSTM forward)::
 
-    hh[:n] = h[:n] @ W_hh.T                       # ONE cuBLAS GEMM (cupy.matmul, out=)
+    product_step(t, n, h, W_hh.T, hh)              # hh[:n] = h[:n] @ W_hh.T, a kernel (.cuda_kernels)
     lstm_forward_step(t, n, xw, hh, c, h, y, ...)  # ONE fused kernel (.cuda_kernels): gates, state, y
+
+The step's GEMMs are our own kernel, not ``cupy.matmul``: CuPy refuses every cuBLAS call while a stream
+captures (``cupy_backends/cuda/libs/cublas.pyx``, ``setStream``; cupy#6290), so a captured cuBLAS GEMM
+would fail every capture on a GPU.
 
 and backward ``lstm_backward_step`` then ``dh[:n] = dpre_in[t, :n] @ W_hh``. The reset-before GRU needs
 two GEMM + kernel pairs per step (``W_hn`` multiplies ``r * h``), and so does LSTM projection (``W_hr``);
@@ -18,7 +22,7 @@ are part of the key.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +36,7 @@ from .cupy_norms import ROW, BackwardNorm, ForwardNorm, gain_inputs, no_launch, 
 from .layer_norm import gain_grads
 
 Array = Any
+Launch = Callable[[int, int], None]  # (t, n)
 
 
 @dataclass(frozen=True)
@@ -110,8 +115,14 @@ class StepProgram:
         """The active steps, last processed first."""
         return ((t, n) for t, n in reversed(list(self.steps())) if n)
 
-    def matmul(self, a: Array, b: Array, out: Array) -> None:
-        self.xp.matmul(a, b, out=out)
+    def product(self, a: Array, w: Array, out: Array) -> Launch:
+        """``(t, n) -> None``: ``out[:n] = a[:n] @ w`` in one launch of :func:`~.cuda_kernels.product_step`
+        (``a``, ``out``: a step buffer ``(B, .)``, or a stack ``(T, B, .)`` whose step ``t`` it takes)."""
+        a_step, out_step = a.ndim == 3, out.ndim == 3
+        site = self.site(ck.product_step, self.one, a if a_step else a[None], a_step, w,
+                         out if out_step else out[None], out_step)
+        width = out.shape[-1]
+        return lambda t, n: site(n * width, t, n) if n else None
 
     def add(self, a: Array, b: Array) -> None:
         """``a += b`` in one operation (``a[:n] += b`` would also copy ``a[:n]`` back onto itself)."""
@@ -147,17 +158,23 @@ class Variants:
         named = {"h_mask": w.h_mask, "m_h": w.zoneout_h, "m_c": w.zoneout_c}
         return {name: a for name, a in named.items() if a is not None}
 
-    def recurrent_product(self, h: Array, c: Array | None, W: Array, out: Array, n: int) -> None:
-        """A forward step's recurrent GEMM ``out[:n] = h[:n] @ W`` (``h * mask`` with recurrent dropout),
-        the states it starts from kept first for zoneout's mix."""
-        if self.zone_h:
-            self.h_old[:n] = h[:n]
-        if self.zone_c:
-            self.c_old[:n] = c[:n]
-        if self.h_mask is not None:
-            self.p.xp.multiply(h[:n], self.h_mask[:n], out=self.h_rec[:n])
-            h = self.h_rec
-        self.p.matmul(h[:n], W, out[:n])
+    def recurrent_product(self, h: Array, c: Array | None, W: Array, out: Array) -> Launch:
+        """``(t, n) -> None``: a forward step's recurrent GEMM ``out[:n] = h[:n] @ W`` (``h * mask`` with
+        recurrent dropout), the states it starts from kept first for zoneout's mix."""
+        gemm = self.p.product(h if self.h_mask is None else self.h_rec, W, out)
+
+        def launch(t: int, n: int) -> None:
+            if not n:
+                return
+            if self.zone_h:
+                self.h_old[:n] = h[:n]
+            if self.zone_c:
+                self.c_old[:n] = c[:n]
+            if self.h_mask is not None:
+                self.p.xp.multiply(h[:n], self.h_mask[:n], out=self.h_rec[:n])
+            gemm(t, n)
+
+        return launch
 
     def mask_gradient(self, d: Array, n: int) -> None:
         """``d[:n] *= mask``: a recurrent GEMM's gradient back through the recurrent dropout."""
@@ -181,15 +198,16 @@ class RnnForward(StepProgram):
         self.step = self.site(ck.rnn_forward_step, self.one, relu, self.xw, self.hh, self.h, self.cand)
         self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.cand, self.y, self.h)
                      if self.v.zone_h else None)
+        self.rec = self.v.recurrent_product(self.h, None, self.W_hhT, self.hh)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         self.copy_in(xw=xw, W_hhT=w.W_hh.T, h=h0, **Variants.inputs(w), **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
-        H, v = self.h.shape[1], self.v
+        H = self.h.shape[1]
         for t, n in self.steps():
             if n:
-                v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
+                self.rec(t, n)
                 self.norm_hh(t, n)
                 self.step(n * H, t, n)
                 if self.zone is not None:
@@ -232,6 +250,8 @@ class LstmForward(StepProgram):
         self.zone_h = self.site(ck.zoneout_step, v.m_h, v.h_old, self.y, self.y, self.h) if v.zone_h else None
         self.zone_c = (self.site(ck.zoneout_cell_step, v.m_c, v.c_old, self.c, keep, self.c_all) if v.zone_c
                        else None)
+        self.rec = v.recurrent_product(self.h, self.c, self.W_hhT, self.hh)
+        self.out_proj = self.product(self.m, self.W_hrT, self.y) if self.project else None
 
     def _norm_step(self, tail: tuple) -> Any:
         c, h, y, m, project, keep, c_cand, tanh_c, lo, hi = tail
@@ -249,15 +269,14 @@ class LstmForward(StepProgram):
                      **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
-        H, P, v = self.c.shape[1], self.h.shape[1], self.v
+        H, P = self.c.shape[1], self.h.shape[1]
         for t, n in self.steps():
-            if n:
-                v.recurrent_product(self.h, self.c, self.W_hhT, self.hh, n)
+            self.rec(t, n)
             self.step(self.step_threads, t, n)  # every row: inactive ones get zero gates (the cache's)
             if not n:
                 continue
             if self.project:
-                self.matmul(self.m[:n], self.W_hrT, self.y[t, :n])
+                self.out_proj(t, n)
                 self.h[:n] = self.y[t, :n]
             if self.zone_h is not None:
                 self.zone_h(n * P, t, n)
@@ -290,6 +309,7 @@ class GruForward(StepProgram):
                               keep, self.hn_all)
         self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.y, self.y, self.h)
                      if self.v.zone_h else None)
+        self.rec = self.v.recurrent_product(self.h, None, self.W_hhT, self.hh)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         b_hn = w.inner_bias if w.inner_bias is not None else 0
@@ -297,10 +317,10 @@ class GruForward(StepProgram):
                      **gain_inputs(self.spec, w))
 
     def issue(self) -> None:
-        B, H, v = self.shape.B, self.h.shape[1], self.v
+        B, H = self.shape.B, self.h.shape[1]
         for t, n in self.steps():
             if n:
-                v.recurrent_product(self.h, None, self.W_hhT, self.hh, n)
+                self.rec(t, n)
                 self.norm_hh(t, n)
             self.step(B * H, t, n)
             if n and self.zone is not None:
@@ -332,6 +352,8 @@ class GruResetBeforeForward(StepProgram):
         self.rz = self.site(ck.gru_rz_step, self.one, self.xw, self.hrz, h_seen, self.rh)
         self.n_step = self.site(ck.gru_n_step, self.xw, self.hn, self.h, self.y)
         self.zone = self.site(ck.zoneout_step, v.m_h, v.h_old, self.y, self.y, self.h) if v.zone_h else None
+        self.rec_rz = v.recurrent_product(self.h, None, self.W_rzT, self.hrz)
+        self.rec_n = self.product(self.rh, self.W_nT, self.hn)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         spec = self.spec
@@ -339,15 +361,15 @@ class GruResetBeforeForward(StepProgram):
                      W_nT=w.W_hh[gate_slice(spec, "n")].T, **Variants.inputs(w), **gain_inputs(spec, w))
 
     def issue(self) -> None:
-        B, H, v = self.shape.B, self.h.shape[1], self.v
+        B, H = self.shape.B, self.h.shape[1]
         for t, n in self.steps():
             if n:
-                v.recurrent_product(self.h, None, self.W_rzT, self.hrz, n)
+                self.rec_rz(t, n)
                 self.norm_rz(t, n)
             self.rz(B * H, t, n)
             if not n:
                 continue
-            self.matmul(self.rh[:n], self.W_nT, self.hn[:n])
+            self.rec_n(t, n)
             self.norm_n(t, n)
             self.n_step(n * H, t, n)
             if self.zone is not None:
@@ -400,6 +422,7 @@ class RnnBackward(StepProgram):
             self.d_rec = self.zeros((T, B, H))
             g_hh = self.input("g_hh", (H,))
             self.norm_grad = self.norm.grad(self.d_pre, True, g_hh, self.raw, 0, self.d_rec)
+        self.rec = self.product(self.d_rec, self.W_hh, self.dh)
 
     def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
              dh_n: Array, dc_n: Array | None, dc_seq: Array | None) -> None:
@@ -417,7 +440,7 @@ class RnnBackward(StepProgram):
             self.step(n * H, t, n)
             if self.spec.layer_norm:
                 self.norm_grad(t, n)
-            self.matmul(self.d_rec[t, :n], self.W_hh, self.dh[:n])
+            self.rec(t, n)
             self.v.mask_gradient(self.dh, n)
             self.split.after(self.dh, n)
 
@@ -463,6 +486,8 @@ class LstmBackward(StepProgram):
             self.step = self.site(ck.lstm_peephole_backward_step, *head, self.P, *tail)
         else:
             self.step = self.site(ck.lstm_backward_step, *head, *tail)
+        self.rec = self.product(self.d_rec, self.W_hh, self.dh)
+        self.out_proj = self.product(self.d_h, self.W_hr, self.dm) if self.project else None
 
     def _norm_step(self, clip: tuple) -> Any:
         T, B, spec = self.shape.T, self.shape.B, self.spec
@@ -502,9 +527,9 @@ class LstmBackward(StepProgram):
                 self.carry(n * H, t, n)
             if self.project:
                 self.add_carry(n * P, t, n)
-                self.matmul(self.d_h[t, :n], self.W_hr, self.dm[:n])
+                self.out_proj(t, n)
             self.step(n * H, t, n)
-            self.matmul(self.d_rec[t, :n], self.W_hh, self.dh[:n])
+            self.rec(t, n)
             v.mask_gradient(self.dh, n)
             self.split.after(self.dh, n)
             if v.zone_c:
@@ -553,6 +578,15 @@ class GruBackward(StepProgram):
         self.norm_rec = self.norm_rz = self.norm_n = no_launch
         if spec.layer_norm:
             self._init_norm()
+        self._init_products()
+
+    def _init_products(self) -> None:
+        """The step's GEMMs, from the step buffers or, with layer norm, the raw products' cotangents."""
+        if self.reset_after:
+            self.gemm = self.product(_operand(self.rec, self.d_rec), self.W_hh, self.dh_gemm)
+            return
+        self.gemm_n = self.product(_operand(self.dn, self.d_n), self.W_n, self.drh)
+        self.gemm_rz = self.product(_operand(self.drz, self.d_rz), self.W_rz, self.dh_gemm)
 
     def _init_norm(self) -> None:
         """The layer norm's launches: the reset-after GRU's one product, or the r, z and the n parts."""
@@ -595,14 +629,14 @@ class GruBackward(StepProgram):
             self.step(n * H, t, n)
             if self.reset_after:
                 self.norm_rec(t, n)
-                self.matmul(_operand(self.rec, self.d_rec, t, n), self.W_hh, self.dh_gemm[:n])
+                self.gemm(t, n)
             else:
                 self.norm_n(t, n)
-                self.matmul(_operand(self.dn, self.d_n, t, n), self.W_n, self.drh[:n])
+                self.gemm_n(t, n)
                 v.mask_gradient(self.drh, n)  # r * (h * mask): drh * mask is r*h's gradient w.r.t. r and h
                 self.r_step(n * H, t, n)
                 self.norm_rz(t, n)
-                self.matmul(_operand(self.drz, self.d_rz, t, n), self.W_rz, self.dh_gemm[:n])
+                self.gemm_rz(t, n)
             v.mask_gradient(self.dh_gemm, n)
             self.split.after(self.dh_carry, n)
 
@@ -631,10 +665,10 @@ class GruBackward(StepProgram):
                               norm={"g_hh": g_hh, "b_hh": b_hh})
 
 
-def _operand(buffer: Array, normed: Array | None, t: int, n: int) -> Array:
-    """A step GEMM's left operand: the step buffer's rows, or with layer norm those of the raw product's
-    cotangent at ``t``."""
-    return buffer[:n] if normed is None else normed[t, :n]
+def _operand(buffer: Array, normed: Array | None) -> Array:
+    """A step GEMM's left operand: the step buffer, or with layer norm the raw product's cotangents (every
+    step's)."""
+    return buffer if normed is None else normed
 
 
 def forward_program(spec: RNNSpec) -> type[StepProgram]:

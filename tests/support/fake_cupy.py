@@ -18,9 +18,12 @@ so ``import cupy`` and ``arrayrnn.core.backend.get_xp`` find it. Its :class:`nda
 - streams capture like CuPy's (``Stream.begin_capture`` / ``end_capture`` / ``is_capturing``, a
   :class:`Graph` with ``launch``): while the current stream captures, an operation that writes into existing
   arrays (``out=``, ``a[...] = b``, ``a += b``, ``Stream.launch_host_func``) is recorded, not run, and runs at
-  every ``Graph.launch`` on the memory it named at capture; one that would allocate (a result without
-  ``out=``, a new array) or read a value back to the host (``get``, ``bool()``, ``float()``) is a
-  ``RuntimeError``, as the GPU would refuse it or replay the graph on memory it no longer owns.
+  every ``Graph.launch`` on the memory it named at capture. What CuPy 14 or CUDA refuse during a capture is
+  refused with their exception and message (the rules and where the real library does it:
+  :func:`_refuse_cublas_in_capture`, :func:`_refuse_transfer_in_capture`, :func:`_capture_unsupported`,
+  :meth:`Event.synchronize`); after a refusal by CUDA the capture is invalidated, as CUDA does, and
+  ``end_capture`` fails. One rule is the project's own, stricter than CuPy: an allocation (a result without
+  ``out=``, a new array) is a ``RuntimeError`` (:func:`_refuse_in_capture`).
 
 Every operation is logged while :func:`issued` is open (its name, the stream it went to, whether it was
 captured): what a test counts to see how much host work a call issues.
@@ -116,6 +119,7 @@ class Device:
         return None
 
     def synchronize(self) -> None:
+        _capture_unsupported(list(_CAPTURING))
         TRANSFERS["sync"] += 1
 
 
@@ -127,6 +131,7 @@ class Stream:
 
     def __init__(self, null: bool = False, non_blocking: bool = False):
         self._capture: list[tuple[str, Callable[[], Any]]] | None = None
+        self._invalidated = False  # CUDA invalidated the capture (a refused call): end_capture fails
         if null:
             self.ptr = 0
         else:
@@ -141,7 +146,7 @@ class Stream:
         _STREAMS.pop()
 
     def synchronize(self) -> None:
-        _refuse_in_capture("synchronizing a stream")
+        _capture_unsupported([self, get_current_stream()])
         TRANSFERS["sync"] += 1
 
     def begin_capture(self, mode: Any = None) -> None:
@@ -150,14 +155,21 @@ class Stream:
         if self._capture is not None:
             raise RuntimeError("the stream is already capturing")
         self._capture = []
+        _CAPTURING.add(self)
 
     def end_capture(self) -> Graph:
         if self._capture is None:
             raise RuntimeError("the stream is not capturing")
-        nodes, self._capture = self._capture, None
+        nodes, self._capture, invalidated, self._invalidated = self._capture, None, self._invalidated, False
+        _CAPTURING.discard(self)
+        if invalidated:  # cudaStreamEndCapture ends the capture and fails (cupy/cuda/stream.pyx, end_capture)
+            raise CUDARuntimeError(901)
         return Graph(nodes)
 
     def is_capturing(self) -> bool:
+        """``cupy_backends/cuda/api/runtime.pyx``, ``streamIsCapturing``: an invalidated capture raises."""
+        if self._invalidated:
+            raise RuntimeError("the stream was capturing, but an error has invalidated the capture sequence")
         return self._capture is not None
 
     def launch_host_func(self, callback: Callable[[Any], None], arg: Any) -> None:
@@ -188,6 +200,7 @@ class Graph:
 
 
 _STREAMS = [Stream(null=True)]
+_CAPTURING: set[Stream] = set()  # streams between begin_capture and end_capture
 _DEVICE = Device(0)
 
 
@@ -196,19 +209,30 @@ def get_current_stream() -> Stream:
 
 
 class Event:
-    """``cupy.cuda.Event``: the stand-in's work is done when it is enqueued, so an event is always done."""
+    """``cupy.cuda.Event``: the stand-in's work is done when it is enqueued, so an event is always done,
+    unless it was last recorded in a stream that still captures: then ``done`` and ``synchronize`` are
+    CUDA's ``cudaErrorCapturedEvent`` (``cudaEventQuery`` / ``cudaEventSynchronize``, CUDA runtime API docs,
+    cited from them; CuPy passes it on: ``cupy/cuda/stream.pyx``, ``Event.done`` / ``Event.synchronize``)."""
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
         self.recorded = False
+        self._stream: Stream | None = None  # where it was last recorded
 
     def record(self, stream: Stream | None = None) -> None:
         self.recorded = True
+        self._stream = stream if stream is not None else get_current_stream()
+
+    def _refuse_captured(self) -> None:
+        if self._stream is not None and self._stream._capture is not None:
+            raise CUDARuntimeError(907)
 
     @property
     def done(self) -> bool:
+        self._refuse_captured()
         return True
 
     def synchronize(self) -> None:
+        self._refuse_captured()
         TRANSFERS["sync"] += 1
 
 
@@ -262,9 +286,76 @@ def _issue(name: str, run: Callable[[], Any], stream: Stream | None = None) -> N
 
 
 def _refuse_in_capture(what: str) -> None:
+    """The project's rule, stricter than CuPy's: no allocation while the current stream captures. CuPy 14's
+    pool refuses none (``cupy/cuda/memory.pyx``, ``SingleDeviceMemoryPool._malloc``: a cached chunk of the
+    capturing stream's arena or ``cudaMalloc``, which the relaxed capture mode of ``Stream.begin_capture``,
+    ``cupy/cuda/stream.pyx``, lets through), but the graph keeps writing that memory at every replay after
+    the array that owned it went back to the pool."""
     if get_current_stream()._capture is not None:
         raise RuntimeError(f"{what} while the current stream captures a graph: the GPU would refuse it or "
                            "replay the graph on memory it no longer owns")
+
+
+CUBLAS_IN_CAPTURE = "calling cuBLAS API during stream capture is currently unsupported"
+_CUBLAS = frozenset({"matmul", "dot", "vdot", "inner", "tensordot", "einsum"})
+
+
+def _refuse_cublas_in_capture(name: str, args: tuple) -> None:
+    """CuPy's ``NotImplementedError`` for a cuBLAS call while the current stream captures
+    (``cupy_backends/cuda/libs/cublas.pyx``, ``setStream``, which every cuBLAS wrapper calls first through
+    ``_setStream``; cupy#6290). CuPy sends ``matmul``, ``dot`` (``@``, ``ndarray.dot``), ``vdot``, ``inner``
+    and ``tensordot`` of floating or complex arrays to cuBLAS (``cupy/_core/_routines_linalg.pyx``,
+    ``tensordot_core`` and ``matmul``; integers go to its own ``_integral_tensordot_core`` kernels, a 0-d
+    operand to ``multiply``), and ``einsum`` of two or more operands through ``cupy.matmul``
+    (``cupy/linalg/_einsum.py``, ``reduced_binary_einsum``)."""
+    if name not in _CUBLAS or get_current_stream()._capture is None:
+        return
+    arrays = [a for a in (args[1:] if name == "einsum" else args) if isinstance(a, np.ndarray)]
+    if len(arrays) < 2 or any(a.ndim == 0 for a in arrays):
+        return
+    if np.result_type(*arrays).kind in "fc":
+        raise NotImplementedError(CUBLAS_IN_CAPTURE)
+
+
+def _refuse_transfer_in_capture(direction: str, stream: Stream | None = None) -> None:
+    """CuPy's ``RuntimeError`` for a copy between host and device while the stream captures
+    (``cupy/cuda/memory.pyx``, ``MemoryPointer.copy_to_host_async`` / ``copy_from_host_async``, which
+    ``ndarray.get`` / ``set`` use, so ``asnumpy``, ``bool``, ``int``, ``float``, ``item``, ``tolist`` and an
+    array made from host data too: ``cupy/_core/core.pyx``)."""
+    stream = stream if stream is not None else get_current_stream()
+    if stream._capture is not None:
+        raise RuntimeError(f"the current stream is capturing, so {direction} transfers are disallowed")
+
+
+_CUDA_ERRORS = {  # status: (cudaGetErrorName, cudaGetErrorString), CUDA's driver_types.h / runtime API docs
+    900: ("cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"),
+    901: ("cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"),
+    907: ("cudaErrorCapturedEvent",
+          "operation not permitted on an event last recorded in a capturing stream"),
+}
+
+
+class CUDARuntimeError(RuntimeError):
+    """``cupy_backends.cuda.api.runtime.CUDARuntimeError``: ``status`` and the message
+    ``"<cudaGetErrorName>: <cudaGetErrorString>"`` (``cupy_backends/cuda/api/runtime.pyx``)."""
+
+    def __init__(self, status: int):
+        self.status = status
+        name, text = _CUDA_ERRORS[status]
+        super().__init__(f"{name}: {text}")
+
+
+def _capture_unsupported(streams: list[Stream]) -> None:
+    """CUDA's ``cudaErrorStreamCaptureUnsupported`` for synchronising a capturing stream
+    (``cudaStreamSynchronize``; ``cudaDeviceSynchronize`` while any stream of the device captures), which
+    also invalidates those captures (CUDA Programming Guide, "Prohibited and Unhandled Operations"; cited
+    from memory of the guide, not read here). CuPy passes it on as ``CUDARuntimeError``
+    (``cupy/cuda/stream.pyx``, ``Stream.synchronize``; ``cupy/cuda/device.pyx``, ``Device.synchronize``)."""
+    capturing = [s for s in streams if s._capture is not None]
+    for s in capturing:
+        s._invalidated = True
+    if capturing:
+        raise CUDARuntimeError(900)
 
 
 # -- arrays ---------------------------------------------------------------------------------------
@@ -305,12 +396,13 @@ def _wrap(obj: Any) -> Any:
     return obj
 
 
-def _call(func: Callable, args: tuple, kwargs: dict) -> Any:
+def _call(func: Callable, args: tuple, kwargs: dict, name: str | None = None) -> Any:
     """``func`` on the unwrapped arguments: issued (so captured) when it writes into ``out`` arrays of this
     module, else run now (it allocates its result, so capture refuses it)."""
     outs = kwargs.get("out")
-    name = getattr(func, "__name__", type(func).__name__)
+    name = name or getattr(func, "__name__", type(func).__name__)
     u_args, u_kwargs = _unwrap(args), {k: _unwrap(v) for k, v in kwargs.items()}
+    _refuse_cublas_in_capture(name, u_args)
     if isinstance(outs, ndarray) or (isinstance(outs, tuple) and outs
                                      and all(isinstance(o, ndarray) for o in outs)):
         _issue(name, lambda: func(*u_args, **u_kwargs))
@@ -393,7 +485,8 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
             blocking: bool = True) -> np.ndarray:
         """A host copy."""
-        _refuse_in_capture("copying to the host")
+        if self._a.size:  # an empty array returns before any copy (cupy/_core/core.pyx, get)
+            _refuse_transfer_in_capture("D2H", stream)
         if blocking:
             TRANSFERS["sync"] += 1
         if out is not None:
@@ -403,6 +496,7 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
         """Copy a host array into this one."""
+        _refuse_transfer_in_capture("H2D", stream)
         self._a[...] = arr
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -411,7 +505,7 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
 
     # -- NumPy protocols: device arrays only --------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        return _call(getattr(ufunc, method), inputs, kwargs)
+        return _call(getattr(ufunc, method), inputs, kwargs, ufunc.__name__ if method == "__call__" else None)
 
     def __array_function__(self, func: Callable, types: Any, args: tuple, kwargs: dict) -> Any:
         return _call(func, args, kwargs)
@@ -435,17 +529,17 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
 
     # -- conversions CuPy allows (they synchronise) -------------------------------------------
     def __bool__(self) -> bool:
-        _refuse_in_capture("reading a value")
+        _refuse_transfer_in_capture("D2H")
         TRANSFERS["sync"] += 1
         return bool(self._a)
 
     def __float__(self) -> float:
-        _refuse_in_capture("reading a value")
+        _refuse_transfer_in_capture("D2H")
         TRANSFERS["sync"] += 1
         return float(self._a)
 
     def __int__(self) -> int:
-        _refuse_in_capture("reading a value")
+        _refuse_transfer_in_capture("D2H")
         TRANSFERS["sync"] += 1
         return int(self._a)
 
@@ -460,12 +554,14 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
         if name.startswith("__"):  # never NumPy's own protocols (__array_interface__ would let NumPy in)
             raise AttributeError(name)
         if name in ("item", "tolist"):
+            _refuse_transfer_in_capture("D2H")
             TRANSFERS["sync"] += 1
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)
 
         def method(*args: Any, **kwargs: Any) -> Any:
+            _refuse_cublas_in_capture(name, (self._a, *_unwrap(args)))  # ndarray.dot
             result = _call(attr, args, kwargs)
             return self if isinstance(result, ndarray) and result._a is self._a else result
 
@@ -500,6 +596,7 @@ ndarray.__module__ = "cupy"
 def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    _refuse_transfer_in_capture("H2D")
     TRANSFERS["h2d"] += 1
     return ndarray._of(np.array(a, dtype=dtype, order=order or "K", copy=True))  # host -> device copy
 
@@ -509,6 +606,7 @@ def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmi
         if not copy and (dtype is None or np.dtype(dtype) == obj.dtype):
             return obj
         return ndarray._of(np.array(obj._a, dtype=dtype, order=order, copy=True, ndmin=ndmin))
+    _refuse_transfer_in_capture("H2D")
     TRANSFERS["h2d"] += 1
     return ndarray._of(np.array(obj, dtype=dtype, order=order, copy=True, ndmin=ndmin))
 
@@ -542,8 +640,7 @@ def _numpy_function(name: str) -> Callable:
 
 
 class _Runtime(types.SimpleNamespace):
-    class CUDARuntimeError(RuntimeError):
-        pass
+    CUDARuntimeError = CUDARuntimeError
 
     memcpyDeviceToHost = 2  # noqa: N815 - CuPy's name
     memcpyAsync = staticmethod(_memcpy_async)  # noqa: N815 - CuPy's name
