@@ -184,6 +184,7 @@ def test_cache_key_covers_every_engine_module_the_time_loops_call_into():
             folder = "numba/" if node.level == 1 else ""
             names = [node.module] if node.module else [alias.name for alias in node.names]
             callees |= {f"{folder}{name}.py" for name in names}
+    callees.discard("numba_cache.py")  # the decorator (numba's cache made safe to fail): no code called into
     assert {"gate_math.py", "numba/packed_gemm.py"} <= callees <= set(simd_ir.KERNEL_SOURCES)
 
 
