@@ -255,6 +255,24 @@ def test_a_numba_call_runs_under_an_unreadable_omp_num_threads():
     assert "OMP_NUM_THREADS = '²' is not a thread count" in proc.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-2", " 0 "])
+def test_import_under_a_numba_num_threads_numba_refuses(value):
+    """``NUMBA_NUM_THREADS=0`` makes ``import numba`` raise (numba/np/ufunc/parallel.py,
+    ``get_thread_count``): ``import arrayrnn`` raised with it; now the variable is dropped with a warning."""
+    root = Path(__file__).resolve().parent.parent
+    code = ("import os, numpy as np, arrayrnn as ar\n"
+            "p = ar.PackedParams.init(ar.RNNSpec('gru', 2, 3))\n"
+            "y = ar.rnn_forward(p, np.ones((2, 1, 2), np.float32), engine='numba').y\n"
+            "print(ar.get_num_threads(), y.shape, 'NUMBA_NUM_THREADS' in os.environ)\n")
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARIABLES}
+    env.update(PYTHONPATH=str(root), NUMBA_NUM_THREADS=value, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "(2,", "1,", "3)", "False"]
+    assert f"NUMBA_NUM_THREADS = {value!r} is not a thread count" in proc.stderr
+
+
 # -- layer norm of float32 rows near 1e20 (issue 45, item 6) ------------------------------------------------
 
 _LN_SPECS = [dict(mode="lstm", proj_size=2), dict(mode="gru"), dict(mode="gru", reset_after=False),

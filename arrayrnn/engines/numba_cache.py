@@ -18,12 +18,35 @@ import functools
 import hashlib
 import io
 import logging
+import os
 import pickle
+import sys
+import warnings
 from typing import Any
 
-import numba
-from numba.core import caching
-from numba.core.caching import NullCache
+
+def _drop_refused_thread_count() -> None:
+    """``NUMBA_NUM_THREADS`` of 0 or less makes ``import numba`` raise (numba/np/ufunc/parallel.py,
+    ``get_thread_count``), which would break ``import arrayrnn``; like a bad ``OMP_NUM_THREADS``
+    (:mod:`.thread_count`), it is ignored with a warning (numba then takes its default). Text numba
+    cannot parse as an int it already ignores with its own warning (numba/core/config.py, ``_readenv``)."""
+    text = os.environ.get("NUMBA_NUM_THREADS", "")
+    try:
+        refused = "numba" not in sys.modules and int(text) <= 0
+    except ValueError:
+        return
+    if refused:
+        warnings.warn(f"NUMBA_NUM_THREADS = {text!r} is not a thread count (expected an int >= 1, or unset); "
+                      "numba refuses it at import, so arrayrnn removes it from os.environ", RuntimeWarning,
+                      stacklevel=2)
+        del os.environ["NUMBA_NUM_THREADS"]
+
+
+_drop_refused_thread_count()
+
+import numba  # noqa: E402 - after the environment is checked
+from numba.core import caching  # noqa: E402
+from numba.core.caching import NullCache  # noqa: E402
 
 _log = logging.getLogger("arrayrnn.numba")
 _DIGEST = hashlib.sha256().digest_size
