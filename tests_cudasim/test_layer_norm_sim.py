@@ -90,6 +90,28 @@ def test_a_hidden_size_wider_than_the_block():
     np.testing.assert_allclose(sim_g.dparams.data, ref_g.dparams.data, **TOL)
 
 
+@pytest.mark.parametrize("mode, reset_after", [("lstm", True), ("gru", True), ("gru", False),
+                                               ("rnn_tanh", True)])
+def test_float32_rows_near_1e20_are_reduced_in_float64(mode, reset_after):
+    """A float32 row near 1e20 squares past float32's range: the block sums of the statistics were float32,
+    the variance became inf (rstd 0: outputs off by 1 or more). Now float64, as the numba loops and the
+    reference engine reduce (tests/test_hardening_io.py)."""
+    spec = RNNSpec(input_size=4, hidden_size=3, layer_norm=True, mode=mode, reset_after=reset_after)
+    params = PackedParams.init(spec, seed=1)
+    inputs = _inputs(spec, 3, [3, 2], 0)
+    x = (inputs[0] * np.geomspace(1e19, 1e20, 4)).astype(np.float32)
+    assert np.isfinite(x).all() and np.abs(x).max() > 1e19
+    as32 = [None if a is None else (a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+                                    else a) for a in (x, *inputs[1:5])]
+    cot32 = tuple(None if a is None else a.astype(np.float32) for a in inputs[5])
+    sim, _ = _run(SIM, params, (*as32, cot32))
+    ref, _ = _run(REFERENCE, params.astype("float64"), (x.astype(np.float64), *inputs[1:]))
+    assert sim.y.dtype == np.float32 and np.isfinite(sim.y).all()
+    np.testing.assert_allclose(sim.y, ref.y, rtol=1e-3, atol=1e-4 * np.abs(ref.y).max())
+    stats = sim.cache.layers[0][0].cache.norm_stats
+    assert np.isfinite(stats).all() and (stats[..., 1][stats[..., 1] != 0] > 0).all()
+
+
 # -- the public path on the CuPy stand-in: tests/test_layer_norm.py's bodies --------------------------------
 ORACLE_CASES = [c for c in ln_suite.LN_CASES if c[0] in ("lstm-all-variants", "lstm-proj-peep-clip",
                                                          "gru-all-variants", "gru-reset-before-2l-variants",

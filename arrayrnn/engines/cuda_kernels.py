@@ -447,20 +447,24 @@ def _block_sums(buf, lane, a, b):
 
 
 @cuda.jit(device=True, inline=True)
-def _row_stats(one, eps, inv_width, v, b, lane, buf):
-    """``(mean, 1 / sqrt(var + eps))`` of the row ``v[b, :]`` (two passes: the mean, then the deviations)."""
-    zero = one - one
-    total = zero
+def _row_stats(one, eps, v, b, lane, wide, out):
+    """``(mean, 1 / sqrt(var + eps))`` of the row ``v[b, :]`` in ``v``'s dtype (two passes: the mean, then the
+    deviations), reduced in float64 as the numba loops and the reference engine do: a float32 row near 1e20
+    squares past float32's range. ``wide``: a float64 ``_PAIR`` shared buffer; ``out``: a local array of
+    two in ``v``'s dtype (the conversion)."""
+    total = 0.0
     for k in range(lane, v.shape[1], ROW_THREADS):
         total += v[b, k]
-    total, _ = _block_sums(buf, lane, total, zero)
-    mean = total * inv_width
-    squares = zero
+    total, _ = _block_sums(wide, lane, total, 0.0)
+    mean = total / v.shape[1]
+    squares = 0.0
     for k in range(lane, v.shape[1], ROW_THREADS):
         dev = v[b, k] - mean
         squares += dev * dev
-    squares, _ = _block_sums(buf, lane, squares, zero)
-    return mean, gm.layer_norm_rstd(one, squares * inv_width, eps)
+    squares, _ = _block_sums(wide, lane, squares, 0.0)
+    out[0] = mean
+    out[1] = 1.0 / math.sqrt(squares / v.shape[1] + eps)
+    return out[0], out[1]
 
 
 @cuda.jit(device=True, inline=True)
@@ -478,14 +482,15 @@ def _grad_terms(d, gain, raw, mean, rstd):
 
 
 @cuda.jit(cache=True)
-def norm_step(t, n, one, eps, inv_width, v, g, keep, stats, slot):
+def norm_step(t, n, one, eps, v, g, keep, stats, slot):
     """``v[b] = g * LN(v[b])`` for the active rows ``b < n`` (a block per row; ``v``: a step's recurrent
     product ``(B, W)``), the row's mean and ``1 / std`` into ``stats[t, b, slot]`` when ``keep``."""
     b, lane = cuda.blockIdx.x, cuda.threadIdx.x
-    buf = cuda.shared.array(_PAIR, dtype=v.dtype)
+    wide = cuda.shared.array(_PAIR, dtype=numba.float64)
+    stat = cuda.local.array(2, dtype=v.dtype)
     if b >= n:
         return
-    mean, rstd = _row_stats(one, eps, inv_width, v, b, lane, buf)
+    mean, rstd = _row_stats(one, eps, v, b, lane, wide, stat)
     _keep_stats(keep, stats, t, b, slot, lane, mean, rstd)
     for k in range(lane, v.shape[1], ROW_THREADS):
         v[b, k] = g[k] * gm.layer_normalized(v[b, k], mean, rstd)
@@ -535,7 +540,7 @@ def _lstm_norm_gates(one, lo, hi, xw, hh, g_hh, P, peep, c, t, b, j, mean, rstd)
 
 
 @cuda.jit(cache=True)
-def lstm_norm_forward_step(t, n, one, eps, inv_gates, inv_hidden, xw, hh, g_hh, P, peep, g_c, b_c, c, h, y, m,
+def lstm_norm_forward_step(t, n, one, eps, xw, hh, g_hh, P, peep, g_c, b_c, c, h, y, m,
                            project, keep, c_all, tanh_c_all, stats, lo, hi):
     """The layer-normalised LSTM step of row ``b`` (a block per row): gates over ``xw[t]`` (the cache) from
     ``g_hh * LN(hh)``, ``c`` in place, then ``o * tanh(g_c * LN(c) + b_c)`` into ``y[t]`` and ``h`` (or ``m``
@@ -543,12 +548,13 @@ def lstm_norm_forward_step(t, n, one, eps, inv_gates, inv_hidden, xw, hh, g_hh, 
     gates."""
     b, lane = cuda.blockIdx.x, cuda.threadIdx.x
     H = c.shape[1]
-    buf = cuda.shared.array(_PAIR, dtype=xw.dtype)
+    wide = cuda.shared.array(_PAIR, dtype=numba.float64)
+    stat = cuda.local.array(2, dtype=xw.dtype)
     if b >= n:
         for k in range(lane, 4 * H, ROW_THREADS):
             xw[t, b, k] = one - one
         return
-    mean, rstd = _row_stats(one, eps, inv_gates, hh, b, lane, buf)
+    mean, rstd = _row_stats(one, eps, hh, b, lane, wide, stat)
     _keep_stats(keep, stats, t, b, 0, lane, mean, rstd)
     for j in range(lane, H, ROW_THREADS):
         i, f, g, o, cn = _lstm_norm_gates(one, lo, hi, xw, hh, g_hh, P, peep, c, t, b, j, mean, rstd)
@@ -557,7 +563,7 @@ def lstm_norm_forward_step(t, n, one, eps, inv_gates, inv_hidden, xw, hh, g_hh, 
         c[b, j] = cn
         if keep:
             c_all[t, b, j] = cn
-    mean, rstd = _row_stats(one, eps, inv_hidden, c, b, lane, buf)
+    mean, rstd = _row_stats(one, eps, c, b, lane, wide, stat)
     _keep_stats(keep, stats, t, b, 1, lane, mean, rstd)
     for j in range(lane, H, ROW_THREADS):
         tc = math.tanh(g_c[j] * gm.layer_normalized(c[b, j], mean, rstd) + b_c[j])

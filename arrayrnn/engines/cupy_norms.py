@@ -79,16 +79,13 @@ class ForwardNorm:
         self.stats = p.zeros((s.T, s.B, p.spec.norms_per_step, 2)) if self.on and s.keep else p.dummy(4)
         self.eps = s.dtype.type(p.spec.layer_norm_eps)
 
-    def inverse(self, width: int) -> Any:
-        return self.p.shape.dtype.type(1.0 / width)
-
     def product(self, v: Array, gain: str, slot: int) -> Launch:
         """``(t, n) -> None``: ``v[:n] = gain * LN(v[:n])`` (``gain``: the input of that name), its statistics
         into slot ``slot``."""
         if not self.on:
             return no_launch
         g = self.p.input(gain, (v.shape[1],))
-        site = self.p.site(ck.norm_step, self.p.one, self.eps, self.inverse(v.shape[1]), v, g, self.keep,
+        site = self.p.site(ck.norm_step, self.p.one, self.eps, v, g, self.keep,
                            self.stats, slot, block=ROW)
         return lambda t, n: site(rows(n), t, n) if n else None
 

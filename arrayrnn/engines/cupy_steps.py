@@ -257,9 +257,9 @@ class LstmForward(StepProgram):
         c, h, y, m, project, keep, c_cand, tanh_c, lo, hi = tail
         H, G, norm = self.spec.hidden_size, self.spec.gate_size, self.norm
         g_hh, g_c, b_c = self.input("g_hh", (G,)), self.input("g_c", (H,)), self.input("b_c", (H,))
-        return self.site(ck.lstm_norm_forward_step, self.one, norm.eps, norm.inverse(G), norm.inverse(H),
-                         self.xw, self.hh, g_hh, self.P, self.peep, g_c, b_c, c, h, y, m, project, keep,
-                         c_cand, tanh_c, norm.stats, lo, hi, block=ROW)
+        return self.site(ck.lstm_norm_forward_step, self.one, norm.eps, self.xw, self.hh, g_hh, self.P,
+                         self.peep, g_c, b_c, c, h, y, m, project, keep, c_cand, tanh_c, norm.stats, lo, hi,
+                         block=ROW)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         extra = {"W_hrT": w.W_hr.T} if self.project else {}
