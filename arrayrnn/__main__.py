@@ -20,14 +20,16 @@ def _parser() -> argparse.ArgumentParser:
     warm.add_argument("--inference-only", action="store_true", help="skip the backward's loops")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")
     warm.add_argument("--family", help=argparse.SUPPRESS)       # the background compile's child process
+    warm.add_argument("--path", help=argparse.SUPPRESS)         # ... or the child that compiles one call's
     warm.add_argument("--signatures", help=argparse.SUPPRESS)   # where that child writes what it compiled
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.family is not None:
-        signatures = _warmup.compile_family(_warmup.Family.parse(args.family))
+    if args.family is not None or args.path is not None:
+        signatures = (_warmup.compile_family(_warmup.Family.parse(args.family)) if args.family is not None
+                      else _warmup.compile_path(_warmup.Path.parse(args.path)))
         if args.signatures == "-":
             sys.stdout.buffer.write(pickle.dumps(signatures))
         elif args.signatures is not None:

@@ -58,7 +58,7 @@ def auto_takes_numba(monkeypatch):
     calls then compile on the calling thread, as ``engine='numba'`` does)."""
     from arrayrnn.engines.numba import warmup
 
-    monkeypatch.setattr(warmup, "loaded", lambda spec, training: True)
+    monkeypatch.setattr(warmup, "loaded", lambda call: True)
     forget_choices()
 
 

@@ -40,7 +40,7 @@ def outputs(params, training=False):
 def test_the_same_bits_at_every_thread_count_and_before_numba_loads(deterministic, threads, monkeypatch,
                                                                     training):
     params = ar.PackedParams.init(SPEC, seed=0)
-    monkeypatch.setattr(warmup, "loaded", lambda spec, training: False)  # a new process: nothing loaded
+    monkeypatch.setattr(warmup, "loaded", lambda call: False)  # a new process: nothing loaded
     monkeypatch.setattr(warmup, "background_enabled", lambda: True)
     forget_choices()
     results = []

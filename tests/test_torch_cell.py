@@ -136,7 +136,7 @@ def numba_loads(monkeypatch, loaded: bool):
     from arrayrnn.engines.numba import warmup
 
     state = {"loaded": loaded}
-    monkeypatch.setattr(warmup, "loaded", lambda spec, training: state["loaded"])
+    monkeypatch.setattr(warmup, "loaded", lambda call: state["loaded"])
 
     def load():
         state["loaded"] = True
@@ -359,3 +359,26 @@ def test_a_cuda_cell_loop_equals_torch():
         results.append([outs[-1][0].detach(), *(p.grad for p in cell.parameters())])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_cell_that_trains_waits_for_the_backwards_loops(monkeypatch):
+    """A cell whose backward may follow (grad mode on, weights that require grad) takes numba's step only once
+    its training loops are loaded: before, it was chosen as an inference call, so its first backward
+    compiled numba's backward on the caller's thread ("auto" never waits)."""
+    from arrayrnn.engines import forget_choices
+    from arrayrnn.engines.numba import warmup
+
+    monkeypatch.setattr(warmup, "loaded", lambda call: not call.training)   # the inference loops only
+    forget_choices()
+    cell = LSTMCell(3, 4)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        cell(x)
+    assert step_engine_of(cell) == "numba"
+    cell(x)[0].sum().backward()
+    assert step_engine_of(cell) == "reference"
+    monkeypatch.setattr(warmup, "loaded", lambda call: True)   # the training loops loaded
+    forget_choices()
+    cell(x)[0].sum().backward()
+    assert step_engine_of(cell) == "numba"
+    forget_choices()

@@ -157,7 +157,7 @@ def test_one_step_calls_see_an_in_place_bias_update_before_and_after_numba_loads
     from arrayrnn.engines.numba import warmup
 
     state = {"loaded": loaded}
-    monkeypatch.setattr(warmup, "loaded", lambda spec, training: state["loaded"])
+    monkeypatch.setattr(warmup, "loaded", lambda call: state["loaded"])
     ours, theirs = pair("GRU", 3, 4, num_layers=2, bidirectional=True)
     x = torch.randn(1, 2, 3)
     for update in range(3):

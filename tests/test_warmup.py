@@ -85,7 +85,9 @@ def test_auto_declines_numba_until_loaded(monkeypatch):
     spec = ar.RNNSpec(mode="lstm", input_size=2, hidden_size=3, dtype="float64")
     call = probe_call(spec, training=True)
     assert select_engine("auto", call).name == "reference"
-    assert asked == [W.Family("lstm", "float64", True)]
+    path = W.path_of(call, ar.get_num_threads())   # the call's own loops first, then the family's
+    assert asked == [path, W.Family("lstm", "float64", True)]
+    assert path.family() == W.Family("lstm", "float64", True)
     assert select_engine("numba", call).name == "numba"       # named: never declines
     W._loaded.add(W.Family("lstm", "float64", True))
     forget_choices()                                          # what the background thread does
@@ -116,6 +118,9 @@ def _variety(kind: str, dtype: str):
         (dict(weight_dropout=0.4, num_layers=2, dropout=0.5), 4, 17, 2),
         (dict(layer_norm=True, num_layers=2), 6, 12, 2),
         (dict(layer_norm=True, bidirectional=True, recurrent_dropout=0.2), 5, 20, 2),
+        (dict(layer_norm=True, hidden_size=360), 3, 12, 2),      # layer norm's column split
+        (dict(num_layers=2), 1, 9, 2),                           # the one-step path
+        (dict(), 1, 20, 2),
     ]:
         if kind != "gru":
             options.pop("reset_after", None)
@@ -138,6 +143,16 @@ def test_probes_cover_the_family(kind, dtype):
                                  engine="numba")
             ar.rnn_backward(res, dy=np.ones_like(res.y))
             ar.rnn_forward(ar.PackedParams.init(spec, seed=0), x, lengths, engine="numba")
+            res = ar.rnn_forward(ar.PackedParams.init(spec, seed=0), x, lengths, training=True,
+                                 return_all_states=True, engine="numba")
+            ar.rnn_backward(res, dy=np.ones_like(res.y), dh_all=np.ones_like(res.h_all))
+        for B, n in [(1, 1), (9, 2), (20, 2)]:                    # the cells' step, forward and backward
+            spec = ar.RNNSpec(mode={"rnn": "rnn_tanh"}.get(kind, kind), input_size=5, hidden_size=7,
+                              dtype=dtype)
+            ar.set_num_threads(n)
+            res = ar.cell_step(ar.PackedParams.init(spec, seed=0), np.ones((B, 5), dtype), training=True,
+                               engine="numba")
+            ar.cell_step_backward(res, dh=np.ones_like(res.h))
     finally:
         ar.set_num_threads(threads)
     assert W.new_signatures(before, W.compiled_signatures()) == {}
@@ -186,6 +201,44 @@ def test_first_call_does_not_wait_for_numba(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert out.stderr == ""  # warning-free (and -W error)
     assert list((tmp_path / "cache").rglob("*.nbi")), "the child process filled no cache"
+
+
+def test_a_call_runs_compiled_once_its_own_loops_are_loaded(tmp_path):
+    """The first compile is the call's own path (issue 45): once it is loaded, calls of that path (other
+    lengths of sequence and of rows) run on numba and compile nothing more in this process; the path
+    loaded before its family."""
+    out = _run(_COMMON + """
+    from arrayrnn.engines import probe_call
+
+    order = []
+    mark = W._mark_loaded
+    W._mark_loaded = lambda job: (order.append(job), mark(job))
+    first = ar.rnn_forward(params, x)
+    assert first.engine == "reference", first.engine
+    path = W.path_of(probe_call(spec, seq_len=4, batch=2), ar.get_num_threads())
+    assert W.wait_path(probe_call(spec, seq_len=4, batch=2), timeout=800)
+    before = W.compiled_signatures()
+    for T, lengths in [(4, None), (7, np.array([7, 2])), (2, np.array([1, 2]))]:
+        xs = np.random.default_rng(T).standard_normal((T, 2, 3))
+        res = ar.rnn_forward(params, xs, lengths)
+        assert res.engine == "numba", res.engine
+        want = ar.rnn_forward(params, xs, lengths, engine="reference").y
+        np.testing.assert_allclose(res.y, want, rtol=0, atol=1e-12)
+    assert W.new_signatures(before, W.compiled_signatures()) == {}
+    assert order[0] == path, order
+    print("ok")
+    """, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_path_text_round_trip_and_bad_text():
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5, proj_size=2, cell_clip=2.0)
+    path = W.path_of(probe_call(spec, training=True, seq_len=1, batch=7), 3)
+    assert W.Path.parse(path.text()) == path
+    assert path.family() == W.Family("lstm", "float32", True) and path.one_step and path.batch == 7
+    for text in ["{}", "[1]", "not json", '{"spec": "{}", "training": true}']:
+        with pytest.raises(ValueError, match=r"^path = .*expected the JSON of a warmup.Path"):
+            W.Path.parse(text)
 
 
 def test_fork_during_the_background_compile(tmp_path):

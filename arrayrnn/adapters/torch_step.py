@@ -64,8 +64,10 @@ def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tenso
     (:func:`~arrayrnn.engines.choices_epoch`) are the same, its prepared weights while the engine says they
     hold for the buffer's values (:meth:`~arrayrnn.engines.step.StepEngine.prepare`). None when the
     weights are not tensors the step can read (a ``torch.func`` transform's, another device or dtype)."""
-    try:
-        key = (device, spec, *((id(w), w.data_ptr()) for w in weights))
+    training = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
+    try:  # the engine is chosen for a training call when a backward may follow: numba's step runs only
+        # once its backward is loaded too ("auto" never waits for a compile)
+        key = (device, spec, training, *((id(w), w.data_ptr()) for w in weights))
     except RuntimeError:  # a weight without storage (a torch.func transform's)
         return None
     last = cache.get(slot)
@@ -76,7 +78,7 @@ def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tenso
         return step
     if not all(w.device == device and str(w.dtype).removeprefix("torch.") == spec.dtype for w in weights):
         return None
-    step, kept = _new_step(spec, weights, device)
+    step, kept = _new_step(spec, weights, device, training)
     if kept:
         cache[slot] = (key, step)
     return step
@@ -90,7 +92,8 @@ def _refreshed(step: Step) -> Step:
     return step if prepared is step.weights else replace(step, weights=prepared)
 
 
-def _new_step(spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device) -> tuple[Step, bool]:
+def _new_step(spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device,
+              training: bool) -> tuple[Step, bool]:
     """The step over ``weights`` and whether it may be kept (the weights are consecutive views of one
     storage: the flat buffer is a view of them, not a concatenation made for this call)."""
     first = weights[0].detach()
@@ -102,7 +105,8 @@ def _new_step(spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device) ->
     data = array_view(flat, "weights")
     index = device.index if device.type == "cuda" else None
     epoch = choices_epoch()  # read before choosing: a load finishing meanwhile makes the next call ask again
-    stepper = step_engine(select_engine("auto", probe_call(spec, ar.get_xp(data), device=index)))
+    stepper = step_engine(select_engine("auto", probe_call(spec, ar.get_xp(data), device=index,
+                                                           training=training)))
     with engine_stream(flat):
         prepared = stepper.prepare(spec, data)
     options = torch_call._ForwardOptions(spec, None, False, False, None, "auto", torch_call.split_of(spec))

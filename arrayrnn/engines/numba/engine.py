@@ -205,7 +205,7 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
-        if not call.explicit and not is_deterministic() and not warmup.loaded(call.spec, call.training):
+        if not call.explicit and not is_deterministic() and not warmup.loaded(call):
             if numba_cache.location() is None:
                 return ("numba has no writable cache directory (set NUMBA_CACHE_DIR); engine='numba' "
                         "compiles in this process")

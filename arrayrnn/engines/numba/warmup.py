@@ -1,19 +1,24 @@
-"""The numba engine's compile, off the caller's path: in a child process, then loaded from numba's cache.
+"""The numba engine's compile, off the caller's path: in child processes, then loaded from numba's cache.
 
 A call of ``engine="auto"`` whose compiled loops this process has not loaded yet does not wait for numba.
-:meth:`~arrayrnn.engines.numba.engine.NumbaEngine.check` asks :func:`loaded`; while the call's
-:class:`Family` is not loaded it declines (``"auto"`` runs the call on the reference engine, NumPy, at
-once) and the family is queued. One daemon thread works through the queue, roughly::
+:meth:`~arrayrnn.engines.numba.engine.NumbaEngine.check` asks :func:`loaded`; while neither the call's
+:class:`Path` (its spec, rows, one step or many, phase) nor its whole :class:`Family` is loaded, it
+declines (``"auto"`` runs the call on the reference engine, NumPy, at once) and both are queued. One
+daemon thread works through the queue, one child process at a time, roughly::
 
-    for family in queue:                       # a training family loads its inference calls too
-        signatures = run([python, "-m", "arrayrnn", "warmup", "--family", family, "--signatures", "-"])
+    for job in queue:                          # paths first, at full priority; then families, niced
+        signatures = run([python, "-m", "arrayrnn", "warmup", "--path"/"--family", job, "--signatures", "-"])
         for dispatcher, signature in signatures:
             dispatcher.compile(signature)      # numba's on-disk cache: a load, not a compile
-        loaded.add(family); forget_choices()   # the next call of the family runs the compiled loops
+        loaded.add(job); forget_choices()      # the next call of the path (family) runs the compiled loops
 
-The child process runs the family's probe calls (:func:`probe_calls`: every loop, split and variant the
-engine has, on small arrays) with ``engine="numba"``, so numba compiles each function into its on-disk
-cache, and writes the signatures that appeared to its stdout. The compile runs on another core, holds no
+A path's child runs the call itself, on a few steps (:func:`path_probe_calls`), so the loops the caller
+needs are compiled first (a part of the family's work: the loops carry every variant's branches, so
+about 70% of it for a plain LSTM; bench/RESULTS.md); a family's child runs every probe
+(:func:`probe_calls`: every loop, split and variant the engine has, on small arrays) at a lower CPU
+priority (``nice``), so it takes what the caller leaves. A training family loads its inference calls too.
+Each child runs its probes with ``engine="numba"``, so numba compiles each function into its on-disk
+cache, and writes the signatures that appeared to its stdout. The compile runs on other cores, holds no
 lock of this process (a ``fork`` here never waits for it; a forked child never inherits a compile in
 progress) and keeps going when this process exits (it only fills the cache; numba writes cache files
 whole, by rename).
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import json
 import logging
 import os
 import pickle
@@ -42,6 +48,7 @@ import numpy as np
 
 from ...core.spec import RNNSpec
 from ..in_flight import engine_call
+from ..thread_count import get_num_threads, set_num_threads
 
 KINDS = ("lstm", "gru", "rnn")
 DTYPES = ("float32", "float64")
@@ -59,6 +66,9 @@ class Family(NamedTuple):
     def text(self) -> str:
         return f"{self.kind}:{self.dtype}:{'training' if self.training else 'forward'}"
 
+    def family(self) -> Family:
+        return self
+
     @classmethod
     def parse(cls, text: str) -> Family:
         parts = text.split(":") if isinstance(text, str) else []
@@ -71,6 +81,41 @@ class Family(NamedTuple):
 
 def family_of(spec: RNNSpec, training: bool) -> Family:
     return Family(_MODE_KIND[spec.mode], np.dtype(spec.dtype).name, bool(training))
+
+
+class Path(NamedTuple):
+    """What one call needs compiled: the loops a call of ``spec`` on ``batch`` rows reaches, whatever its
+    length and lengths (one step or many), with ``threads`` engine threads or one."""
+
+    spec: str          # RNNSpec.to_dict() as JSON (hashable, and what the child process is told)
+    training: bool
+    one_step: bool     # T = 1: rnn_forward's one-step path and the cell step
+    batch: int
+    zero_length: bool
+    all_states: bool
+    threads: int
+
+    def text(self) -> str:
+        return json.dumps(self._asdict())
+
+    @classmethod
+    def parse(cls, text: str) -> Path:
+        try:
+            fields = json.loads(text)
+            path = cls(**fields)
+            RNNSpec.from_dict(json.loads(path.spec))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"path = {text!r}; expected the JSON of a warmup.Path ({err})") from None
+        return path
+
+    def family(self) -> Family:
+        return family_of(RNNSpec.from_dict(json.loads(self.spec)), self.training)
+
+
+def path_of(call: Any, threads: int) -> Path:
+    """The :class:`Path` of an engine :class:`~arrayrnn.engines.base.Call`."""
+    return Path(json.dumps(call.spec.to_dict(), sort_keys=True), bool(call.training), call.seq_len == 1,
+                int(call.batch), bool(call.has_zero_length), bool(call.all_states), int(threads))
 
 
 def background_enabled() -> bool:
@@ -102,11 +147,11 @@ def _sequence(spec: RNNSpec, T: int, B: int, lengths: np.ndarray | None, trainin
     return run
 
 
-def _cell(spec: RNNSpec, training: bool) -> Callable[[], None]:
+def _cell(spec: RNNSpec, training: bool, batch: int = 2) -> Callable[[], None]:
     def run() -> None:
         from ... import PackedParams, cell_step, cell_step_backward
 
-        x = np.full((2, spec.input_size), 0.5, dtype=spec.dtype)
+        x = np.full((batch, spec.input_size), 0.5, dtype=spec.dtype)
         res = cell_step(PackedParams.init(spec, seed=0), x, training=training, engine="numba")
         if training:
             cell_step_backward(res, dh=np.ones_like(res.h))
@@ -146,6 +191,40 @@ def probe_calls(family: Family) -> list[Callable[[], None]]:
     ]
     if wide is not None:
         calls.append(_sequence(wide, 2, 8, None, training))                  # the column split
+    if family.kind == "lstm":                                                # ... and layer norm's
+        calls.append(_sequence(wide.replace(layer_norm=True), 2, 8, None, training))
+    return calls
+
+
+def _on_threads(threads: int, call: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        before = get_num_threads()
+        set_num_threads(threads)
+        try:
+            call()
+        finally:
+            set_num_threads(before)
+    return run
+
+
+def path_probe_calls(path: Path) -> list[Callable[[], None]]:
+    """The call of ``path`` itself on a few steps, with its threads and with one (a call of several Python
+    threads may find the engine's workers busy), full lengths and uneven ones; at one step, the cell step
+    too where the spec has one."""
+    from ..step import check_cell_spec
+
+    spec = RNNSpec.from_dict(json.loads(path.spec))
+    T, B = (1, path.batch) if path.one_step else (3, path.batch)
+    uneven = _lengths(*[T] * (B - 1), 0 if path.zero_length else max(1, T - 1))
+    options = {"return_all_states": True} if path.all_states else {}
+    calls = [_on_threads(path.threads, _sequence(spec, T, B, uneven, path.training, **options)),
+             _on_threads(1, _sequence(spec, T, B, None, path.training, **options))]
+    if path.one_step:
+        try:
+            check_cell_spec(spec)
+        except ValueError:
+            return calls
+        calls += [_on_threads(n, _cell(spec, path.training, B)) for n in dict.fromkeys((path.threads, 1))]
     return calls
 
 
@@ -189,31 +268,57 @@ def compile_family(family: Family, progress: Any = None) -> Signatures:
         call()
         if progress is not None:
             progress.update(1)
-    _loaded.update({family, family._replace(training=False)})
+    _mark_loaded(family)
+    return new_signatures(before, compiled_signatures())
+
+
+def compile_path(path: Path) -> Signatures:
+    """Run the path's probe calls here; the signatures that appeared."""
+    before = compiled_signatures()
+    for call in path_probe_calls(path):
+        call()
+    _mark_loaded(path)
     return new_signatures(before, compiled_signatures())
 
 
 # -- the background thread ----------------------------------------------------------------------------
-_loaded: set[Family] = set()
+Job = Family | Path
+_loaded: set[Job] = set()
+MAX_PATHS = 8   # per family: beyond that, its calls wait for the whole family (shapes that keep changing)
+_NICE = {Path: 0, Family: 10}   # a family's child takes the cores the caller leaves
+
+
+def _mark_loaded(job: Job) -> None:
+    _loaded.update({job, job._replace(training=False)} if isinstance(job, Family) else {job})
 
 
 class _Queue:
-    """The families asked for and the one daemon thread compiling them (in a child process) in turn."""
+    """The jobs asked for and the one daemon thread compiling them, one child process at a time (two
+    children would race on numba's cache index: numba/core/caching.py, ``IndexDataCacheFile.save``, reads,
+    adds and rewrites it), a path before any family."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.waiting: list[Family] = []
+        self.waiting: list[Job] = []
+        self.asked: set[Job] = set()
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
         self.done = threading.Condition(self.lock)
 
-    def ask(self, family: Family) -> None:
+    def ask(self, job: Job) -> None:
         with self.lock:  # a training family's probes run the inference calls too (compile_family)
-            if family not in self.waiting and family not in _loaded:
-                self.waiting.append(family)
+            paths = sum(isinstance(j, Path) and j.family() == job.family() for j in self.asked)
+            if isinstance(job, Path) and job not in self.asked and paths >= MAX_PATHS:
+                return
+            if job not in self.waiting and job not in _loaded:
+                self.waiting.append(job)
+                self.asked.add(job)
             if self.thread is None and self.waiting and not self.stop.is_set():
                 self.thread = threading.Thread(target=self._work, name="arrayrnn-numba-compile", daemon=True)
                 self.thread.start()
+
+    def _next(self) -> Job:
+        return next((job for job in self.waiting if isinstance(job, Path)), self.waiting[0])
 
     def _work(self) -> None:
         while not self.stop.is_set():
@@ -221,37 +326,39 @@ class _Queue:
                 if not self.waiting:
                     self.thread = None
                     return
-                family = self.waiting[0]
-            if family not in _loaded:
-                _compile_elsewhere(family, self.stop)
+                job = self._next()
+            if job not in _loaded and not (isinstance(job, Path) and job.family() in _loaded):
+                _compile_elsewhere(job, self.stop)
             with self.lock:
-                self.waiting.remove(family)
+                self.waiting.remove(job)
                 self.done.notify_all()
 
-    def wait(self, family: Family, timeout: float | None = None) -> bool:
-        """Wait until ``family`` is loaded (or no longer queued); whether it is loaded."""
+    def wait(self, job: Job, timeout: float | None = None) -> bool:
+        """Wait until ``job`` is loaded (or no longer queued); whether it is loaded."""
         with self.lock:
-            self.done.wait_for(lambda: family in _loaded or family not in self.waiting, timeout)
-        return family in _loaded
+            self.done.wait_for(lambda: job in _loaded or job not in self.waiting, timeout)
+        return job in _loaded
 
 
 _queue = _Queue()
 
 
 # the child imports this very package (not one that the working directory may shadow)
-_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from arrayrnn.__main__ import main; "
-          "sys.exit(main(['warmup', '--family', sys.argv[2], '--signatures', sys.argv[3], '--quiet']))")
+_CHILD = ("import os, sys; sys.path.insert(0, sys.argv[1]); "
+          "hasattr(os, 'nice') and os.nice(int(sys.argv[4])); from arrayrnn.__main__ import main; "
+          "sys.exit(main(['warmup', sys.argv[2], sys.argv[3], '--signatures', '-', '--quiet']))")
 
 
 def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
-    """Compile ``family`` in a child process, load it here, mark it loaded and forget the engine choices."""
+def _compile_elsewhere(job: Job, stop: threading.Event) -> None:
+    """Compile ``job`` in a child process, load it here, mark it loaded and forget the engine choices."""
     from .. import forget_choices
 
-    command = [sys.executable, "-c", _CHILD, _package_root(), family.text(), "-"]
+    flag = "--family" if isinstance(job, Family) else "--path"
+    command = [sys.executable, "-c", _CHILD, _package_root(), flag, job.text(), str(_NICE[type(job)])]
     env = {**os.environ, "ARRAYRNN_BACKGROUND_COMPILE": "0"}
     try:  # the signatures come back on the child's stdout: no file to leave behind if this process exits
         child = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True,
@@ -262,21 +369,27 @@ def _compile_elsewhere(family: Family, stop: threading.Event) -> None:
             with engine_call():  # a fork waits for the imports and loads (..in_flight)
                 load_signatures(pickle.loads(child.stdout))
     except Exception as err:  # noqa: BLE001 - the numba engine then compiles on the caller's thread
+        what = job.text() if isinstance(job, Family) else f"{job.family().text()} ({job.batch} rows)"
         _log.warning("arrayrnn: the background compile of the numba engine's %s loops failed (%s); "
-                     "calls of engine='auto' will compile them when they run", family.text(), err)
+                     "calls of engine='auto' will compile them when they run", what, err)
     if not stop.is_set():
-        _loaded.update({family, family._replace(training=False)})
+        _mark_loaded(job)
         forget_choices()
 
 
-def loaded(spec: RNNSpec, training: bool) -> bool:
-    """Whether this process has the compiled loops of a call of ``spec``; if not, they are queued."""
+def loaded(call: Any) -> bool:
+    """Whether this process has the compiled loops of ``call`` (an engine
+    :class:`~arrayrnn.engines.base.Call`): its family's, or its path's; if not, both are queued."""
     from ..numba_cache import location
 
-    family = family_of(spec, training)
+    family = family_of(call.spec, call.training)
     if family in _loaded or not background_enabled():
         return True
+    path = path_of(call, get_num_threads())
+    if path in _loaded:
+        return True
     if location() is not None:  # else a child's compile would be kept nowhere: "auto" stays on reference
+        _queue.ask(path)
         _queue.ask(family)
     return False
 
@@ -284,6 +397,11 @@ def loaded(spec: RNNSpec, training: bool) -> bool:
 def wait(spec: RNNSpec, training: bool, timeout: float | None = None) -> bool:
     """Wait for the background compile of ``spec``'s family (queued by :func:`loaded`); whether loaded."""
     return _queue.wait(family_of(spec, training), timeout)
+
+
+def wait_path(call: Any, timeout: float | None = None) -> bool:
+    """Wait for the background compile of ``call``'s path (queued by :func:`loaded`); whether loaded."""
+    return _queue.wait(path_of(call, get_num_threads()), timeout)
 
 
 def _after_fork_in_child() -> None:
