@@ -175,42 +175,37 @@ def test_without_graphs_every_step_is_issued(monkeypatch) -> None:
     assert ENGINE.kernel.graphs.graphs() == []
 
 
-def test_a_loop_that_allocates_fails_its_capture_and_says_how_to_run_without(monkeypatch) -> None:
-    """The stand-in refuses an allocation inside a capture, as a replayed graph would use memory it no
-    longer owns; the error names the way out, and the capture stream is usable again afterwards."""
-    spec = _spec(dict(mode="rnn_tanh"))
-    case = make_case(spec, 3, 2, seed=0, lengths="full")
-
-    def allocating_product(self, a, w, out):
-        return lambda t, n: out.__setitem__(Ellipsis, out * self.one)  # a temporary per step
-
+def _capture_fails(monkeypatch, mode: str, product, expected: str) -> None:
+    """A loop whose step product is ``product`` fails its capture with ``expected``; the next call (step by
+    step) equals the reference engine, and no stream is left capturing."""
+    case = make_case(_spec(dict(mode=mode)), 3, 2, seed=0, lengths="full")
     with cupy_sim.installed(capture_after=0):
         with monkeypatch.context() as patch:
-            patch.setattr(cupy_steps.StepProgram, "product", allocating_product)
-            expected = r"multiply without out=.*use_graphs = False"
+            patch.setattr(cupy_steps.StepProgram, "product", product)
             with pytest.raises(cuda_graphs.GraphCaptureError, match=expected):
                 forward_backward(case, CUPY)
         _check_against_reference(case, seed=0)
     assert np.all([not stream.is_capturing() for stream in fake_cupy._STREAMS])
 
 
+def test_a_loop_that_allocates_fails_its_capture_and_says_how_to_run_without(monkeypatch) -> None:
+    """The stand-in refuses an allocation inside a capture, as a replayed graph would use memory it no
+    longer owns; the error names the way out, and the capture stream is usable again afterwards."""
+    def allocating_product(self, a, w, out):
+        return lambda t, n: out.__setitem__(Ellipsis, out * self.one)  # a temporary per step
+
+    _capture_fails(monkeypatch, "rnn_tanh", allocating_product, r"multiply without out=.*use_graphs = False")
+
+
 def test_a_loop_that_calls_cublas_fails_its_capture_as_cupy_refuses_it(monkeypatch) -> None:
     """The step's GEMM through ``cupy.matmul`` (the engine before issue 44) fails every capture, as CuPy
     refuses cuBLAS while a stream captures (cupy_backends/cuda/libs/cublas.pyx, ``setStream``); the engine's
     own GEMM kernel is what lets the loop be captured."""
-    spec = _spec(dict(mode="lstm"))
-    case = make_case(spec, 3, 2, seed=0, lengths="full")
-
     def cublas_product(self, a, w, out):
         def rows(x, t, n):
             return x[t, :n] if x.ndim == 3 else x[:n]
 
         return lambda t, n: self.xp.matmul(rows(a, t, n), w, out=rows(out, t, n))
 
-    with cupy_sim.installed(capture_after=0):
-        with monkeypatch.context() as patch:
-            patch.setattr(cupy_steps.StepProgram, "product", cublas_product)
-            expected = f"NotImplementedError: {fake_cupy.CUBLAS_IN_CAPTURE}; set"
-            with pytest.raises(cuda_graphs.GraphCaptureError, match=expected):
-                forward_backward(case, CUPY)
-        _check_against_reference(case, seed=0)
+    expected = f"NotImplementedError: {fake_cupy.CUBLAS_IN_CAPTURE}; set"
+    _capture_fails(monkeypatch, "lstm", cublas_product, expected)
