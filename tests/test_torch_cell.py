@@ -381,4 +381,8 @@ def test_a_cell_that_trains_waits_for_the_backwards_loops(monkeypatch):
     forget_choices()
     cell(x)[0].sum().backward()
     assert step_engine_of(cell) == "numba"
+    chosen = cell.__dict__["_prepared"][0][1]
+    with torch.no_grad():   # a step chosen for training serves inference: not chosen nor prepared again
+        cell(x)
+    assert cell.__dict__["_prepared"][0][1] is chosen
     forget_choices()

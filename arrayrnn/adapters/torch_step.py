@@ -36,8 +36,8 @@ class Step:
     """One fused step's engine, its prepared weights, the step as a one-step sequence call (where each
     weight input sits in the buffer, for the torch-op re-run), the weight tensors it reads (the autograd
     node's inputs), their flat buffer and the :func:`~arrayrnn.engines.choices_epoch` its engine was chosen
-    in. A forward's autograd node keeps the Step it ran: a later call that prepares the weights again makes
-    a new one."""
+    in, and whether it was chosen for a training call (one a backward may follow). A forward's autograd node
+    keeps the Step it ran: a later call that prepares the weights again makes a new one."""
 
     stepper: StepEngine
     weights: StepWeights
@@ -45,6 +45,7 @@ class Step:
     inputs: list[_Tensor]
     flat: _Tensor
     epoch: int
+    training: bool
 
 
 @functools.lru_cache(maxsize=256)
@@ -65,13 +66,15 @@ def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tenso
     hold for the buffer's values (:meth:`~arrayrnn.engines.step.StepEngine.prepare`). None when the
     weights are not tensors the step can read (a ``torch.func`` transform's, another device or dtype)."""
     training = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
-    try:  # the engine is chosen for a training call when a backward may follow: numba's step runs only
-        # once its backward is loaded too ("auto" never waits for a compile)
-        key = (device, spec, training, *((id(w), w.data_ptr()) for w in weights))
+    try:
+        key = (device, spec, *((id(w), w.data_ptr()) for w in weights))
     except RuntimeError:  # a weight without storage (a torch.func transform's)
         return None
     last = cache.get(slot)
-    if last is not None and last[0] == key and last[1].epoch == choices_epoch():
+    # a step chosen for inference is chosen again for a training call: numba's step runs only once its
+    # backward is loaded too ("auto" never waits for a compile); one chosen for training serves both
+    fits = last is not None and last[1].epoch == choices_epoch() and last[1].training >= training
+    if fits and last[0] == key:
         step = _refreshed(last[1])
         if step is not last[1]:
             cache[slot] = (key, step)
@@ -110,7 +113,7 @@ def _new_step(spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device,
     with engine_stream(flat):
         prepared = stepper.prepare(spec, data)
     options = torch_call._ForwardOptions(spec, None, False, False, None, "auto", torch_call.split_of(spec))
-    return Step(stepper, prepared, options, weights, flat, epoch), one_buffer
+    return Step(stepper, prepared, options, weights, flat, epoch, training), one_buffer
 
 
 def _consecutive(tensors: list[_Tensor]) -> bool:
