@@ -238,20 +238,27 @@ def test_arrayrnn_num_threads_may_have_spaces_around_it(environment_default, rec
     assert not recwarn.list, "the host's limits are not read when ARRAYRNN_NUM_THREADS is set"
 
 
-def test_a_numba_call_runs_under_an_unreadable_omp_num_threads():
-    """The whole path in a fresh process: import, the first read of the environment, a numba call."""
-    pytest.importorskip("numba")
+def _numba_call_in_a_new_process(**env_vars: str) -> subprocess.CompletedProcess:
+    """Import, the first read of the environment and a numba call in a fresh process under ``env_vars``;
+    prints the thread count, the output's shape and whether NUMBA_NUM_THREADS is still set."""
     root = Path(__file__).resolve().parent.parent
-    code = ("import numpy as np, arrayrnn as ar\n"
+    code = ("import os, numpy as np, arrayrnn as ar\n"
             "p = ar.PackedParams.init(ar.RNNSpec('gru', 2, 3))\n"
             "y = ar.rnn_forward(p, np.ones((2, 1, 2), np.float32), engine='numba').y\n"
-            "print(ar.get_num_threads(), y.shape)\n")
+            "print(ar.get_num_threads(), y.shape, 'NUMBA_NUM_THREADS' in os.environ)\n")
     env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARIABLES}
-    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="²", NUMBA_NUM_THREADS="1")
+    env.update(PYTHONPATH=str(root), **env_vars)
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["1", "(2,", "1,", "3)"]
+    return proc
+
+
+def test_a_numba_call_runs_under_an_unreadable_omp_num_threads():
+    """The whole path in a fresh process: import, the first read of the environment, a numba call."""
+    pytest.importorskip("numba")
+    proc = _numba_call_in_a_new_process(OMP_NUM_THREADS="²", NUMBA_NUM_THREADS="1")
+    assert proc.stdout.split() == ["1", "(2,", "1,", "3)", "True"]
     assert "OMP_NUM_THREADS = '²' is not a thread count" in proc.stderr
 
 
@@ -259,16 +266,7 @@ def test_a_numba_call_runs_under_an_unreadable_omp_num_threads():
 def test_import_under_a_numba_num_threads_numba_refuses(value):
     """``NUMBA_NUM_THREADS=0`` makes ``import numba`` raise (numba/np/ufunc/parallel.py,
     ``get_thread_count``): ``import arrayrnn`` raised with it; now the variable is dropped with a warning."""
-    root = Path(__file__).resolve().parent.parent
-    code = ("import os, numpy as np, arrayrnn as ar\n"
-            "p = ar.PackedParams.init(ar.RNNSpec('gru', 2, 3))\n"
-            "y = ar.rnn_forward(p, np.ones((2, 1, 2), np.float32), engine='numba').y\n"
-            "print(ar.get_num_threads(), y.shape, 'NUMBA_NUM_THREADS' in os.environ)\n")
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARIABLES}
-    env.update(PYTHONPATH=str(root), NUMBA_NUM_THREADS=value, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _numba_call_in_a_new_process(NUMBA_NUM_THREADS=value, OMP_NUM_THREADS="1")
     assert proc.stdout.split() == ["1", "(2,", "1,", "3)", "False"]
     assert f"NUMBA_NUM_THREADS = {value!r} is not a thread count" in proc.stderr
 
