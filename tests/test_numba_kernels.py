@@ -7,6 +7,10 @@ test_numba_engine.py; the shared test bodies (tests/test_rnn_*.py) run on both e
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from numba.core.runtime import _nrt_python, rtsys
@@ -97,6 +101,51 @@ def test_compiled_loops_allocate_nothing_per_step(config):
     _nrt_python.memsys_enable_stats()
     spec = ar.RNNSpec(input_size=3, hidden_size=4, **_CONFIGS[config])
     assert _nrt_allocations(spec, T=3) == _nrt_allocations(spec, T=40)
+
+
+def _in_a_fresh_cache(script: str, tmp_path) -> str:
+    """``script``'s output, run in a new process with an empty numba cache: every kernel it calls is
+    compiled there (a caller loaded from the cache neither lists its callees' signatures nor shows its IR)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "ARRAYRNN_BACKGROUND_COMPILE": "0"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+_SIGNATURES = """
+import numpy as np
+from arrayrnn.engines.numba import packed_gemm, simd_ir
+rng = np.random.default_rng(2)
+for width in (3, 13, 21):
+    a, b = rng.standard_normal((7, 5)).astype("float32"), rng.standard_normal((5, width)).astype("float32")
+    np.testing.assert_allclose(packed_gemm.matmul(a, packed_gemm.pack_b(b), width), a @ b, rtol=1e-5)
+print(len(packed_gemm.block.signatures), len(simd_ir.tile.signatures))
+"""
+
+
+def test_the_micro_kernel_has_one_signature(tmp_path):
+    # a product whose last block has a partial vector after full ones (13 columns: 8 + 5 lanes in float32)
+    # splits the block in two; a literal vector count there compiled block and the micro-kernel again
+    # (numba types a literal 1 apart: about 5 s of every first compile)
+    assert _in_a_fresh_cache(_SIGNATURES, tmp_path) == "1 1"
+
+
+_ACTIVATION_IR = r"""
+import re
+import numpy as np
+from arrayrnn.engines.numba import loops
+x = np.linspace(-3.0, 3.0, 64).astype("float32")
+loops.activate(0, x, np.empty_like(x))
+ir = loops.activate.inspect_llvm(loops.activate.signatures[0])
+called = {name for name in re.findall(r'call [^\n]*@"?([\w.$]+)', ir) if "arrayrnn" in name}
+print(sorted(name for name in called if "activate" not in name), bool(re.search(r"<\d+ x float>", ir)))
+"""
+
+
+def test_the_activations_are_compiled_apart_and_inlined_by_llvm(tmp_path):
+    # numba's own inlining typed the polynomials again at every call site (about half of a first compile);
+    # compiled apart, LLVM must still inline them: a call left in a loop would stop its vectorisation
+    assert _in_a_fresh_cache(_ACTIVATION_IR, tmp_path) == "[] True"
 
 
 def test_one_compiled_signature_per_dtype_and_on_disk_cache():

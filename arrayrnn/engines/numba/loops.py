@@ -44,8 +44,11 @@ the raw product's cotangent ``d_raw[t]``), the gains' sums per row in ``acc_*``.
 apart with their sums reassociated (:data:`_JIT_SUMS`), so LLVM vectorises them.
 
 The gate formulas themselves (how activated gates combine into the state, and their derivatives) live
-in :mod:`.gate_math` and are shared with the cupy engine's CUDA kernels; numba inlines them here, so the
-compiled loops equal the hand-inlined ones (same instruction count within 0.5%, same packed vector ops).
+in :mod:`.gate_math` and are shared with the cupy engine's CUDA kernels; numba inlines them (numba-cuda
+compiles a kernel's call of an ``@njit`` function apart only with a device present). The activations below
+are compiled apart instead, and LLVM inlines them: numba's own inlining typed the polynomials again at each
+of their hundreds of call sites, about half of a first compile, for the same machine code (the same vector
+instructions and no call left in the loops, issue 45).
 
 Activations: float64 uses libm (``math.exp``/``math.tanh``); float32 uses branch-free formulas built
 on :func:`_exp_f32` that LLVM vectorises (numba has no vector libm here), accurate to a few ulp.
@@ -88,7 +91,7 @@ _LN2_HI = np.float32(0.693359375)       # ln 2 split in two for an exact first r
 _LN2_LO = np.float32(-2.12194440e-4)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _exp_f32(x):
     """exp(x) for float32 without libm: x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor, 2^n from bits."""
     x = min(max(x, np.float32(-87.0)), np.float32(87.0))
@@ -105,7 +108,7 @@ def _exp_f32(x):
     return p * _int32_bits_as_float32(np.int32((np.int32(n) + 127) << 23))
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _tanh_f32(x):
     """tanh: odd Taylor polynomial below |x| = 0.4, (1 - e)/(1 + e) with e = exp(-2|x|) above."""
     ax = abs(x)
@@ -131,21 +134,21 @@ def tanh(x):
     """tanh(x), compiled per float type."""
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _sigmoid_f64(x):
     e = math.exp(-abs(x))  # never overflows; both branches keep full relative accuracy
     s = 1.0 / (1.0 + e)
     return s if x >= 0.0 else e * s
 
 
-@overload(sigmoid, inline="always")
+@overload(sigmoid)
 def _sigmoid_impl(x):
     if x == types.float32:
         return lambda x: np.float32(1.0) / (np.float32(1.0) + _exp_f32(-x))
     return lambda x: _sigmoid_f64(x)
 
 
-@overload(tanh, inline="always")
+@overload(tanh)
 def _tanh_impl(x):
     if x == types.float32:
         return lambda x: _tanh_f32(x)

@@ -156,9 +156,11 @@ def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
         for i0 in range(r0, r1, mr_max):
             mr = min(mr_max, r1 - i0)
             if valid < W and nv > 1:
-                # the full vectors straight into c, the last (partial) one through the scratch
+                # the full vectors straight into c, the last (partial) one through the scratch; its count
+                # is an int64, not the literal 1 (which would compile block and the micro-kernel again)
                 block(a, i0, mr, bp, v0, nv - 1, c, first, W, W, accumulate, scratch)
-                block(a, i0, mr, bp, v0 + nv - 1, 1, c, first + (nv - 1) * W, W, valid, accumulate, scratch)
+                block(a, i0, mr, bp, v0 + nv - 1, np.int64(1), c, first + (nv - 1) * W, W, valid, accumulate,
+                      scratch)
             else:
                 block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch)
 
