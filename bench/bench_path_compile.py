@@ -1,6 +1,6 @@
 """What the background compile's first child costs: one call's path against its whole family.
 
-    python bench/bench_path_compile.py --runs 3      # about 5 minutes per run on 2 cores
+    python bench/bench_path_compile.py --runs 3      # about 2.5 minutes per run on 2 cores
 
 Each measurement is a fresh child process with an empty ``NUMBA_CACHE_DIR`` that runs what the background
 compile's child runs (:mod:`arrayrnn.engines.numba.warmup`): ``compile_path`` of the demo's LSTM call
