@@ -124,9 +124,9 @@ print(len(packed_gemm.block.signatures), len(simd_ir.tile.signatures))
 
 
 def test_the_micro_kernel_has_one_signature(tmp_path):
-    # a product whose last block has a partial vector after full ones (13 columns: 8 + 5 lanes in float32)
-    # splits the block in two; a literal vector count there compiled block and the micro-kernel again
-    # (numba types a literal 1 apart: about 5 s of every first compile)
+    # a product whose last block has a partial vector after full ones (13 columns with 8-lane float32
+    # vectors, 21 with 16) splits the block in two; a literal vector count there compiled block and the
+    # micro-kernel again (numba types a literal 1 apart: about 4 s of every first compile)
     assert _in_a_fresh_cache(_SIGNATURES, tmp_path) == "1 1"
 
 
