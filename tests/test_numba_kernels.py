@@ -7,13 +7,10 @@ test_numba_engine.py; the shared test bodies (tests/test_rnn_*.py) run on both e
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from numba.core.runtime import _nrt_python, rtsys
+from support.fresh_process import run_fresh
 
 import arrayrnn as ar
 from arrayrnn.engines.numba import loops as nk
@@ -104,10 +101,10 @@ def test_compiled_loops_allocate_nothing_per_step(config):
 
 
 def _in_a_fresh_cache(script: str, tmp_path) -> str:
-    """``script``'s output, run in a new process with an empty numba cache: every kernel it calls is
-    compiled there (a caller loaded from the cache neither lists its callees' signatures nor shows its IR)."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "ARRAYRNN_BACKGROUND_COMPILE": "0"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    """``script``'s output in a user's new process (:func:`support.fresh_process.run_fresh`): every kernel it
+    calls is compiled there (a caller loaded from the cache neither lists its callees' signatures nor shows
+    its IR)."""
+    out = run_fresh(script, tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

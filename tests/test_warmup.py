@@ -12,11 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.fresh_process import run_fresh as _run
 
 import arrayrnn as ar
 from arrayrnn import __main__ as cli
@@ -159,16 +159,6 @@ def test_probes_cover_the_family(kind, dtype):
 
 
 # -- fresh processes, empty cache ---------------------------------------------------------------------
-def _run(script: str, tmp_path: Path, timeout: float = 900, root: Path = ROOT,
-         **env: str) -> subprocess.CompletedProcess:
-    """``script`` in a fresh process importing arrayrnn from ``root``, with background compile on and an empty
-    numba cache in ``tmp_path`` unless ``env`` says otherwise."""
-    env = {**os.environ, "ARRAYRNN_BACKGROUND_COMPILE": "1", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), **env}
-    return subprocess.run([sys.executable, "-W", "error", "-c", textwrap.dedent(script)], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-
-
 _COMMON = """
     import os
     import numpy as np
