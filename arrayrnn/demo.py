@@ -15,6 +15,7 @@ first and reports the validation bits per character of both.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -23,12 +24,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
+import threadpoolctl
 
 from . import engines, ops
 from .autodiff import value_and_grad
 from .core import npzfile
 from .core.errors import EngineUnavailableError
 from .core.spec import SEED_LIMIT, RNNSpec, check_seed
+from .engines.thread_count import get_num_threads
 from .training import distributed, nn, optim
 
 MODEL_KIND = "arrayrnn-demo"  # the kind of file save_model writes (see arrayrnn.core.npzfile)
@@ -160,6 +163,19 @@ def batch_engine(name: str) -> str:
             RNNSpec("lstm", 1, 1), training=True)) is None:
         return "numba"
     return name
+
+
+def blas_beside(engine: str) -> contextlib.AbstractContextManager:
+    """NumPy's BLAS held to one thread while the LSTM runs on the numba engine's threads (a context).
+
+    After each product OpenBLAS's threads spin for about 0.1 s (``OPENBLAS_THREAD_TIMEOUT``, 2**28 cycles)
+    on the cores the engine's time loops and split products need; the head's products between the LSTM's
+    forward and backward kept them spinning through every engine call (2 cores: 121 -> 86 ms per training
+    step with one BLAS thread, bench/bench_demo_step.py). The head's own products are small. The engine
+    holds BLAS to one thread inside its own calls; what runs between them is the program's to hold."""
+    if engine != "numba" or get_num_threads() == 1:
+        return contextlib.nullcontext()
+    return threadpoolctl.threadpool_limits(1, user_api="blas")
 
 
 class CharModel:
@@ -318,12 +334,13 @@ def run(cfg: Config, save: str | None = None, progress: bool = True, out: Any = 
     print(f"text: pydoc_data.topics, {len(text):,} characters, {len(vocab)} distinct; model: LSTM "
           f"hidden={cfg.hidden} layers={cfg.layers}{variants} engine={model.lstm.engine}", file=out)
     print(f"unigram entropy of the text:        {entropy:.3f} bits/char", file=out)
-    before = bits_per_char(model, valid_ids)
-    print(f"validation bits/char before:        {before:.3f}", file=out)
-    train_start = time.perf_counter()
-    losses = train(cfg, train_ids, model, progress=progress, comm=comm)
-    train_seconds = time.perf_counter() - train_start
-    after = bits_per_char(model, valid_ids)
+    with blas_beside(model.lstm.engine):
+        before = bits_per_char(model, valid_ids)
+        print(f"validation bits/char before:        {before:.3f}", file=out)
+        train_start = time.perf_counter()
+        losses = train(cfg, train_ids, model, progress=progress, comm=comm)
+        train_seconds = time.perf_counter() - train_start
+        after = bits_per_char(model, valid_ids)
     chars_per_second = cfg.steps * cfg.batch * cfg.seq_len / train_seconds
     print(f"validation bits/char after {cfg.steps} steps: {after:.3f}  "
           f"({train_seconds:.1f} s of training, {chars_per_second:,.0f} chars/s)", file=out)

@@ -178,6 +178,41 @@ def test_auto_trains_on_numba_where_it_runs():
     assert demo.batch_engine("reference") == "reference"
 
 
+@pytest.mark.parametrize("engine, held", [("numba", True), ("reference", False)])
+def test_blas_runs_one_thread_beside_the_numba_engines_threads(monkeypatch, engine, held):
+    """OpenBLAS's threads spin ~0.1 s after each of the head's products, on the cores the engine's threads
+    need (121 -> 86 ms per step once held; bench/bench_demo_step.py); the reference engine's products are
+    BLAS's and keep its threads."""
+    import threadpoolctl
+
+    import arrayrnn as ar
+
+    loaded = threadpoolctl.ThreadpoolController().select(user_api="blas")  # NumPy's, not one loaded later
+
+    def blas_threads():
+        return [lib.num_threads for lib in loaded.lib_controllers]
+
+    seen = []
+    train = demo.train
+
+    def spy(*args, **kwargs):
+        seen.append(blas_threads())
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "train", spy)
+    before = ar.get_num_threads()
+    ar.set_num_threads(2)
+    try:
+        with threadpoolctl.threadpool_limits(2, user_api="blas"):
+            demo.run(demo.Config(**{**TINY.__dict__, "steps": 2, "engine": engine}), progress=False,
+                     out=io.StringIO())
+            after = blas_threads()
+    finally:
+        ar.set_num_threads(before)
+    assert seen and all(n == (1 if held else 2) for n in seen[0]), seen
+    assert all(n == 2 for n in after), after   # given back
+
+
 def test_a_new_process_gives_the_numbers_of_the_waiting_setting(tmp_path):
     """The default setting (background compile on, an empty numba cache, a fresh process) against the waiting
     one (issue 45): before, "auto" trained on the reference engine until numba's loops loaded, so the numbers
