@@ -188,6 +188,7 @@ def test_blas_runs_one_thread_beside_the_numba_engines_threads(monkeypatch, engi
     import arrayrnn as ar
 
     loaded = threadpoolctl.ThreadpoolController().select(user_api="blas")  # NumPy's, not one loaded later
+    assert loaded.lib_controllers, "threadpoolctl finds no BLAS under NumPy: this test would check nothing"
 
     def blas_threads():
         return [lib.num_threads for lib in loaded.lib_controllers]
