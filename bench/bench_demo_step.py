@@ -3,8 +3,9 @@
     python bench/bench_demo_step.py                 # 7 rounds of 20 steps per side
     python bench/bench_demo_step.py --rounds 3 --steps 5
 
-Sides, each timed over ``--steps`` training steps (a random batch of windows, ``value_and_grad`` of the
-loss, gradient clipping, an Adam step) after two untimed steps, alternated in every round (the side that
+Sides, each timed over ``--steps`` training steps (ours: :func:`arrayrnn.demo.train`, the demo's loop: a
+random batch of windows, ``value_and_grad`` of the loss, gradient clipping, an Adam step; it starts a new Adam
+each round) after two untimed steps, alternated in every round (the side that
 goes first rotates; each after a pause of 0.5 s, so no side runs beside the threads another left spinning):
 
 - ``blas held``: the demo as it runs (:func:`arrayrnn.demo.blas_beside`: NumPy's BLAS at one thread while
@@ -26,6 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,23 +39,15 @@ sys.path.insert(0, str(ROOT))
 
 import arrayrnn as ar  # noqa: E402
 from arrayrnn import demo  # noqa: E402
-from arrayrnn.autodiff import value_and_grad  # noqa: E402
-from arrayrnn.training import optim  # noqa: E402
 
 
 def ours(ids: np.ndarray, cfg: demo.Config, held: bool) -> Callable[[int], None]:
+    """``n`` steps of the demo's own training loop (:func:`arrayrnn.demo.train`) on one model."""
     model = demo.CharModel(int(ids.max()) + 1, cfg)
-    loss_and_grads = value_and_grad(model.loss)
-    opt = optim.Adam(model.params, lr=cfg.lr)
-    rng = np.random.default_rng(0)
 
     def steps(n: int) -> None:
         with demo.blas_beside(model.lstm.engine) if held else contextlib.nullcontext():
-            for step in range(n):
-                window = demo.random_windows(ids, cfg.batch, cfg.seq_len, rng)
-                _, grads = loss_and_grads(model.params, window[:-1], window[1:], seed=step)
-                optim.clip_grad_norm(grads, cfg.clip)
-                opt.step(grads)
+            demo.train(replace(cfg, steps=n), ids, model, progress=False)
     return steps
 
 
@@ -86,7 +80,8 @@ def main() -> None:
     ar.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
     cfg = demo.Config()
-    ids = demo.Vocabulary(demo.load_text()).encode(demo.load_text())
+    text = demo.load_text()
+    ids = demo.Vocabulary(text).encode(text)
     sides = {"blas held": ours(ids, cfg, True), "blas free": ours(ids, cfg, False), "torch": theirs(ids, cfg)}
     for run in sides.values():
         run(2)
