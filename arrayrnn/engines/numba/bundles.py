@@ -12,8 +12,13 @@ inside an inlined helper, and drops them as dead code; helpers take the arrays. 
 loops' cache key (:data:`.simd_ir.KERNEL_SOURCES`): a change of fields recompiles them.
 
 Conventions: every array is C-contiguous; an absent array is zero-size (:func:`absent`) and a flag says
-whether its feature is on, so each loop keeps one compiled signature per dtype; ``(T, ...)`` arrays are
-indexed by time first, so a chunk of steps is a slice (:func:`chunk`). ``(B, ...)`` arrays hold every row
+whether its feature is on, so a loop keeps one compiled signature per dtype for them. Layer norm is the
+exception: off, its bundle is ``None`` and the loops test ``norm is not None``, which numba prunes before
+typing, so a loop without it does not compile the norm's helpers (the demo LSTM's training compile: 41 ->
+29 s, bench/RESULTS.md); a loop then has two signatures per dtype. Inside such a branch a loop writes the
+norm's arrays only through a compiled helper that takes the bundle (``_zero_idle_raw_grads``): numba
+dropped a direct write through an array unpacked there. ``(T, ...)`` arrays are indexed by time first, so a
+chunk of steps is a slice (:func:`chunk`). ``(B, ...)`` arrays hold every row
 of the batch; a row range reads and writes its own rows only.
 """
 
@@ -149,15 +154,13 @@ class ForwardWork(NamedTuple):
 
 
 class NormForward(NamedTuple):
-    """Layer normalisation in a forward (``layer_norm=True``; off: ``on`` False, arrays zero-size).
-    ``inputs``: the loop normalises the input side too, ``xw[t] = g_ih * LN(x_raw[t]) + bias`` (``x_raw
-    (T,B,G*H)`` the raw ``W_ih x``: ``xw`` itself, or kept apart when ``kept``); else ``xw`` arrives
-    normalised. ``g_hh (G*H,)`` the recurrent product's gain, ``g_c``, ``b_c (H,)`` the LSTM cell's gain and
-    shift, ``eps``; out: ``stats (T,B,S,2)`` the mean and ``1/sqrt(var + eps)`` of each row normalised in
-    the loop, ``raw (T,B,G*H)`` each step's raw recurrent product(s) (both one step of scratch unless
-    ``kept``)."""
+    """Layer normalisation in a forward (``layer_norm=True``; off: ``None`` in its place). ``inputs``: the
+    loop normalises the input side too, ``xw[t] = g_ih * LN(x_raw[t]) + bias`` (``x_raw (T,B,G*H)`` the raw
+    ``W_ih x``: ``xw`` itself, or kept apart when ``kept``); else ``xw`` arrives normalised. ``g_hh
+    (G*H,)`` the recurrent product's gain, ``g_c``, ``b_c (H,)`` the LSTM cell's gain and shift, ``eps``;
+    out: ``stats (T,B,S,2)`` the mean and ``1/sqrt(var + eps)`` of each row normalised in the loop, ``raw
+    (T,B,G*H)`` each step's raw recurrent product(s) (both one step of scratch unless ``kept``)."""
 
-    on: bool
     kept: bool
     inputs: bool
     g_ih: Array
@@ -236,13 +239,12 @@ class BackwardWork(NamedTuple):
 
 
 class NormBackward(NamedTuple):
-    """Layer normalisation in a backward (off: ``on`` False, arrays zero-size): the gains ``g_hh``,
+    """Layer normalisation in a backward (off: ``None`` in its place): the gains ``g_hh``,
     ``g_c``; the forward's ``stats (T,B,S,2)`` and ``raw (T,B,G*H)``, every step's raw recurrent
     product(s); out: ``d_raw (T,B,G*H)`` their cotangents (``dpre_rec``), ``acc_hh (B,2,G*H)``, ``acc_c
     (B,2,H)`` per row the sums over steps of ``d * LN(v)`` and ``d`` (the gains' and shifts' gradients,
     ``d`` the cotangent of ``g * LN(v) + shift``)."""
 
-    on: bool
     g_hh: Array
     g_c: Array
     stats: Array
@@ -277,17 +279,3 @@ def no_variants(dtype: Any) -> Variants:
     """Every variant off."""
     return Variants(False, absent(dtype, 2), False, absent(dtype, 3), False, absent(dtype, 3))
 
-
-@functools.cache
-def no_norm(dtype: Any) -> NormForward:
-    """Layer normalisation off, in a forward."""
-    vector = absent(dtype, 1)
-    return NormForward(False, False, False, vector, vector, vector, vector, vector, np.dtype(dtype).type(0),
-                       absent(dtype, 4), absent(dtype, 3), absent(dtype, 3))
-
-
-@functools.cache
-def no_norm_backward(dtype: Any) -> NormBackward:
-    """Layer normalisation off, in a backward."""
-    return NormBackward(False, absent(dtype, 1), absent(dtype, 1), absent(dtype, 4), absent(dtype, 3),
-                        absent(dtype, 3), absent(dtype, 3), absent(dtype, 3))

@@ -24,7 +24,7 @@ from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWe
 from ..cells import gate_slice
 from . import bundles as bd
 from . import loops
-from .bundles import absent, no_norm, no_norm_backward
+from .bundles import absent
 from .packed_gemm import pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
 
@@ -117,35 +117,35 @@ def _steps_if(on: bool, T: int, B: int, width: int, dtype: Any) -> np.ndarray:
 
 # -- layer normalisation ----------------------------------------------------------------------------
 def norm_forward(spec: RNNSpec, norm: LayerNormWeights | None, xw: np.ndarray, keep: bool,
-                 inputs: bool) -> bd.NormForward:
-    """A forward's :class:`.bundles.NormForward` (off without ``norm``). ``inputs``: the loop normalises
+                 inputs: bool) -> bd.NormForward | None:
+    """A forward's :class:`.bundles.NormForward` (``None`` without ``norm``). ``inputs``: the loop normalises
     the input side (``xw`` then receives the raw ``W_ih x``, into the bundle's ``x_raw``: a kept buffer of
     its own when ``keep``, else ``xw`` itself). Kept (``keep``): the statistics (zeroed: idle rows keep
     zeros), the raw recurrent products and the raw input products, which the backward reads."""
     dtype = xw.dtype
     if norm is None:
-        return no_norm(dtype)
+        return None
     T, B, G = xw.shape
     steps = T if keep else 1
     vector = absent(dtype, 1)
     g_c, b_c = (_c(a) if a is not None else vector for a in (norm.g_c, norm.b_c))
     x_raw = (np.empty_like(xw) if keep else xw) if inputs else absent(dtype, 3)
     bias = _c(norm.bias) if norm.bias is not None else np.zeros(G, dtype)
-    return bd.NormForward(True, keep, inputs, _c(norm.g_ih), bias, _c(norm.g_hh), g_c, b_c,
+    return bd.NormForward(keep, inputs, _c(norm.g_ih), bias, _c(norm.g_hh), g_c, b_c,
                           dtype.type(norm.eps), np.zeros((steps, B, spec.norms_per_step, 2), dtype), x_raw,
                           np.empty((steps, B, G), dtype))
 
 
-def norm_backward(w: DirectionWeights, cache: DirectionCache, dtype: Any) -> bd.NormBackward:
-    """A backward's :class:`.bundles.NormBackward` (off without ``w.norm``), on the forward's kept
+def norm_backward(w: DirectionWeights, cache: DirectionCache, dtype: Any) -> bd.NormBackward | None:
+    """A backward's :class:`.bundles.NormBackward` (``None`` without ``w.norm``), on the forward's kept
     statistics and raw recurrent products."""
     if w.norm is None:
-        return no_norm_backward(dtype)
+        return None
     T, B, G = cache.raw_recurrent.shape
     H = w.norm.g_c.shape[0] if w.norm.g_c is not None else 0
     acc_c = np.zeros((B, 2, H), dtype) if H else absent(dtype, 3)
     g_c = _c(w.norm.g_c) if H else absent(dtype, 1)
-    return bd.NormBackward(True, _c(w.norm.g_hh), g_c, cache.norm_stats, cache.raw_recurrent,
+    return bd.NormBackward(_c(w.norm.g_hh), g_c, cache.norm_stats, cache.raw_recurrent,
                            np.empty((T, B, G), dtype), np.zeros((B, 2, G), dtype), acc_c)
 
 
@@ -196,19 +196,19 @@ def input_buffer(call: LoopCall) -> np.ndarray:
     return norm.x_raw if isinstance(norm, bd.NormForward) and norm.inputs else call.args[0].xw
 
 
-def _kept_norm(ln: bd.NormForward) -> dict[str, np.ndarray]:
+def _kept_norm(ln: bd.NormForward | None) -> dict[str, np.ndarray]:
     """The cache's layer-norm residuals (none without layer norm or when not kept)."""
-    if not (ln.on and ln.kept):
+    if ln is None or not ln.kept:
         return {}
     return {"norm_stats": ln.stats, "raw_recurrent": ln.raw, "raw_input": ln.x_raw if ln.inputs else None}
 
 
 def _lstm_forward(spec: RNNSpec, cell: bd.LSTMCell, variants: bd.Variants, steps: bd.Steps, h: np.ndarray,
                   c: np.ndarray, masked_h: np.ndarray, keep: bool,
-                  ln: bd.NormForward) -> tuple[LoopCall, DirectionForward]:
+                  ln: bd.NormForward | None) -> tuple[LoopCall, DirectionForward]:
     T, B, _ = steps.xw.shape
     dtype, H = steps.xw.dtype, spec.hidden_size
-    with_tanh_c = cell.project or ln.on  # kept for the backward (else one step of scratch)
+    with_tanh_c = cell.project or ln is not None  # kept for the backward (else one step of scratch)
     tanh_c = np.empty((T if keep else 1, B, H), dtype) if with_tanh_c else absent(dtype, 3)
     kept = bd.LSTMCache(keep, _steps_if(keep, T, B, H, dtype), tanh_c,
                         _steps_if(keep and variants.zone_c, T, B, H, dtype))
@@ -275,16 +275,15 @@ def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: Direction
     dy = _c(dy)
     T, B, _ = dy.shape
     dtype, H, G = dy.dtype, spec.hidden_size, spec.gates
-    norm = norm if norm is not None else no_norm_backward(dtype)
     d_h = _steps_if(spec.proj_size > 0, T, B, spec.output_size, dtype)
-    dn_rec = _steps_if(spec.mode == "gru" and spec.reset_after and not norm.on, T, B, H, dtype)
+    dn_rec = _steps_if(spec.mode == "gru" and spec.reset_after and norm is None, T, B, H, dtype)
     seq = (True, _c(dc_seq)) if dc_seq is not None else (False, absent(dtype, 3))
     grads = bd.BackSteps(batch_sizes, reverse, dy, np.empty((T, B, G * H), dtype), d_h, dn_rec, *seq)
     dh = _copy(dh_n, dtype)
     carry_h = _rows_if(variants.zone_h, B, spec.output_size, dtype)
     if spec.mode == "lstm":
         return _lstm_backward(cell, variants, fwd.cache, c_prev, grads, dh, _copy(dc_n, dtype), carry_h, norm)
-    dpre_rec = norm.d_raw if norm.on else grads.dpre  # with layer norm: the raw product's cotangent
+    dpre_rec = norm.d_raw if norm is not None else grads.dpre  # with layer norm: the raw product's cotangent
     if spec.mode == "gru":
         after = spec.reset_after
         residuals = bd.GRUResiduals(_c(fwd.cache.gates), _c(fwd.cache.hn) if after else absent(dtype, 3),
@@ -292,7 +291,7 @@ def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: Direction
         work = bd.BackwardWork(_rows_if(after, B, 3 * H, dtype), np.empty((B, H), dtype), carry_h,
                                absent(dtype, 2))
         args = (residuals, grads, bd.Cotangents(dh, absent(dtype, 2)), cell, variants, work, norm)
-        dn = dn_rec if after and not norm.on else None
+        dn = dn_rec if after and norm is None else None
         return (LoopCall(loops.gru_backward_loop, args),
                 DirectionGrads(grads.dpre, dpre_rec, None, dh, None, dn))
     own_output = fwd.cache.gates if variants.zone_h else fwd.y  # with zoneout y is not the step's own output
@@ -303,16 +302,16 @@ def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: Direction
 
 def _lstm_backward(cell: bd.LSTMCell, variants: bd.Variants, cache: DirectionCache, c_prev: Array,
                    grads: bd.BackSteps, dh: np.ndarray, dc: np.ndarray, carry_h: np.ndarray,
-                   norm: bd.NormBackward) -> tuple[LoopCall, DirectionGrads]:
+                   norm: bd.NormBackward | None) -> tuple[LoopCall, DirectionGrads]:
     B, H = dc.shape
     dtype = dc.dtype
     cell_seen = cache.c_cand if variants.zone_c else cache.c  # the cell h~ and the clip saw
     residuals = bd.LSTMResiduals(_c(cache.gates), _c(cell_seen), _c(c_prev),
-                                 _c(cache.tanh_c) if cell.project or norm.on else absent(dtype, 3))
-    work = bd.BackwardWork(np.empty((B, H), dtype), _rows_if(norm.on, B, H, dtype), carry_h,
+                                 _c(cache.tanh_c) if cell.project or norm is not None else absent(dtype, 3))
+    work = bd.BackwardWork(np.empty((B, H), dtype), _rows_if(norm is not None, B, H, dtype), carry_h,
                            _rows_if(variants.zone_c, B, H, dtype))
     args = (residuals, grads, bd.Cotangents(dh, dc), cell, variants, work, norm)
     return (LoopCall(loops.lstm_backward_loop, args),
-            DirectionGrads(grads.dpre, norm.d_raw if norm.on else grads.dpre,
+            DirectionGrads(grads.dpre, norm.d_raw if norm is not None else grads.dpre,
                            grads.d_h if cell.project else None, dh, dc))
 

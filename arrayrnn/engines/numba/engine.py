@@ -160,7 +160,7 @@ class NumbaKernel:
         call, grads = direction.backward(spec, cell, variants, fwd, h_prev, c_prev, dy, dh_n, dc_n, bs,
                                          reverse, dc_seq, norm)
         run_split(call.loop, call.plain_args(), bs, B, self._plan(spec, w, B, dtype).row_threads, dtype)
-        return replace(grads, norm=direction.norm_grads(norm)) if norm.on else grads
+        return replace(grads, norm=direction.norm_grads(norm)) if norm is not None else grads
 
 
 def project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.ndarray, out: np.ndarray | None,

@@ -281,7 +281,7 @@ def _norm_rows(t, r0, n, k0, k1, slot, norm, dst, accumulate):
     """Rows ``r0 .. n`` of step ``t``: ``dst[:, k0:k1] (+)= g_hh * LN(raw[t])`` over columns ``k0 .. k1`` of
     the raw product (:class:`.NormForward`), each row's statistics into ``stats[t, :, slot]``."""
     prefer_full_vectors()
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     one = one_of(raw)
     ts = t if kept else 0
     g = g_hh[k0:k1]
@@ -303,7 +303,7 @@ def _norm_input(t, r0, n, norm, xw):
     """Rows ``r0 .. n`` of step ``t``, when the loop normalises the input side (``inputs``): ``xw[t] = g_ih
     * LN(x_raw[t]) + bias`` (``x_raw`` may be ``xw`` itself)."""
     prefer_full_vectors()
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     if not inputs:
         return
     one = one_of(xw)
@@ -314,13 +314,22 @@ def _norm_input(t, r0, n, norm, xw):
             out[k] = g_ih[k] * gm.layer_normalized(v[k], mean, rstd) + bias[k]
 
 
+@simd_jit(**_JIT)
+def _zero_idle_raw_grads(t, i0, i1, norm):
+    """Rows ``i0 .. i1`` of ``d_raw[t]`` (:class:`.NormBackward`), idle at step ``t``, to zero. A function
+    of its own: a loop's write through an array unpacked inside its ``if norm is not None`` branch is dropped
+    by numba's dead-code pass (the alias is lost at the branch's join), which left those rows unset."""
+    g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
+    d_raw[t, i0:i1] = 0.0
+
+
 @simd_jit(**_JIT_SUMS)
 def _norm_rows_grad(t, r0, n, k0, k1, slot, src, norm):
     """The backward of :func:`_norm_rows` for rows ``r0 .. n`` of step ``t``: ``d_raw[t, :, k0:k1]``
     (:class:`.NormBackward`), the cotangent of ``raw[t]``, from ``src[:, k0:k1]``, that of ``g_hh *
     LN(raw) + b_hh``; the per-row sums of the gain's and the shift's gradients into ``acc_hh``."""
     prefer_full_vectors()
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
+    g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     one = one_of(raw)
     inv = one / (k1 - k0)
     g = g_hh[k0:k1]
@@ -409,7 +418,7 @@ def _lstm_norm_tile(xw, t, i0, i1, H, c, y, m, project, tanh_c_all, clip_lo, cli
     without peepholes); ``tanh_c_all`` keeps each step's ``tanh(.)`` (the backward's residual), the cell's
     statistics go into slot 1."""
     prefer_full_vectors()
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     one = one_of(xw)
     ts = t if kept else 0
     p_i, p_f, p_o = P[0], P[1], P[2]
@@ -460,7 +469,6 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, s
     keep, c_all, tanh_c_all, c_cand_all = cache
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, H = xw.shape[0], c.shape[1]
     for s in range(T):
         t = _step_time(s, T, reverse)
@@ -471,7 +479,8 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, s
             src = hm if masked else h
             if zone_c:
                 _copy_rows(c_prev[r0:n], c[r0:n])
-            if on:  # layer norm: the raw product apart, normalised into xw[t], then the cell's norm
+            if norm is not None:  # layer norm: the raw product apart, normalised into xw[t]; the cell's norm
+                kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
                 _norm_input(t, r0, n, norm, xw)
                 _unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, raw[t if kept else 0], False,
                              scratch)
@@ -496,7 +505,8 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, s
             if zone_h:
                 _zone_rows(m_h, t, h, y[t], r0, n)
             _copy_rows(h[r0:n], y[t, r0:n])
-        _idle_rows(t, max(n, r0), r1, y, keep, xw, c_all, project or on, tanh_c_all, zone_c, c_cand_all)
+        _idle_rows(t, max(n, r0), r1, y, keep, xw, c_all, project or norm is not None, tanh_c_all, zone_c,
+                   c_cand_all)
 
 
 @register_jitable(inline="always")
@@ -580,7 +590,7 @@ def _norm_unit_columns(t, n, j0, j1, H, part, norm, xw, in_stats):
     rows' statistics, taken before any part wrote ``xw[t]``); each part takes every row's product
     statistics itself (part 0 keeps them)."""
     prefer_full_vectors()
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     one = one_of(xw)
     ts = t if kept else 0
     for b in range(n):
@@ -619,7 +629,7 @@ def _lstm_norm_output_columns(xw, t, n, j0, j1, H, part, c, y, tanh_c_all, norm)
     """``y[t] = o * tanh(g_c * LN(c) + b_c)`` for units ``j0 .. j1``, rows ``0 .. n``, once every part's
     cell is written (each part takes every row's cell statistics itself; part 0 keeps them)."""
     prefer_full_vectors()
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     one = one_of(xw)
     ts = t if kept else 0
     for b in range(n):
@@ -642,7 +652,7 @@ def lstm_norm_forward_columns(part, parts, sync, steps, state, cell, cache, work
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     keep, c_all, tanh_c_all, c_cand_all = cache
     rows, hm, c_prev = work
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, B, H = xw.shape[0], xw.shape[1], c.shape[1]
     one = one_of(xw)
     u0, u1, j0, j1 = unit_range(part, parts, W_hh_p.shape[0] // 4, W_hh_p.shape[2], H)
@@ -690,7 +700,6 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     T, H = gates.shape[0], dc.shape[1]
     one = one_of(gates)
     for s in range(T):
@@ -698,7 +707,7 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
         n = min(bs[t], r1)
         if n > r0:
             _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch)
-            if on:
+            if norm is not None:
                 _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm)
             elif peep:
                 _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work)
@@ -718,7 +727,8 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
                         _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
             if zone_c:
                 _add_rows(carry_c, dc, r0, n)
-            if on:
+            if norm is not None:
+                g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
                 _norm_rows_grad(t, r0, n, 0, 4 * H, 0, dpre[t], norm)
                 gemm(d_raw[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             else:
@@ -730,8 +740,8 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
         dpre[t, max(n, r0):r1] = 0.0
         if project:
             d_h[t, max(n, r0):r1] = 0.0
-        if on:
-            d_raw[t, max(n, r0):r1] = 0.0
+        if norm is not None:
+            _zero_idle_raw_grads(t, max(n, r0), r1, norm)
 
 
 @simd_jit(**_JIT_SUMS)
@@ -748,7 +758,7 @@ def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
+    g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     H = dc.shape[1]
     one = one_of(dy)
     inv = one / H
@@ -918,7 +928,6 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, sc
     keep, hn_all = cache
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, H = xw.shape[0], h.shape[1]
     for s in range(T):
         t = _step_time(s, T, reverse)
@@ -926,13 +935,16 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, sc
         if n > r0:
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
-            if on:
+            if norm is not None:
                 _norm_input(t, r0, n, norm, xw)
             if reset_after:
-                product = raw[t if kept else 0] if on else rows  # with layer norm, normalised into rows
+                product = rows
+                if norm is not None:  # the raw product apart, normalised into rows
+                    kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
+                    product = raw[t if kept else 0]
                 _unit_groups(hm if masked else h, r0, n, W_hh_p, 3, 0, W_hh_p.shape[0] // 3, product, False,
                              scratch)
-                if on:
+                if norm is not None:
                     _norm_rows(t, r0, n, 0, 3 * H, 0, norm, rows, False)
                 _gru_after_tile(xw, t, r0, n, 0, H, H, h, rows, b_hn, y, hn_all, keep)
             else:
@@ -958,11 +970,11 @@ def _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     H = h.shape[1]
     R, Z, N, RZ = GRU_R * H, GRU_Z * H, GRU_N * H, GRU_RZ_FIRST * H
     src = hm if masked else h
-    if on:  # layer norm: each product over its own row (r, z in slot 0, n in slot 1)
+    if norm is not None:  # layer norm: each product over its own row (r, z in slot 0, n in slot 1)
+        kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
         gemm(src[r0:n], W_rz_p, 1, raw[t if kept else 0, r0:n, RZ:RZ + 2 * H], False, scratch)
         _norm_rows(t, r0, n, RZ, RZ + 2 * H, 0, norm, xw[t], True)
     else:
@@ -974,7 +986,8 @@ def _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch
             g[R + j] = r
             g[Z + j] = sigmoid(g[Z + j])
             q[j] = r * hb[j]
-    if on:
+    if norm is not None:
+        kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
         gemm(rows[r0:n, :H], W_n_p, 1, raw[t if kept else 0, r0:n, N:N + H], False, scratch)
         _norm_rows(t, r0, n, N, N + H, 1, norm, xw[t], True)
     else:
@@ -1006,7 +1019,6 @@ def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, nor
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     T, H = gates.shape[0], dh.shape[1]
     Z, N = GRU_Z * H, GRU_N * H
     one = one_of(gates)
@@ -1033,8 +1045,8 @@ def gru_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, nor
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
         dpre[t, max(n, r0):r1] = 0.0
-        if on:
-            d_raw[t, max(n, r0):r1] = 0.0
+        if norm is not None:
+            _zero_idle_raw_grads(t, max(n, r0), r1, norm)
         elif reset_after:
             dn_rec[t, max(n, r0):r1] = 0.0
 
@@ -1050,7 +1062,6 @@ def _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     H = dh.shape[1]
     R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
     one = one_of(dh)
@@ -1063,10 +1074,11 @@ def _gru_after_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
             e[R + j] = dr
             e[Z + j] = d[Z + j]
             e[N + j] = d[N + j] * r
-        if not on:
+        if norm is None:
             _copy_row(dn_rec[t, b], e[N:N + H])
     operand = rows  # the GEMM's; with layer norm the raw product's cotangent
-    if on:
+    if norm is not None:
+        g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
         _norm_rows_grad(t, r0, n, 0, 3 * H, 0, rows, norm)
         operand = d_raw[t]
     if masked:
@@ -1088,12 +1100,12 @@ def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, n
     W_hh_p, W_rz_p, W_n_p, reset_after, b_hn = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     H = dh.shape[1]
     R, N, RZ = GRU_R * H, GRU_N * H, GRU_RZ_FIRST * H
     one = one_of(dh)
     operand = dpre[t]  # each product's GEMM's; with layer norm the raw product's cotangent
-    if on:
+    if norm is not None:
+        g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
         _norm_rows_grad(t, r0, n, N, N + H, 1, dpre[t], norm)
         operand = d_raw[t]
     gemm(operand[r0:n, N:N + H], W_n_p, 1, drh[r0:n], False, scratch)
@@ -1104,7 +1116,7 @@ def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, n
                 r = g[R + j]
                 d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j] * mb[j])
                 q[j] *= r  # now the gradient of the masked h through r * h
-        if on:
+        if norm is not None:
             _norm_rows_grad(t, r0, n, RZ, RZ + 2 * H, 0, dpre[t], norm)
         gemm(operand[r0:n, RZ:RZ + 2 * H], W_rz_p, 1, drh[r0:n], True, scratch)
         _add_masked(drh, h_mask, dh, r0, n)
@@ -1115,7 +1127,7 @@ def _gru_before_grads(t, r0, n, residuals, grads, carry, cell, variants, work, n
             r = g[R + j]
             d[R + j] = gm.sigmoid_grad(one, r, q[j] * hp[j])
             dhb[j] += q[j] * r
-    if on:
+    if norm is not None:
         _norm_rows_grad(t, r0, n, RZ, RZ + 2 * H, 0, dpre[t], norm)
     gemm(operand[r0:n, RZ:RZ + 2 * H], W_rz_p, 1, dh[r0:n], True, scratch)
 
@@ -1135,7 +1147,6 @@ def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, norm, scratch):
     W_hh_p, relu = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
-    on, kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
     T, H = xw.shape[0], h.shape[1]
     zero = one_of(xw) * 0
     for s in range(T):
@@ -1146,11 +1157,12 @@ def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, norm, scratch):
             if masked:
                 _masked_rows(h, h_mask, hm, r0, n)
             src = hm if masked else h
-            if on:
+            if norm is None:
+                _unit_groups(src, r0, n, W_hh_p, 1, 0, W_hh_p.shape[0], pre, True, scratch)
+            else:  # layer norm: the raw product apart, normalised into pre
+                kept, inputs, g_ih, bias, g_hh, g_c, b_c, eps, stats, x_raw, raw = norm
                 _norm_input(t, r0, n, norm, xw)
-            product = raw[t if kept else 0] if on else pre
-            _unit_groups(src, r0, n, W_hh_p, 1, 0, W_hh_p.shape[0], product, not on, scratch)
-            if on:
+                _unit_groups(src, r0, n, W_hh_p, 1, 0, W_hh_p.shape[0], raw[t if kept else 0], False, scratch)
                 _norm_rows(t, r0, n, 0, H, 0, norm, pre, True)
             for b in range(r0, n):
                 p, yb = pre[b], y[t, b]
@@ -1177,7 +1189,6 @@ def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, norm, scrat
     W_hh_p, relu = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    on, g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     T, H = y.shape[0], dh.shape[1]
     one = one_of(y)
     for s in range(T):
@@ -1191,7 +1202,8 @@ def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, norm, scrat
                 yb, dyb, dhb, d = y[t, b], dy[t, b], dh[b], dpre[t, b]
                 for j in range(H):
                     d[j] = gm.rnn_grad(one, relu, yb[j], dhb[j] if zone_h else dyb[j] + dhb[j])
-            if on:
+            if norm is not None:
+                g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
                 _norm_rows_grad(t, r0, n, 0, H, 0, dpre[t], norm)
                 gemm(d_raw[t, r0:n], W_hh_p, 1, dh[r0:n], False, scratch)
             else:
@@ -1201,5 +1213,5 @@ def rnn_backward_loop(r0, r1, y, grads, carry, cell, variants, work, norm, scrat
             if zone_h:
                 _add_rows(carry_h, dh, r0, n)
         dpre[t, max(n, r0):r1] = 0.0
-        if on:
-            d_raw[t, max(n, r0):r1] = 0.0
+        if norm is not None:
+            _zero_idle_raw_grads(t, max(n, r0), r1, norm)

@@ -13,8 +13,8 @@ daemon thread works through the queue, one child process at a time, roughly::
         loaded.add(job); forget_choices()      # the next call of the path (family) runs the compiled loops
 
 A path's child runs the call itself, on a few steps (:func:`path_probe_calls`), so the loops the caller
-needs are compiled first (a part of the family's work: the loops carry every variant's branches, so
-about 70% of it for a plain LSTM; bench/RESULTS.md); a family's child runs every probe
+needs are compiled first (a part of the family's work: a call without layer norm compiles the loops'
+signature whose norm branches numba pruned, bench/RESULTS.md); a family's child runs every probe
 (:func:`probe_calls`: every loop, split and variant the engine has, on small arrays) at a lower CPU
 priority (``nice``), so it takes what the caller leaves. A training family loads its inference calls too.
 Each child runs its probes with ``engine="numba"``, so numba compiles each function into its on-disk
