@@ -306,6 +306,38 @@ def test_float32_layer_norm_of_rows_near_1e20_equals_float64(fields, engine):
         np.testing.assert_allclose(value, want[name], rtol=1e-3, atol=bound, err_msg=name)
 
 
+_HUGE = 2.0 ** 660  # ~5e198: deviations square past float64's range; a power of two, so scaling is exact
+
+
+@pytest.mark.parametrize("fields", _LN_SPECS, ids=lambda f: "-".join(map(str, f.values())))
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_float64_layer_norm_of_rows_near_1e198_is_scale_invariant(fields, engine):
+    """Layer norm is scale-invariant (where ``eps`` is negligible): inputs (and, where ``h`` enters only
+    through the normalised product, initial states) times 2**660 give the outputs and parameter gradients of
+    the same times 2**100, which square within range, and ``dx`` scaled alike. Before, the float64 variance of those rows overflowed to inf (rstd 0) on both engines: outputs off by
+    0.7-1.2 with no error."""
+    if engine == "numba":
+        pytest.importorskip("numba")
+    spec = ar.RNNSpec(input_size=4, hidden_size=3, layer_norm=True, dtype="float64", **fields)
+    params = ar.PackedParams.init(spec, seed=1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 4))
+    h0 = None if spec.mode == "gru" else rng.standard_normal((spec.num_directions, 2, spec.output_size))
+
+    def run(scale):
+        res = ar.rnn_forward(params, x * scale, h0=None if h0 is None else h0 * scale, engine=engine,
+                             training=True)
+        g = ar.rnn_backward(res, dy=np.linspace(-1, 1, res.y.size).reshape(res.y.shape))
+        return {"y": res.y, "dx": g.dx * scale, "dparams": g.dparams.data}
+
+    with np.errstate(invalid="raise"):
+        huge = run(_HUGE)
+    plain = run(2.0 ** 100)
+    for name, value in huge.items():
+        assert np.isfinite(value).all(), name
+        np.testing.assert_allclose(value, plain[name], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 def test_float64_layer_norm_statistics_are_unchanged():
     """The float64 path is the one it was: the statistics of a float64 row are computed as before."""
     from arrayrnn.engines.layer_norm import row_stats

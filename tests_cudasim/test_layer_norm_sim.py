@@ -114,6 +114,24 @@ def test_float32_rows_near_1e20_are_reduced_in_float64(mode, reset_after):
     assert np.isfinite(stats).all() and np.abs(stats[..., 0]).max() > 1e18   # the large rows were normalised
 
 
+@pytest.mark.parametrize("mode, reset_after", [("lstm", True), ("gru", False), ("rnn_tanh", True)])
+def test_float64_rows_near_1e198_are_rescaled(mode, reset_after):
+    """A float64 row near 1e198 squares past float64's range: the kernels' statistics took rstd 0 (outputs
+    off with no error). Now the rare pass rescales by a power of two (gate_math.layer_norm_rstd_rescaled), as
+    the numba loops and the reference engine do (tests/test_hardening_io.py checks those for scale
+    invariance)."""
+    spec = RNNSpec(input_size=4, hidden_size=3, layer_norm=True, mode=mode, reset_after=reset_after)
+    params = PackedParams.init(spec, seed=1).astype("float64")
+    x, lens, h0, c0, masks, cot = _inputs(spec, 3, [3, 2], 0)
+    huge = 2.0 ** 660
+    big = (x, lens, h0 * huge, c0, masks, cot)   # h0 enters the first step's normalised recurrent product
+    sim, _ = _run(SIM, params, big)
+    ref, _ = _run(REFERENCE, params, big)
+    np.testing.assert_allclose(sim.y, ref.y, **TOL)
+    stats = sim.cache.layers[0][0].cache.norm_stats
+    assert np.isfinite(stats).all() and (stats[0, ..., 1] > 0).all()   # step 0: every row active, none zeroed
+
+
 # -- the public path on the CuPy stand-in: tests/test_layer_norm.py's bodies --------------------------------
 ORACLE_CASES = [c for c in ln_suite.LN_CASES if c[0] in ("lstm-all-variants", "lstm-proj-peep-clip",
                                                          "gru-all-variants", "gru-reset-before-2l-variants",

@@ -464,6 +464,14 @@ def _row_stats(one, eps, v, b, lane, wide, out):
     squares, _ = _block_sums(wide, lane, squares, 0.0)
     out[0] = mean
     out[1] = 1.0 / math.sqrt(squares / v.shape[1] + eps)
+    if squares == math.inf:  # a float64 row's deviations past ~1e154 (rare; the whole block sees it)
+        scale = gm.layer_norm_scale(8)
+        scaled = 0.0
+        for k in range(lane, v.shape[1], ROW_THREADS):
+            dev = (v[b, k] - mean) * scale
+            scaled += dev * dev
+        scaled, _ = _block_sums(wide, lane, scaled, 0.0)
+        out[1] = gm.layer_norm_rstd_rescaled(one, scaled / v.shape[1], scale, eps)
     return out[0], out[1]
 
 

@@ -14,6 +14,7 @@ equal :mod:`arrayrnn.engines.cells` (the oracle), per element::
     rnn:   d_pre = dh * (1 - y*y) (tanh) or dh * (y > 0) (relu)
     peepholes:  i, f = sig(pre + p*c_prev);  o = sig(pre + p*c)       zoneout:  h = m*h_prev + (1-m)*h~
     layer norm: x = (v - mean) * rstd,  rstd = 1 / sqrt(var + eps);  dv = rstd * (d - mean(d) - x * mean(d*x))
+                (var of deviations scaled by 2**-600 where the squares overflow: layer_norm_rstd_rescaled)
 
 (the layer norm's row forms, against which these are tested, are :mod:`.layer_norm`'s).
 """
@@ -151,6 +152,26 @@ def zoneout_grads(one, m, d):
 def layer_norm_rstd(one, var, eps):
     """``1 / sqrt(var + eps)`` of a row of variance ``var`` (the mean of its squared deviations)."""
     return one / math.sqrt(var + eps)
+
+
+# a power of two (scaling by it is exact): a float64 row's squared deviations past float64's range (beyond
+# ~1e154) fit once scaled; a float32 row's fit float64 unscaled
+LN_RESCALE = 2.0 ** -600
+
+
+@njit(**_JIT)
+def layer_norm_scale(itemsize):
+    """The scale of a row's deviations in the rescaled pass, for a row of ``itemsize``-byte floats."""
+    return LN_RESCALE if itemsize >= 8 else 1.0
+
+
+@njit(**_JIT)
+def layer_norm_rstd_rescaled(one, scaled_var, scale, eps):
+    """``1 / sqrt(var + eps)`` from ``scaled_var``, the float64 mean of the squares of the deviations times
+    ``scale`` (:func:`layer_norm_scale`): for a row whose squares overflowed (their sum was ``inf``), where
+    :func:`layer_norm_rstd` gave 0 and the normalised row 0 (layer norm is scale-invariant: the right row
+    is that of ``v * 1e-150``)."""
+    return one * (scale / math.sqrt(scaled_var + float(eps) * scale * scale))
 
 
 @njit(**_JIT)

@@ -50,8 +50,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from ..core.backend import get_xp
 from .base import DirectionGrads, DirectionWeights, LayerNormWeights
+from .gate_math import LN_RESCALE
 
 Array = Any
 STAT_MEAN, STAT_RSTD = 0, 1  # the last axis of a statistics array (norm_stats[..., s, :])
@@ -61,14 +64,24 @@ STAT_MEAN, STAT_RSTD = 0, 1  # the last axis of a statistics array (norm_stats[.
 def row_stats(xp: ModuleType, v: Array, eps: float, out: Array | None = None) -> Array:
     """``(..., 2)``: the mean and ``1 / sqrt(var + eps)`` of each row of ``v`` (into ``out`` if given).
     A narrower dtype than float64 is reduced in float64, as the numba loops do: the squares of a float32 row
-    near 1e20 overflow float32 (the variance became inf, the outputs were off by 1 or more)."""
+    near 1e20 overflow float32 (the variance became inf, the outputs were off by 1 or more); a float64 row's
+    past ~1e154 overflow float64, and are taken again scaled."""
     stats = xp.empty((*v.shape[:-1], 2), v.dtype) if out is None else out
     wide = v if v.dtype.itemsize >= 8 else v.astype(xp.float64)
     mean = wide.mean(axis=-1)
     centred = wide - mean[..., None]
-    var = xp.square(centred, out=centred).mean(axis=-1)
     stats[..., STAT_MEAN] = mean
-    stats[..., STAT_RSTD] = 1.0 / xp.sqrt(var + v.dtype.type(eps))
+    if v.dtype.itemsize < 8:  # float64 squares of a narrower row never overflow
+        var = xp.square(centred, out=centred).mean(axis=-1)
+        stats[..., STAT_RSTD] = 1.0 / xp.sqrt(var + v.dtype.type(eps))
+        return stats
+    # float64: deviations past ~1e154 square past its range; those rows take their squares scaled by a power
+    # of two (exact), as the kernels' rare pass does (gate_math.layer_norm_rstd_rescaled); no host branch
+    scaled = xp.square(centred * LN_RESCALE).mean(axis=-1)
+    with np.errstate(over="ignore", divide="ignore"):  # the side xp.where does not take
+        var = xp.square(centred, out=centred).mean(axis=-1)
+        rescaled = LN_RESCALE / xp.sqrt(scaled + eps * LN_RESCALE * LN_RESCALE)
+    stats[..., STAT_RSTD] = xp.where(xp.isinf(var), rescaled, 1.0 / xp.sqrt(var + eps))
     return stats
 
 

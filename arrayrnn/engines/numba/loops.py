@@ -273,6 +273,12 @@ def row_stats(one, v, eps):
     for k in range(v.shape[0]):
         d = v[k] - mean
         squares += d * d
+    if squares == np.inf:  # deviations past the dtype's range squared (rare): a third pass, scaled
+        scale, wide_mean, scaled = gm.layer_norm_scale(v.itemsize), float(mean), 0.0
+        for k in range(v.shape[0]):
+            d = (float(v[k]) - wide_mean) * scale
+            scaled += d * d
+        return mean, gm.layer_norm_rstd_rescaled(one, scaled / v.shape[0], scale, eps)
     return mean, gm.layer_norm_rstd(one, squares * inv, eps)
 
 
