@@ -314,8 +314,8 @@ _HUGE = 2.0 ** 660  # ~5e198: deviations square past float64's range; a power of
 def test_float64_layer_norm_of_rows_near_1e198_is_scale_invariant(fields, engine):
     """Layer norm is scale-invariant (where ``eps`` is negligible): inputs (and, where ``h`` enters only
     through the normalised product, initial states) times 2**660 give the outputs and parameter gradients of
-    the same times 2**100, which square within range, and ``dx`` scaled alike. Before, the float64 variance of those rows overflowed to inf (rstd 0) on both engines: outputs off by
-    0.7-1.2 with no error."""
+    the same times 2**100, which square within range, and ``dx`` scaled alike. Before, the float64 variance
+    of those rows overflowed to inf (rstd 0) on both engines: outputs off by 0.7-1.2 with no error."""
     if engine == "numba":
         pytest.importorskip("numba")
     spec = ar.RNNSpec(input_size=4, hidden_size=3, layer_norm=True, dtype="float64", **fields)

@@ -157,7 +157,7 @@ for mode in ("lstm", "gru", "rnn_tanh"):
     x = np.ones((3, 2, 3), "float32")
     ar.rnn_backward(ar.rnn_forward(ar.PackedParams.init(spec), x, training=True, engine="numba"))
 helpers = [loops._norm_rows, loops._norm_input, loops._norm_rows_grad, loops._lstm_norm_tile,
-           loops._lstm_norm_grads, loops._zero_idle_raw_grads, loops.row_stats]
+           loops._lstm_norm_grads, loops._zero_idle_raw_grads, loops.row_stats, loops._rescaled_rstd]
 print(sum(len(f.signatures) for f in helpers), len(loops.lstm_backward_loop.signatures))
 """
 

@@ -273,13 +273,20 @@ def row_stats(one, v, eps):
     for k in range(v.shape[0]):
         d = v[k] - mean
         squares += d * d
-    if squares == np.inf:  # deviations past the dtype's range squared (rare): a third pass, scaled
-        scale, wide_mean, scaled = gm.layer_norm_scale(v.itemsize), float(mean), 0.0
-        for k in range(v.shape[0]):
-            d = (float(v[k]) - wide_mean) * scale
-            scaled += d * d
-        return mean, gm.layer_norm_rstd_rescaled(one, scaled / v.shape[0], scale, eps)
+    if squares == np.inf:  # deviations past the dtype's range squared (rare)
+        return mean, _rescaled_rstd(one, v, mean, eps)
     return mean, gm.layer_norm_rstd(one, squares * inv, eps)
+
+
+@simd_jit(**_JIT)  # not _JIT_SUMS: reassociation could regroup the scaled squares into an overflowing product
+def _rescaled_rstd(one, v, mean, eps):
+    """:func:`row_stats`'s rare third pass, for a row whose squared deviations overflowed: the squares of
+    the deviations scaled by a power of two, in float64 (:func:`.gate_math.layer_norm_rstd_rescaled`)."""
+    scale, wide_mean, scaled = gm.layer_norm_scale(v.itemsize), float(mean), 0.0
+    for k in range(v.shape[0]):
+        d = (float(v[k]) - wide_mean) * scale
+        scaled += d * d
+    return gm.layer_norm_rstd_rescaled(one, scaled / v.shape[0], scale, eps)
 
 
 @simd_jit(**_JIT_SUMS)
@@ -323,8 +330,8 @@ def _norm_input(t, r0, n, norm, xw):
 @simd_jit(**_JIT)
 def _zero_idle_raw_grads(t, i0, i1, norm):
     """Rows ``i0 .. i1`` of ``d_raw[t]`` (:class:`.NormBackward`), idle at step ``t``, to zero. A function
-    of its own: a loop's write through an array unpacked inside its ``if norm is not None`` branch is dropped
-    by numba's dead-code pass (the alias is lost at the branch's join), which left those rows unset."""
+    of its own: written in the loops, through an array unpacked inside their ``if norm is not None``
+    branch, numba dropped the write (those rows kept ``np.empty``'s bytes)."""
     g_hh, g_c, stats, raw, d_raw, acc_hh, acc_c = norm
     d_raw[t, i0:i1] = 0.0
 
