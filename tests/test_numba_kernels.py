@@ -163,8 +163,8 @@ print(sum(len(f.signatures) for f in helpers), len(loops.lstm_backward_loop.sign
 
 
 def test_calls_without_layer_norm_do_not_compile_its_helpers(tmp_path):
-    # off, the norm's bundle is None and numba prunes its branches before typing: the helpers were about
-    # 9 s of an LSTM's first training compile (bench/RESULTS.md) when a run-time flag kept them reachable
+    # off, the norm's bundle is None and numba prunes its branches before typing: the demo LSTM's first
+    # training compile went 41 -> 29 s (bench/RESULTS.md) when a run-time flag stopped keeping them reachable
     assert _in_a_fresh_cache(_NORM_HELPERS, tmp_path) == "0 1"
 
 

@@ -465,8 +465,7 @@ def _row_stats(one, eps, v, b, lane, wide, out):
     out[0] = mean
     out[1] = 1.0 / math.sqrt(squares / v.shape[1] + eps)
     if squares == math.inf:  # a float64 row's deviations past ~1e154 (rare; the whole block sees it)
-        scale = gm.layer_norm_scale(8)
-        scaled = 0.0
+        scale, scaled = gm.LN_RESCALE, 0.0  # the deviations are float64 here whatever v's dtype
         for k in range(lane, v.shape[1], ROW_THREADS):
             dev = (v[b, k] - mean) * scale
             scaled += dev * dev
