@@ -8,6 +8,7 @@ fake handle refuses every persistent algorithm: only a GPU runs them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 
@@ -99,18 +100,86 @@ def test_a_repeated_call_reuses_its_plan_and_makes_no_host_wait(dry, descriptors
         np.testing.assert_allclose(g.dx.get(), want.dx, rtol=1e-10, atol=1e-12)
 
 
-def test_inference_and_training_lengths_and_layouts_get_their_own_plans(dry):
+def test_inference_and_training_padding_and_layouts_get_their_own_plans(dry):
     cp, engine_module, _, _ = dry
     engine = engine_module.ENGINE
     params, x, _, _ = _inputs(cp, S3_LIKE)
     full = np.full(3, 6)
     plan = engine.plan_for(params, x, full, False, True)
     assert engine.plan_for(params, x, full.copy(), False, True) is plan
-    others = [engine.plan_for(params, x, full, False, False), engine.plan_for(params, x, np.array([6, 1, 6]),
-                                                                                False, True),
+    padded = engine.plan_for(params, x, np.array([6, 1, 6]), False, True)
+    others = [engine.plan_for(params, x, full, False, False), padded,
               engine.plan_for(params, cp.ascontiguousarray(x.transpose(1, 0, 2)), full, True, True)]
     assert len({id(p) for p in (plan, *others)}) == 4
-    assert plan.full and not others[1].full
+    assert plan.full and not padded.full
+    assert engine.plan_for(params, x, np.array([2, 0, 5]), False, True) is padded, "other lengths, one plan"
+
+
+# -- lengths changing under one shape -----------------------------------------------------------------------
+PADDED = [([6, 2, 5], "lstm-1"), ([3, 6, 0], "lstm-2")]
+
+
+@pytest.mark.parametrize("spec", [
+    S3_LIKE,
+    ar.RNNSpec(mode="gru", input_size=3, hidden_size=5, num_layers=2, bidirectional=True, dtype="float64"),
+], ids=["lstm", "gru-bi-2"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_new_lengths_reuse_the_plan_and_set_its_descriptors_in_place(dry, descriptors_made, spec,
+                                                                        batch_first):
+    """Calls whose lengths change under one shape share a plan: no descriptor is created after the first
+    (cuDNN's data descriptors are set in place, sizes asked again), and every call, including the backward of
+    a forward made before the lengths changed, equals the reference engine at its own lengths."""
+    cp, engine_module, _, _ = dry
+    engine_module.ENGINE.plans.clear()
+    params, x, dy, _ = _inputs(cp, spec, seed=5)
+    if batch_first:
+        x, dy = (cp.ascontiguousarray(a.transpose(1, 0, 2)) for a in (x, dy))
+    lengths = [np.asarray(lens) for lens, _ in PADDED]
+    forward = lambda lens: ar.rnn_forward(params, x, lens, training=True, engine="cudnn",  # noqa: E731
+                                          batch_first=batch_first)
+    forward(lengths[0])
+    plans, made = len(engine_module.ENGINE.plans), Counter(descriptors_made)
+    first = forward(lengths[0])
+    second = forward(lengths[1])                       # the plan now holds the second lengths
+    grads = [ar.rnn_backward(first, dy), ar.rnn_backward(second, dy)]  # back to the first, then the second
+    assert len(engine_module.ENGINE.plans) == plans and descriptors_made == made
+    for res, g, lens in zip((first, second), grads, lengths, strict=True):
+        want_res = ar.rnn_forward(ar.PackedParams(spec, params.to_format("canonical").data.get()), x.get(),
+                                  lens, training=True, engine="reference", batch_first=batch_first)
+        want = ar.rnn_backward(want_res, dy.get())
+        np.testing.assert_allclose(res.y.get(), want_res.y, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(res.h_n.get(), want_res.h_n, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(g.dx.get(), want.dx, rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(g.dparams.to_format("canonical").data.get(), want.dparams.data, rtol=1e-9,
+                                   atol=1e-11)
+
+
+def test_threads_sharing_a_padded_plan_each_run_their_own_lengths(dry):
+    """Four threads, each with its own lengths, one plan: every result is the reference's at its lengths
+    (the plan's lock covers setting the descriptors and the calls that read them)."""
+    import threading
+
+    cp, engine_module, _, _ = dry
+    params, x, _, _ = _inputs(cp, S3_LIKE, B=3, seed=6)
+    host = ar.PackedParams(S3_LIKE, params.to_format("canonical").data.get())
+    cases = [np.array(lens) for lens in ([6, 2, 5], [1, 6, 3], [4, 4, 0], [2, 3, 1])]
+    errors: list[BaseException] = []
+
+    def work(lens: np.ndarray) -> None:
+        try:
+            want = ar.rnn_forward(host, x.get(), lens, engine="reference").y
+            for _ in range(3):
+                np.testing.assert_allclose(ar.rnn_forward(params, x, lens, engine="cudnn").y.get(), want,
+                                           rtol=1e-10, atol=1e-12)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(lens,)) for lens in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
 
 
 # -- the algorithm ----------------------------------------------------------------------------------------
@@ -163,6 +232,105 @@ def test_a_refused_persistent_algorithm_falls_back_to_standard_and_says_why(dry,
     np.testing.assert_allclose(res.y.get(), want_res.y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g.dparams.to_format("canonical").data.get(), want.dparams.data, rtol=1e-4,
                                atol=1e-5)
+
+
+def _refusing_at(function: str):
+    """Dry-run bindings in which cuDNN gives a persistent algorithm its sizes (STANDARD's) but refuses it at
+    ``function``, a compute call: what a GPU may answer where the size query did not (issue 44)."""
+    from support import cudnn_dry_run
+    from support.cudnn_emulator import rnn_config
+
+    def persistent(desc) -> bool:
+        return rnn_config(desc).algo != cb.RNNAlgo.STANDARD
+
+    class Refused:
+        def __init__(self, call):
+            self.prepared = call.prepared
+
+        def __call__(self, **addresses):
+            refusals[function] += 1
+            raise cb.CudnnError(int(cb.Status.NOT_SUPPORTED), function, "stand-in refusal")
+
+    def standard(desc):  # the fake handle's cuDNN validates only STANDARD: a persistent call runs as its twin
+        if not persistent(desc):
+            return desc
+        return cb.RNNDescriptor(dataclasses.replace(rnn_config(desc), algo=cb.RNNAlgo.STANDARD))
+
+    class RefusingAtCompute(cudnn_dry_run.DryRunBindings):
+        def temp_space_sizes(self, handle, rnn_desc, x_desc, fwd_mode=cb.ForwardMode.TRAINING):
+            return super().temp_space_sizes(handle, standard(rnn_desc), x_desc, fwd_mode)
+
+        def _prepared(self, name, rnn_desc, fixed):
+            call = getattr(super(), name)(standard(rnn_desc), **fixed)
+            return Refused(call) if persistent(rnn_desc) and call.prepared.function == function else call
+
+        def prepare_forward(self, rnn_desc, **fixed):
+            return self._prepared("prepare_forward", rnn_desc, fixed)
+
+        def prepare_backward_data(self, rnn_desc, **fixed):
+            return self._prepared("prepare_backward_data", rnn_desc, fixed)
+
+        def prepare_backward_weights(self, rnn_desc, **fixed):
+            return self._prepared("prepare_backward_weights", rnn_desc, fixed)
+
+    refusals: Counter[str] = Counter()
+    return RefusingAtCompute(), refusals
+
+
+@pytest.mark.parametrize("function", ["cudnnRNNForward", "cudnnRNNBackwardData_v8"])
+def test_a_persistent_algorithm_refused_at_a_compute_call_falls_back_to_standard_once(monkeypatch, caplog,
+                                                                                        function):
+    """cuDNN accepts PERSIST_STATIC_SMALL_H when the plan asks its sizes, then refuses it at a compute call:
+    the call runs again on a STANDARD plan (a forward from the start, a backward from a new forward), the
+    answer is the reference engine's, a warning says so once, and the key stays STANDARD (no second try)."""
+    from support import cudnn_dry_run
+
+    bindings, refusals = _refusing_at(function)
+    monkeypatch.setattr(cf, "algo", "auto")
+    with cudnn_dry_run.installed(bindings) as cp:
+        engine = cudnn_dry_run._engine_module(bindings).ENGINE
+        engine.plans.clear()
+        params, x, dy, _ = _inputs(cp, SMALL_H, seed=7)
+        with caplog.at_level(logging.INFO, logger="arrayrnn.cudnn"):
+            first = _step(params, x, dy, None)
+            second = _step(params, x, dy, None)
+        plan = engine.plan_for(params, x, np.full(3, 6), False, True)
+        assert plan.algo == "STANDARD" and f"cuDNN refused PERSIST_STATIC_SMALL_H at {function}" in (
+            plan.segments[0].note)
+        assert refusals == Counter({function: 1}), "the refused algorithm was tried again"
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "refused" in r.message]
+        assert len(warnings) == 1
+        want_res, want = _reference(params, x, dy, None)
+        for res, g in (first, second):
+            np.testing.assert_allclose(res.y.get(), want_res.y, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(g.dx.get(), want.dx, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(g.dparams.to_format("canonical").data.get(), want.dparams.data,
+                                       rtol=1e-4, atol=1e-5)
+
+
+def test_other_cudnn_errors_at_a_compute_call_are_not_taken_for_a_refusal(monkeypatch):
+    """Only BAD_PARAM / NOT_SUPPORTED from a persistent plan is a refusal; an execution failure reaches the
+    caller as it is, and STANDARD's own refusals are not retried."""
+    from support import cudnn_dry_run
+
+    bindings, _ = _refusing_at("cudnnRNNForward")
+    monkeypatch.setattr(cf, "algo", "auto")
+    with cudnn_dry_run.installed(bindings) as cp:
+        engine = cudnn_dry_run._engine_module(bindings).ENGINE
+        engine.plans.clear()
+        params, x, _, _ = _inputs(cp, SMALL_H, seed=8)
+        plan = engine.plan_for(params, x, np.full(3, 6), False, False)
+        assert plan.algo == "PERSIST_STATIC_SMALL_H"
+        failing = cb.CudnnError(int(cb.Status.EXECUTION_FAILED), "cudnnRNNForward")
+
+        def fail(**addresses):
+            raise failing
+
+        segment = plan.segments[0]
+        monkeypatch.setattr(segment, "calls", dataclasses.replace(segment.calls, forward=fail))
+        with pytest.raises(cb.CudnnError) as caught:
+            ar.rnn_forward(params, x, engine="cudnn")
+        assert caught.value is failing and engine.plan_for(params, x, np.full(3, 6), False, False) is plan
 
 
 def test_standard_is_chosen_without_asking_cudnn_twice(dry, monkeypatch):

@@ -141,8 +141,8 @@ class _Run:
 class _Cache:
     params: PackedParams
     plan: cudnn_plan.Plan     # a training plan
+    rows: cf.Rows
     x: Any
-    lengths: np.ndarray
     h0: Any
     c0: Any
     masks: Any
@@ -198,29 +198,54 @@ class CudnnEngine(Engine):
     def take_input(self, x: Any, lengths: np.ndarray, batch_first: bool) -> Any:
         """A contiguous copy of ``x`` in the caller's layout, zero at padding: ONE kernel, with the padding
         mask made once per lengths (no host-to-device copy on a repeated call)."""
-        rows = cudnn_plan.rows_for(cupy, lengths, x.shape[1] if batch_first else x.shape[0], batch_first,
-                                   device_id(x))
+        rows = self._rows(x, lengths, batch_first)
         if rows.valid is None:
             return cupy.array(x, order="C", copy=True)
         return cupy.ascontiguousarray(cupy.where(rows.valid, x, 0).astype(x.dtype, copy=False))
 
-    # -- plans --------------------------------------------------------------------------------------
+    # -- plans ----------------------------------------------------------------------------------------
     def plan_for(self, params: PackedParams, x: Any, lengths: np.ndarray, batch_first: bool, training: bool,
                  layered: bool = False) -> cudnn_plan.Plan:
         """The plan of a call (made on first use, then reused); ``.algo`` and each segment's ``.note`` say
         which cuDNN algorithm runs and why."""
         device = device_id(x)
         key = cudnn_plan.plan_key(params.spec, params.spec.dtype, device, lengths,
-                                    x.shape[1] if batch_first else x.shape[0], batch_first, training, layered)
-        return self.plans.get(key, lambda k: cudnn_plan.build(cb, cupy, k, lengths, handle(device),
-                                                              _descriptor, _compute_major(device)))
+                                  x.shape[1] if batch_first else x.shape[0], batch_first, training, layered)
+        return self.plans.get(key, self._maker(self._rows(x, lengths, batch_first)))
+
+    @staticmethod
+    def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> cf.Rows:
+        return cudnn_plan.rows_for(cupy, lengths, x.shape[1] if batch_first else x.shape[0], batch_first,
+                                   device_id(x))
+
+    @staticmethod
+    def _maker(rows: cf.Rows) -> Callable[[cudnn_plan.PlanKey, str | None], cudnn_plan.Plan]:
+        def make(key: cudnn_plan.PlanKey, refused: str | None) -> cudnn_plan.Plan:
+            device = key.device
+            return cudnn_plan.build(cb, key, rows, handle(device), _descriptor, _compute_major(device),
+                                    refused)
+        return make
+
+    def _attempt(self, plan: cudnn_plan.Plan, rows: cf.Rows, run: Callable[[cudnn_plan.Plan], Any]
+                 ) -> tuple[cudnn_plan.Plan, Any]:
+        """``(plan, run(plan))``; where cuDNN refuses a persistent algorithm at a compute call (a refusal its
+        size query did not give), ``run`` again once on the STANDARD plan that replaces it for good."""
+        try:
+            return plan, run(plan)
+        except cb.CudnnError as err:
+            if not cf.is_refusal(err) or plan.algo == "STANDARD":
+                raise
+            plan = self.plans.demote(plan, err, self._maker(rows))
+            return plan, run(plan)
 
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, params, x, lengths, h0, c0, masks, *, batch_first, keep_cache) -> StackForward:
+        rows = self._rows(x, lengths, batch_first)
         plan = self.plan_for(params, x, lengths, batch_first, keep_cache, masks is not None)
-        y, h_n, c_n, runs = self._run(plan, params, x, h0, c0, masks)
-        y, h_n, c_n = plan.rows.forward_out(cupy, y, h_n, c_n, h0, c0)
-        cache = _Cache(params, plan, x, lengths, h0, c0, masks, runs) if keep_cache else None
+        plan, (y, h_n, c_n, runs) = self._attempt(
+            plan, rows, lambda p: self._run(p, rows, params, x, h0, c0, masks))
+        y, h_n, c_n = rows.forward_out(cupy, y, h_n, c_n, h0, c0)
+        cache = _Cache(params, plan, rows, x, h0, c0, masks, runs) if keep_cache else None
         return StackForward(y, h_n, c_n, cache)
 
     def _segment_weights(self, params: PackedParams, plan: cudnn_plan.Plan) -> list[Any]:
@@ -239,59 +264,89 @@ class CudnnEngine(Engine):
             stacked[maps.holes] = 0
         return [stacked[offset:offset + size] for offset, size in zip(maps.offsets, maps.sizes, strict=True)]
 
-    def _run(self, plan: cudnn_plan.Plan, params: PackedParams, x: Any, h0: Any, c0: Any, masks: Any):
-        spec, key = params.spec, plan.key
-        h = handle(key.device).ptr
-        d, lstm, training = spec.num_directions, spec.mode == "lstm", key.training
-        h0, c0 = plan.rows.states_in(cupy, h0, c0)
+    def _run(self, plan: cudnn_plan.Plan, rows: cf.Rows, params: PackedParams, x: Any, h0: Any, c0: Any,
+             masks: Any):
+        h = handle(plan.key.device)
+        h0, c0 = rows.states_in(cupy, h0, c0)
         h_n = cupy.empty(plan.h_shape, x.dtype)
-        c_n = cupy.empty(plan.c_shape, x.dtype) if lstm else None
+        c_n = cupy.empty(plan.c_shape, x.dtype) if params.spec.mode == "lstm" else None
+        weights = self._segment_weights(params, plan)
+        with plan.bound(rows, h):
+            runs = self._run_segments(plan, weights, h.ptr, x, h0, c0, h_n, c_n, masks)
+        return runs[-1].y, h_n, c_n, runs if plan.key.training else None
+
+    @staticmethod
+    def _run_segments(plan: cudnn_plan.Plan, spaces: list[Any], h: int, x: Any, h0: Any, c0: Any, h_n: Any,
+                      c_n: Any, masks: Any) -> list[_Run]:
+        """Each segment's cudnnRNNForward, layer by layer under dropout (its masks applied in between)."""
+        spec, key = plan.key.spec, plan.key
+        d, training = spec.num_directions, key.training
         runs, inp, whole = [], x, len(plan.segments) == 1
-        for seg, weights in zip(plan.segments, self._segment_weights(params, plan), strict=True):
+        for seg, space in zip(plan.segments, spaces, strict=True):
             if seg.first > 0:
                 mask = masks[seg.first - 1]
                 inp = cupy.ascontiguousarray(inp * (mask.transpose(1, 0, 2) if key.batch_first else mask))
             y = cupy.empty(inp.shape[:2] + (d * spec.output_size,), x.dtype)  # cuDNN fills the padding
             part = _part(seg, d, whole)
             hx, cx, hy, cy = (part(a) for a in (h0, c0, h_n, c_n))
-            work = cupy.empty(seg.work_size, np.uint8)
-            reserve = cupy.empty(seg.reserve_size, np.uint8) if training else None
-            seg.forward(handle=h, x=inp.data.ptr, y=y.data.ptr, hx=_ptr(hx), hy=hy.data.ptr, cx=_ptr(cx),
-                        cy=_ptr(cy), weight_space=weights.data.ptr, work_space=work.data.ptr,
-                        reserve_space=_ptr(reserve))
-            runs.append(_Run(seg, weights, inp, y, hx, cx, reserve, work))
+            calls = seg.calls
+            work = cupy.empty(calls.work_size, np.uint8)
+            reserve = cupy.empty(calls.reserve_size, np.uint8) if training else None
+            calls.forward(handle=h, x=inp.data.ptr, y=y.data.ptr, hx=_ptr(hx), hy=hy.data.ptr, cx=_ptr(cx),
+                          cy=_ptr(cy), weight_space=space.data.ptr, work_space=work.data.ptr,
+                          reserve_space=_ptr(reserve))
+            runs.append(_Run(seg, space, inp, y, hx, cx, reserve, work))
             inp = y
-        return inp, h_n, c_n, runs if training else None
+        return runs
 
     # -- backward -----------------------------------------------------------------------------------
     def backward(self, cache: _Cache, dy, dh_n, dc_n) -> StackGrads:
-        params, plan, spec = cache.params, cache.plan, cache.params.spec
-        runs = cache.take_runs() or self._run(plan, params, cache.x, cache.h0, cache.c0, cache.masks)[3]
-        h, d, lstm, key = handle(plan.key.device).ptr, spec.num_directions, spec.mode == "lstm", plan.key
-        g, dhy_all, dcy_all = plan.rows.cotangents_in(cupy, dy, dh_n, dc_n)
+        runs = cache.take_runs()
+
+        def attempt(plan: cudnn_plan.Plan) -> StackGrads:
+            nonlocal runs
+            if runs is None or runs[0].segment is not plan.segments[0]:  # used, or the plan was replaced
+                runs = self._run(plan, cache.rows, cache.params, cache.x, cache.h0, cache.c0, cache.masks)[3]
+            return self._backward(plan, cache, runs, dy, dh_n, dc_n)
+
+        cache.plan, grads = self._attempt(cache.plan, cache.rows, attempt)
+        return grads
+
+    def _backward(self, plan: cudnn_plan.Plan, cache: _Cache, runs: list[_Run], dy, dh_n, dc_n) -> StackGrads:
+        params, spec, rows = cache.params, cache.params.spec, cache.rows
+        h, lstm = handle(plan.key.device), spec.mode == "lstm"
+        g, dhy_all, dcy_all = rows.cotangents_in(cupy, dy, dh_n, dc_n)
         dh0 = cupy.empty(plan.h_shape, dy.dtype)
         dc0 = cupy.empty(plan.c_shape, dy.dtype) if lstm else None
         grad_space, dweights = self._weight_grads(params, runs)
-        for run, dw in zip(reversed(runs), reversed(dweights), strict=True):
-            seg = run.segment
-            part = _part(seg, d, len(runs) == 1)
-            # BackwardData is not documented to write dx's padding
-            dx = cupy.empty_like(run.x) if plan.full else cupy.zeros_like(run.x)
-            dhy, dcy = (None if a is None else cupy.ascontiguousarray(part(a)) for a in (dhy_all, dcy_all))
-            dhx, dcx, work = part(dh0), part(dc0), run.work
-            seg.backward_data(handle=h, y=run.y.data.ptr, dy=g.data.ptr, dx=dx.data.ptr, hx=_ptr(run.hx),
-                              dhy=_ptr(dhy), dhx=dhx.data.ptr, cx=_ptr(run.cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
-                              weight_space=run.weights.data.ptr, work_space=work.data.ptr,
-                              reserve_space=run.reserve.data.ptr)
-            seg.backward_weights(handle=h, x=run.x.data.ptr, hx=_ptr(run.hx), y=run.y.data.ptr,
-                                 dweight_space=dw.data.ptr, work_space=work.data.ptr,
-                                 reserve_space=run.reserve.data.ptr)
-            if seg.first > 0:
-                mask = cache.masks[seg.first - 1]
-                dx = cupy.ascontiguousarray(dx * (mask.transpose(1, 0, 2) if key.batch_first else mask))
-            g = dx
-        dx, dh0, dc0 = plan.rows.backward_out(cupy, g, dh0, dc0, dh_n, dc_n)
+        with plan.bound(rows, h):
+            for run, dw in zip(reversed(runs), reversed(dweights), strict=True):
+                g = self._backward_segment(plan, cache, run, dw, h.ptr, g, dhy_all, dcy_all, dh0, dc0,
+                                           len(runs) == 1)
+        dx, dh0, dc0 = rows.backward_out(cupy, g, dh0, dc0, dh_n, dc_n)
         return StackGrads(dx, dh0, dc0, self._dparams(params, runs, grad_space))
+
+    @staticmethod
+    def _backward_segment(plan: cudnn_plan.Plan, cache: _Cache, run: _Run, dw: Any, h: int, g: Any,
+                          dhy_all: Any, dcy_all: Any, dh0: Any, dc0: Any, whole: bool) -> Any:
+        """One segment's BackwardData and BackwardWeights; returns the gradient of its input."""
+        seg, key = run.segment, plan.key
+        part = _part(seg, key.spec.num_directions, whole)
+        # BackwardData is not documented to write dx's padding
+        dx = cupy.empty_like(run.x) if plan.full else cupy.zeros_like(run.x)
+        dhy, dcy = (None if a is None else cupy.ascontiguousarray(part(a)) for a in (dhy_all, dcy_all))
+        dhx, dcx, work, calls = part(dh0), part(dc0), run.work, seg.calls
+        calls.backward_data(handle=h, y=run.y.data.ptr, dy=g.data.ptr, dx=dx.data.ptr, hx=_ptr(run.hx),
+                            dhy=_ptr(dhy), dhx=dhx.data.ptr, cx=_ptr(run.cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
+                            weight_space=run.weights.data.ptr, work_space=work.data.ptr,
+                            reserve_space=run.reserve.data.ptr)
+        calls.backward_weights(handle=h, x=run.x.data.ptr, hx=_ptr(run.hx), y=run.y.data.ptr,
+                               dweight_space=dw.data.ptr, work_space=work.data.ptr,
+                               reserve_space=run.reserve.data.ptr)
+        if seg.first > 0:
+            mask = cache.masks[seg.first - 1]
+            dx = cupy.ascontiguousarray(dx * (mask.transpose(1, 0, 2) if key.batch_first else mask))
+        return dx
 
     def _weight_grads(self, params: PackedParams, runs: list[_Run]) -> tuple[Any, list[Any]]:
         """A zeroed gradient buffer for BackwardWeights to ADD into, and each segment's part of it: the

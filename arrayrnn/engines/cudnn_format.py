@@ -143,6 +143,12 @@ def requested_algo(value: Any = None) -> str:
     return value
 
 
+def is_refusal(err: cb.CudnnError) -> bool:
+    """Whether ``err`` is cuDNN's "not for this call" (BAD_PARAM* / NOT_SUPPORTED*), which an algorithm
+    other than STANDARD may meet where STANDARD would run."""
+    return 2000 <= err.status < 4000
+
+
 def choose_algo(spec: RNNSpec, dtype: str, equal_lengths: bool, training: bool, compute_major: int,
                 requested: str = "auto") -> tuple[cb.RNNAlgo, str]:
     """The algorithm a plan asks cuDNN for, and why (a phrase). ``"auto"`` is PyTorch's rule: a
@@ -311,17 +317,20 @@ class Rows:
 
     valid: Array | None   # (T, B, 1) / (B, T, 1) bool, True at t < len[b]; None without padding
     empty: Array | None   # (1, B, 1) bool, True for rows of length 0; None without empty rows
+    seq_lengths: Array    # (B,) int32: cuDNN's devSeqLengths (:func:`stand_in_lengths`)
+    host_lengths: np.ndarray  # the same on the host, for the RNN data descriptors
 
     @classmethod
     def of(cls, xp: Any, lengths: np.ndarray, seq_len: int, batch_first: bool) -> Rows:
         lengths = np.asarray(lengths)
+        host = stand_in_lengths(lengths)
         valid = empty = None
         if (lengths < seq_len).any():
             mask = np.arange(seq_len)[:, None] < lengths[None, :]
             valid = xp.asarray((mask.T if batch_first else mask)[:, :, None])
         if (lengths == 0).any():
             empty = xp.asarray((lengths == 0)[None, :, None])
-        return cls(valid, empty)
+        return cls(valid, empty, xp.asarray(host), host)
 
     def states_in(self, xp: Any, h0: Array | None, c0: Array | None) -> tuple[Array | None, Array | None]:
         """Initial states for cuDNN: zero for empty rows (``None``, zeros, stays ``None``)."""
