@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import ctypes
 import importlib.util
+import itertools
 import json
 import statistics
 import subprocess
@@ -187,23 +188,44 @@ def _bench_bindings() -> types.ModuleType:
         backward_data = staticmethod(cb.backward_data)
         backward_weights = staticmethod(cb.backward_weights)
 
+        def temp_space_sizes(self, handle, rnn_desc, x_desc, fwd_mode=cb.ForwardMode.TRAINING):
+            """cuDNN's answer (the dry run asks real cuDNN in a child once per configuration), then a dict
+            lookup standing in for the host call (the dry run's own lookup reads both descriptors back)."""
+            key = (int(getattr(rnn_desc, "ptr", rnn_desc)), x_desc.ptr, x_desc.config.seq_lengths.tobytes(),
+                   int(fwd_mode))
+            if key not in sizes:
+                sizes[key] = super().temp_space_sizes(handle, rnn_desc, x_desc, fwd_mode)
+            return sizes[key]
+
+    sizes: dict[tuple, tuple[int, int]] = {}
     return StubbedCompute()
 
 
 # -- one row ---------------------------------------------------------------------------------------------
-def _ours(cp, mode: str, shape: tuple, training: bool) -> Callable[[], None]:
+def _ours(cp, mode: str, shape: tuple, training: bool, lengths: list[np.ndarray] | None = None
+          ) -> Callable[[], None]:
+    """A call of ours; ``lengths``: each call takes the next of these (cycling), else every row is full."""
     t, b, i, h = shape
     spec = ar.RNNSpec(mode=mode, input_size=i, hidden_size=h)
     params = ar.PackedParams.init(spec, seed=0, xp=cp).to_format("cudnn")
     x = cp.asarray(np.random.default_rng(0).standard_normal((t, b, i)).astype(np.float32))
-    if not training:
-        return lambda: ar.rnn_forward(params, x, engine="cudnn")
     dy = cp.ones((t, b, h), np.float32)
+    cycle = itertools.cycle(lengths or [None])
+
+    def forward() -> None:
+        ar.rnn_forward(params, x, next(cycle), engine="cudnn")
 
     def step() -> None:
-        ar.rnn_backward(ar.rnn_forward(params, x, training=True, engine="cudnn"), dy)
+        ar.rnn_backward(ar.rnn_forward(params, x, next(cycle), training=True, engine="cudnn"), dy)
 
-    return step
+    return step if training else forward
+
+
+def _padded_lengths(count: int, shape: tuple, seed: int = 1) -> list[np.ndarray]:
+    """``count`` distinct lengths of ``shape``'s batch, each with rows shorter than T."""
+    t, b = shape[:2]
+    rng = np.random.default_rng(seed)
+    return [np.concatenate([[t], rng.integers(t // 2, t, b - 1)]) for _ in range(count)]
 
 
 @contextlib.contextmanager
@@ -272,6 +294,44 @@ def _row(cp, fake: types.ModuleType, arithmetic: Arithmetic, mode: str, name: st
     return row
 
 
+def _lengths_row(cp, fake: types.ModuleType, arithmetic: Arithmetic, mode: str, name: str, what: str,
+                 rounds: int, calls: int) -> dict:
+    """Padded calls whose lengths change under one shape (two alternating, and new ones every call: more
+    than the 64 the engine keeps device copies of), against the same padded lengths every call."""
+    training, shape = what == "train_step", SHAPES[name]
+    fresh = _padded_lengths(max(calls, 65), shape)
+    paths = {"same": _ours(cp, mode, shape, training, fresh[:1]),
+             "two alternating": _ours(cp, mode, shape, training, fresh[:2]),
+             "new every call": _ours(cp, mode, shape, training, fresh)}
+    for path in paths.values():  # the plan, then every lengths' first call (the dry run's size queries)
+        for _ in range(len(fresh)):
+            path()
+    times: dict[str, list[float]] = {key: [] for key in paths}
+    with pooled(fake), arithmetic.timed(fake):
+        for _ in range(rounds):
+            for key, path in paths.items():
+                times[key].append(_mean_us(path, calls, arithmetic))
+    row = dict(engine="cudnn", mode=mode, shape=name, what=f"{what}, lengths changing",
+               **{f"{key} us": statistics.median(t) for key, t in times.items()})
+    row["ratio"] = max(row["two alternating us"], row["new every call us"]) / row["same us"]
+    return row
+
+
+def measure_lengths(rounds: int, calls: int) -> list[dict]:
+    from support import cudnn_dry_run, fake_cupy
+
+    rows, arithmetic = [], Arithmetic()
+    with stubbed_compute(), cudnn_dry_run.installed(_bench_bindings()) as cp:
+        for mode in MODES:
+            for what in ("forward", "train_step"):
+                row = _lengths_row(cp, fake_cupy, arithmetic, mode, "S1", what, rounds, calls)
+                rows.append(row)
+                print(f"cudnn {mode:4s} S1 {what:10s} padded: same lengths {row['same us']:7.1f} us, two "
+                      f"alternating {row['two alternating us']:7.1f}, new every call "
+                      f"{row['new every call us']:7.1f} (ratio {row['ratio']:.2f})", flush=True)
+    return rows
+
+
 def measure(rounds: int, calls: int) -> list[dict]:
     from support import cudnn_dry_run, fake_cupy
 
@@ -307,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rounds, calls = (3, 20) if args.quick else (args.rounds, args.calls)
-    rows = measure(rounds, calls)
+    rows = measure(rounds, calls) + measure_lengths(rounds, calls)
     for row in _cupy_rows(args.quick):
         rows.append(row)
         print(f"{row['engine']:34s} {row['mode']:4s} {row['shape']} {row['what']:10s} ours "

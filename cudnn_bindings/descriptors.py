@@ -8,6 +8,7 @@ finalizer as a last resort (not run at interpreter exit, when the CUDA context m
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 from collections import Counter
@@ -18,7 +19,17 @@ import numpy as np
 
 from . import _cuda, raw
 from .args import address, owned
-from .config import RNNConfig, SeqDataConfig, TensorConfig, _as_float, _as_int, fill_bytes, fill_value
+from .config import (
+    RNNConfig,
+    SeqDataConfig,
+    TensorConfig,
+    _as_float,
+    _as_int,
+    _seq_lengths,
+    _set,
+    fill_bytes,
+    fill_value,
+)
 from .enums import (
     DataType,
     DirectionMode,
@@ -316,6 +327,17 @@ class RNNDataDescriptor(_Owned):
                                     config.batch_size, config.vector_size, lengths.ctypes.data,
                                     fill.ctypes.data)
         self.config = config
+
+    def set_lengths(self, seq_lengths: Any) -> None:
+        """The configuration set last, with other ``seq_lengths`` (checked against its ``batch_size`` and
+        ``max_seq_length`` as `SeqDataConfig` does), set again in place: what a caller whose lengths change
+        from call to call under one shape needs, without building and checking a whole configuration."""
+        config = self.config
+        if config is None:
+            raise ValueError("RNNDataDescriptor has not been set")
+        updated = copy.copy(config)
+        _set(updated, "seq_lengths", _seq_lengths(seq_lengths, config.batch_size, config.max_seq_length))
+        self.set(updated)
 
     def get(self) -> SeqDataConfig:
         """The configuration read back from cuDNN. See `cudnnGetRNNDataDescriptor`."""

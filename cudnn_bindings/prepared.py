@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from . import _lib, raw
@@ -56,6 +57,13 @@ _FIXED: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
+@cache
+def _parameters(raw_wrapper: Callable) -> list[str]:
+    """The raw wrapper's parameter names (the C order), ``desc`` named ``rnn_desc`` as in the typed layer;
+    read once per wrapper (``inspect.signature`` costs tens of microseconds)."""
+    return ["rnn_desc" if p == "desc" else p for p in inspect.signature(raw_wrapper).parameters]
+
+
 class PreparedCall:
     """One cuDNN compute function with its fixed arguments bound; call it with ``handle=`` (a `Handle` or
     its ``.ptr``) and the per-call addresses named in :attr:`per_call`."""
@@ -63,7 +71,7 @@ class PreparedCall:
     __slots__ = ("function", "fixed", "per_call", "_fn", "_template", "_slots")
 
     def __init__(self, function: str, raw_wrapper: Callable, fixed: dict[str, Any]) -> None:
-        order = ["rnn_desc" if p == "desc" else p for p in inspect.signature(raw_wrapper).parameters]
+        order = _parameters(raw_wrapper)
         unknown = set(fixed) - set(order)
         if unknown:
             raise TypeError(f"{function}: unknown fixed argument(s) {sorted(unknown)}; it takes {order}")

@@ -163,6 +163,26 @@ def test_data_descriptor_set_again_replaces() -> None:
         assert d.get() == b and d.config is b
 
 
+def test_data_descriptor_set_lengths_keeps_the_rest_and_checks_the_lengths() -> None:
+    a = cb.SeqDataConfig(data_type="double", max_seq_length=9, batch_size=3, vector_size=5,
+                         seq_lengths=[9, 1, 4], padding_fill=2.5)
+    with cb.RNNDataDescriptor(a) as d:
+        d.set_lengths(np.array([0, 9, 2]))
+        want = cb.SeqDataConfig(data_type="double", max_seq_length=9, batch_size=3, vector_size=5,
+                                seq_lengths=[0, 9, 2], padding_fill=2.5)
+        assert d.get() == want and d.config == want and a.seq_lengths.tolist() == [9, 1, 4]
+        for bad, match in (([1, 2], r"seq_lengths has shape \(2,\); expected \(batch_size,\) = \(3,\)"),
+                           ([1, 10, 2], r"seq_lengths\[1\] = 10; every length must be in 0..max_seq_length"),
+                           ([1.5, 2, 2], "seq_lengths must hold integers")):
+            with pytest.raises((ValueError, TypeError), match=match):
+                d.set_lengths(bad)
+        assert d.get() == want, "a refused set_lengths changed the descriptor"
+    with cb.RNNDataDescriptor(a) as d:
+        d.close()
+        with pytest.raises(Exception, match="closed"):
+            d.set_lengths([1, 1, 1])
+
+
 # ---------------------------------------------------------------- tensor descriptor round trips
 @st.composite
 def tensor_configs(draw) -> cb.TensorConfig:

@@ -155,13 +155,45 @@ def test_graphs_are_kept_per_stream_and_launched_on_it() -> None:
     assert len(ENGINE.kernel.graphs.graphs()) == 2 * 2 * 2  # 2 passes x (2 + 2) streams
 
 
-def test_least_recently_used_graphs_make_room(monkeypatch) -> None:
-    monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 1)
+def test_kept_programs_are_bounded_by_the_memory_they_hold(monkeypatch) -> None:
+    """Programs (and their graphs) are kept by the bytes their buffers hold, least recently used out first;
+    a budget below one program still keeps the program in use."""
     spec = _spec(dict(mode="lstm"))
     with cupy_sim.installed(capture_after=0):
+        for seed, T in enumerate((3, 4)):
+            _check_against_reference(make_case(spec, T, 2, seed=seed, lengths="full"), seed)
+        sizes = {key: program.nbytes for key, program in ENGINE.kernel.graphs.programs()}
+        assert len(sizes) == 4 and all(sizes.values()) and ENGINE.kernel.graphs.held() == sum(sizes.values())
+        ENGINE.kernel.graphs.clear()
+        monkeypatch.setattr(cuda_graphs, "max_bytes", max(sizes.values()))  # room for one program
         for seed, T in enumerate((3, 4, 3, 4)):
             _check_against_reference(make_case(spec, T, 2, seed=seed, lengths="full"), seed)
+            kept = ENGINE.kernel.graphs.programs()
+            assert len(kept) == 1 and kept[0][0][0] == "backward", "the program in use is the one kept"
             assert len(ENGINE.kernel.graphs.graphs()) == 1
+        monkeypatch.setattr(cuda_graphs, "max_bytes", 1)  # below any program: the one in use stays
+        _check_against_reference(make_case(spec, 3, 2, seed=9, lengths="full"), 9)
+        assert len(ENGINE.kernel.graphs.programs()) == 1
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "step-by-step"])
+def test_a_known_key_builds_no_program_step_by_step_or_replayed(monkeypatch, graphs) -> None:
+    """A call whose key was seen reuses its program, step by step as well as replayed: no program is built,
+    so none of its buffers is allocated again (a program allocates only when built); only the results are
+    new arrays."""
+    monkeypatch.setattr(cuda_graphs, "use_graphs", graphs)
+    built = []
+    init = cupy_steps.StepProgram.__init__
+    monkeypatch.setattr(cupy_steps.StepProgram, "__init__",
+                        lambda self, *a, **k: (built.append(type(self).__name__), init(self, *a, **k))[1])
+    spec = _spec(dict(mode="gru", bidirectional=True, recurrent_dropout=0.2))
+    with cupy_sim.installed(capture_after=1):
+        for seed in range(3):
+            before, case = len(built), make_case(spec, 4, 3, seed=seed).with_(lengths=np.array([4, 0, 2]))
+            _check_against_reference(case, seed)
+            assert len(built) - before == (4 if seed == 0 else 0)
+    held = ENGINE.kernel.graphs.held()
+    assert held == sum(program.nbytes for _, program in ENGINE.kernel.graphs.programs()) > 0
 
 
 def test_without_graphs_every_step_is_issued(monkeypatch) -> None:

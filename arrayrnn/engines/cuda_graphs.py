@@ -6,13 +6,15 @@ launches on the current stream, nothing that allocates or waits for the GPU), an
 results out of its output buffers. Because the buffers never move, a stream capture of ``issue`` is a graph
 that every later call with the same key replays after its ``load``.
 
-:meth:`GraphCache.run` decides per call: on NumPy arrays (numba's CUDA simulator) or with
+:meth:`GraphCache.run` keeps one program per key and thread, and reuses it: a call with a known key
+allocates no buffer, step by step or replayed. On NumPy arrays (numba's CUDA simulator) or with
 ``use_graphs = False`` the loop is issued step by step; on CuPy the first :data:`CAPTURE_AFTER` calls of a
-key are issued step by step (a warm-up: cuBLAS, CuPy's kernels and ours are loaded before any capture, and a
-key seen once, such as the lengths of one batch, never costs a capture); the next one captures ``issue`` on
-a private non-blocking stream (CuPy's ``Stream.begin_capture``, relaxed mode) and launches the graph on the
+key are issued step by step (a warm-up: CuPy's kernels and ours are loaded before any capture, and a key
+seen once, such as the lengths of one batch, never costs a capture); the next one captures ``issue`` on a
+private non-blocking stream (CuPy's ``Stream.begin_capture``, relaxed mode) and launches the graph on the
 caller's stream, as does every call after. A key is the program's shape, lengths, options, the stream and
-the device; graphs and their buffers are kept per thread, the :data:`MAX_GRAPHS` most recently used.
+the device. What a thread keeps is bounded by the device memory its programs' buffers hold
+(:data:`max_bytes`), least recently used out first; the program in use is always kept.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-CAPTURE_AFTER = 1   # step-by-step calls of a key before its loop is captured
-MAX_GRAPHS = 8      # captured graphs (and their programs' buffers) kept per thread, least recently used out
-_MAX_SEEN = 64      # keys remembered per thread while they wait for their capture
-use_graphs = True   # read at every call; False issues every loop step by step (no capture)
+CAPTURE_AFTER = 1       # step-by-step calls of a key before its loop is captured
+max_bytes = 1 << 30     # device memory the kept programs of one thread may hold (read at every new key)
+use_graphs = True       # read at every call; False issues every loop step by step (no capture)
 
 
 class Program(Protocol):
+    nbytes: int  # device memory its buffers hold
+
     def issue(self) -> None: ...
 
 
@@ -42,11 +45,31 @@ class GraphCaptureError(RuntimeError):
     """Capturing a time loop failed (the message says how to run without graphs)."""
 
 
+class _Entry:
+    __slots__ = ("program", "graph", "runs")
+
+    def __init__(self, program: Program) -> None:
+        self.program, self.graph, self.runs = program, None, 0
+
+
 class _ThreadState:
     def __init__(self) -> None:
-        self.graphs: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()  # key -> (program, graph)
-        self.seen: OrderedDict[Hashable, int] = OrderedDict()                # key -> step-by-step runs
-        self.capture_streams: dict[int, Any] = {}                            # device -> stream
+        self.entries: OrderedDict[Hashable, _Entry] = OrderedDict()  # key -> program (and graph)
+        self.held = 0                                                  # bytes the programs hold
+        self.capture_streams: dict[int, Any] = {}                      # device -> stream
+
+    def keep(self, key: Hashable, entry: _Entry) -> None:
+        """``entry`` kept under ``key``; the least recently used go while more than :data:`max_bytes` is
+        held (never the newest)."""
+        self.entries[key] = entry
+        self.held += entry.program.nbytes
+        while self.held > max_bytes and len(self.entries) > 1:
+            self.drop(next(iter(self.entries)))
+
+    def drop(self, key: Hashable) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.held -= entry.program.nbytes
 
 
 class GraphCache:
@@ -62,34 +85,45 @@ class GraphCache:
         return state
 
     def clear(self) -> None:
-        """Drop this thread's graphs and their buffers."""
+        """Drop this thread's programs, their graphs and their buffers."""
         self._local.state = _ThreadState()
 
     def graphs(self) -> list[tuple[Hashable, Any]]:
         """This thread's graphs, least recently used first, each with the key its caller gave."""
-        return [(key[0], graph) for key, (_, graph) in self._state().graphs.items()]
+        entries = self._state().entries.items()
+        return [(key[0], entry.graph) for key, entry in entries if entry.graph is not None]
+
+    def programs(self) -> list[tuple[Hashable, Program]]:
+        """This thread's programs, least recently used first, each with the key its caller gave."""
+        return [(key[0], entry.program) for key, entry in self._state().entries.items()]
+
+    def held(self) -> int:
+        """Device memory this thread's programs hold, in bytes."""
+        return self._state().held
 
     def run(self, xp: Any, key: Hashable, build: Callable[[], P], load: Callable[[P], None]) -> P:
         """The program for ``key`` after its loop ran on ``load``'s inputs (its outputs not yet copied)."""
-        if xp is np or not use_graphs:
-            return _step_by_step(build(), load)
-        state, stream = self._state(), xp.cuda.get_current_stream()
-        full_key = (key, stream.ptr, xp.cuda.Device().id)
-        entry = state.graphs.get(full_key)
+        state, graphs = self._state(), xp is not np and use_graphs
+        stream = xp.cuda.get_current_stream() if xp is not np else None
+        full_key = (key, stream.ptr, xp.cuda.Device().id) if stream is not None else (key, 0, 0)
+        entry = state.entries.get(full_key)
         if entry is None:
-            runs = state.seen.get(full_key, 0)
-            if runs < CAPTURE_AFTER:
-                _remember(state.seen, full_key, runs + 1, _MAX_SEEN)
-                return _step_by_step(build(), load)
-            state.seen.pop(full_key, None)
-            program = build()
-            entry = (program, self._capture(xp, state, program))
-            _remember(state.graphs, full_key, entry, MAX_GRAPHS)
-        state.graphs.move_to_end(full_key)
-        program, graph = entry
-        load(program)
-        graph.launch(stream)
-        return program
+            entry = _Entry(build())
+            state.keep(full_key, entry)
+        state.entries.move_to_end(full_key)
+        if graphs and entry.graph is None and entry.runs >= CAPTURE_AFTER:
+            try:
+                entry.graph = self._capture(xp, state, entry.program)
+            except GraphCaptureError:
+                state.drop(full_key)  # built anew by the next call
+                raise
+        entry.runs += 1
+        load(entry.program)
+        if graphs and entry.graph is not None:
+            entry.graph.launch(stream)
+        else:
+            entry.program.issue()
+        return entry.program
 
     @staticmethod
     def _capture(xp: Any, state: _ThreadState, program: Program) -> Any:
@@ -119,16 +153,3 @@ def _end_failed_capture(stream: Any) -> None:
     ``end_capture`` fails too; its error would hide the loop's own."""
     with contextlib.suppress(Exception):
         stream.end_capture()
-
-
-def _step_by_step(program: P, load: Callable[[P], None]) -> P:
-    load(program)
-    program.issue()
-    return program
-
-
-def _remember(cache: OrderedDict, key: Hashable, value: Any, limit: int) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > limit:
-        cache.popitem(last=False)

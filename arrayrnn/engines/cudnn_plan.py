@@ -115,7 +115,7 @@ class Plan:
             lengths = rows.host_lengths.tobytes()
             if lengths != self.lengths:
                 for seg in self.segments:
-                    _set_lengths(self.bindings, seg, self.key, rows.host_lengths)
+                    _set_lengths(seg, rows.host_lengths)
                     seg.calls = _calls(self.bindings, self.key, handle, seg, rows.seq_lengths)
                 self.lengths = lengths
             yield
@@ -252,10 +252,10 @@ def _data_descriptors(cb: ModuleType, key: PlanKey, spec: RNNSpec, host_lengths:
             cb.TensorDescriptor((states, key.batch, spec.hidden_size), dt))
 
 
-def _set_lengths(cb: ModuleType, seg: Segment, key: PlanKey, host_lengths: np.ndarray) -> None:
+def _set_lengths(seg: Segment, host_lengths: np.ndarray) -> None:
     """The segment's x / y descriptors set in place to new lengths (same shape, layout and sizes)."""
     for desc in seg.descriptors[:2]:
-        desc.set(_seq_config(cb, key, desc.config.vector_size, host_lengths))
+        desc.set_lengths(host_lengths)
 
 
 def _algorithm(cb: ModuleType, key: PlanKey, spec: RNNSpec, handle: Any, descriptor: DescriptorFactory,

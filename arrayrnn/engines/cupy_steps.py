@@ -75,18 +75,23 @@ class StepProgram:
         self.one = shape.dtype.type(1)
         self.batch_sizes = [int(n) for n in np.frombuffer(shape.batch_sizes, np.int64)]
         self._inputs: dict[str, Array] = {}
+        self.nbytes = 0  # device memory its buffers hold (what cuda_graphs.GraphCache budgets)
 
     # -- buffers and sites -------------------------------------------------------------------------
     def input(self, name: str, shape: tuple[int, ...]) -> Array:
         """A buffer ``load`` fills from the call's array of that name."""
-        self._inputs[name] = buffer = self.xp.empty(shape, self.shape.dtype)
+        self._inputs[name] = buffer = self.empty(shape)
         return buffer
 
     def zeros(self, shape: tuple[int, ...]) -> Array:
-        return self.xp.zeros(shape, self.shape.dtype)
+        return self._held(self.xp.zeros(shape, self.shape.dtype))
 
     def empty(self, shape: tuple[int, ...]) -> Array:
-        return self.xp.empty(shape, self.shape.dtype)
+        return self._held(self.xp.empty(shape, self.shape.dtype))
+
+    def _held(self, buffer: Array) -> Array:
+        self.nbytes += buffer.nbytes
+        return buffer
 
     def dummy(self, ndim: int) -> Array:
         """Stand-in for an absent array argument (same ndim, so one compiled signature per dtype)."""
