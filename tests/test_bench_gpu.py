@@ -50,3 +50,17 @@ def test_the_timeline_measures_the_union_of_gpu_intervals(bench):
         {"cat": "gpu_memcpy", "ts": 20, "dur": 5}, {"cat": "cpu_op", "ts": 0, "dur": 100},  # host op: ignored
         {"cat": "gpu_memset", "ts": 24, "dur": 2}, {"cat": "kernel", "ts": 30}]}  # no duration: ignored
     assert bench._busy_us(trace) == (21.0, 4)
+
+
+def test_ci_gpu_phases_are_bounded_to_fit_one_device_call_with_room():
+    """`.ci/gpu` runs in one device call (10 minutes at most): each phase under `timeout`, the defaults
+    summing to at most 9 minutes less a minute for the install and the versions."""
+    import re
+
+    script = (BENCH.parent.parent / ".ci" / "gpu").read_text()
+    defaults = {name: int(value) for name, value in re.findall(r"\$\{(\w+_TIMEOUT):-(\d+)\}", script)}
+    assert set(defaults) == {"PROBE_TIMEOUT", "TEST_TIMEOUT", "BENCH_TIMEOUT"}
+    assert sum(defaults.values()) <= 8 * 60
+    phase = re.compile(r"bench/gpu_probe|-m pytest|bench/bench_gpu")
+    phases = [line for line in script.splitlines() if phase.search(line) and not line.startswith("#")]
+    assert len(phases) == 3 and all(line.startswith("timeout ") for line in phases)
