@@ -149,3 +149,17 @@ def test_a_failed_driver_call_names_the_call_and_the_error() -> None:
         cl.Driver()._check("cuLaunchKernel", (driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
     assert err.value.name == "CUDA_ERROR_INVALID_VALUE"
     assert cl.Driver()._check("cuModuleLoadData", (driver.CUresult.CUDA_SUCCESS, "module")) == "module"
+
+
+@pytest.mark.parametrize("blocks, threads", [(0, 128), (1, 0), (1, 1025), (2**31, 1)])
+def test_the_simulators_launcher_refuses_the_launch_shapes_the_driver_refuses(blocks, threads) -> None:
+    """CUDA Driver API reference, ``cuLaunchKernel``: ``CUDA_ERROR_INVALID_VALUE`` for a grid or block
+    dimension of 0 or beyond ``MAX_GRID_DIM_X`` / ``MAX_THREADS_PER_BLOCK`` (1024); numba's simulator runs
+    such a launch (an empty grid does nothing), so the launcher standing in for the driver refuses it."""
+    dy, d_h, dh = np.zeros((4, 3, 5)), np.zeros((4, 3, 5)), np.zeros((3, 5))
+    site = cl.SimulatorLauncher().site(ck.add_carry_step, (0, 0, dy, dh, d_h))
+    with pytest.raises(cl.CudaDriverError, match=r"cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE "
+                                                 rf"\(add_carry_step launched with {blocks} blocks"):
+        site._submit(site.packed, blocks, threads)
+    assert [cl.launch_shape(e, b) for e, b in ((0, None), (1, None), (10**6, None), (0, 8))] == [
+        (1, 1), (1, 1), (7813, 128), (1, 8)]  # what the engine's sites ask: always inside the driver's range

@@ -217,8 +217,8 @@ def link_cubin(ptx: str, cc: tuple[int, int]) -> bytes:
 class CudaDriverError(RuntimeError):
     """A CUDA driver call failed; ``.name`` is the driver's error name."""
 
-    def __init__(self, call: str, name: str):
-        super().__init__(f"{call} failed: {name}")
+    def __init__(self, call: str, name: str, detail: str = ""):
+        super().__init__(f"{call} failed: {name}" + (f" ({detail})" if detail else ""))
         self.name = name
 
 
@@ -362,6 +362,20 @@ class DeviceLauncher:
         return LaunchSite(PackedArgs(specs, args), submit, block)
 
 
+MAX_BLOCKS, MAX_THREADS = 2**31 - 1, 1024  # gridDim.x and threads per block, every GPU since sm_20
+
+
+def _check_launch_shape(kernel: Any, blocks: int, threads: int) -> None:
+    """What ``cuLaunchKernel`` refuses with ``CUDA_ERROR_INVALID_VALUE`` (CUDA Driver API reference,
+    ``cuLaunchKernel``: a grid or block dimension of 0, or beyond the device's ``MAX_GRID_DIM_X`` /
+    ``MAX_THREADS_PER_BLOCK``), refused by the simulator's launcher as the driver would; numba's simulator
+    itself runs such a launch (an empty grid does nothing)."""
+    if not (1 <= blocks <= MAX_BLOCKS and 1 <= threads <= MAX_THREADS):
+        raise CudaDriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE",
+                              f"{kernel_name(kernel)} launched with {blocks} blocks of {threads} threads; "
+                              f"the driver takes 1..{MAX_BLOCKS} blocks of 1..{MAX_THREADS} threads")
+
+
 class SimulatorLauncher:
     """Launch sites under numba's CUDA simulator: the packed block decoded into arrays, the simulator's
     kernel run on them, at once (NumPy arrays) or as a host function of the current stream (a CuPy-like
@@ -374,6 +388,7 @@ class SimulatorLauncher:
         specs = _specs(kernel, args)
 
         def submit(packed: PackedArgs, blocks: int, threads: int) -> None:
+            _check_launch_shape(kernel, blocks, threads)
             values = packed.unpack()  # now: the step's t and n, as the driver copies them at a launch
 
             def run(_: object = None) -> None:
