@@ -3,6 +3,7 @@ are detected (the guard), input buffers refilled in between change nothing."""
 
 import numpy as np
 import pytest
+from support.cudnn import requires_cudnn
 
 import arrayrnn as ar
 
@@ -204,3 +205,33 @@ def test_a_cell_steps_backward_compares_the_weights_it_stepped_with(engine, trai
                                  dh=np.ones_like(res.h))
     got = ar.cell_step_backward(res, dh=np.ones_like(res.h))
     np.testing.assert_allclose(got.dparams.data, want.dparams.data, rtol=1e-12)
+
+
+# -- the GPU engines on their CPU stand-ins (the cupy engine's: tests_cudasim/test_gpu_probe_sim.py) -------
+@requires_cudnn
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("written", [True, False])
+def test_the_cudnn_engine_reports_a_write_and_only_a_write(monkeypatch, training, written):
+    """The cuDNN dry run (real cuDNN host code, emulated compute calls): the backward of an inference
+    forward reruns it in TRAINING mode, which on a GPU may round otherwise; the guard compares the weights'
+    fingerprints, so it raises exactly when ``params.data`` was written in between."""
+    from support import cudnn_dry_run
+
+    from arrayrnn.frontend import guard
+
+    monkeypatch.delenv("ARRAYRNN_SYNC_GUARD", raising=False)
+    guard._PENDING.clear()
+    spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4, num_layers=2, dtype="float64")
+    with cudnn_dry_run.installed() as cp:
+        params = ar.PackedParams.init(spec, seed=1, xp=cp).to_format("cudnn")
+        x = cp.asarray(np.random.default_rng(1).standard_normal((5, 2, 3)))
+        res = ar.rnn_forward(params, x, training=training, engine="cudnn")
+        if written:
+            params.data[3] += 1e-9
+        ar.rnn_backward(res, dy=cp.ones_like(res.y))
+        if written:
+            with pytest.raises(ValueError, match="modified in place between rnn_forward and rnn_backward"):
+                guard.synchronize()
+        else:
+            guard.synchronize()
+    guard._PENDING.clear()
