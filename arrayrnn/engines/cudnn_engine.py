@@ -205,13 +205,16 @@ class CudnnEngine(Engine):
 
     # -- plans ----------------------------------------------------------------------------------------
     def plan_for(self, params: PackedParams, x: Any, lengths: np.ndarray, batch_first: bool, training: bool,
-                 layered: bool = False) -> cudnn_plan.Plan:
+                 layered: bool = False, rows: cf.Rows | None = None) -> cudnn_plan.Plan:
         """The plan of a call (made on first use, then reused); ``.algo`` and each segment's ``.note`` say
-        which cuDNN algorithm runs and why."""
+        which cuDNN algorithm runs and why. ``rows``: the call's, if the caller has them."""
         device = device_id(x)
         key = cudnn_plan.plan_key(params.spec, params.spec.dtype, device, lengths,
                                   x.shape[1] if batch_first else x.shape[0], batch_first, training, layered)
-        return self.plans.get(key, self._maker(self._rows(x, lengths, batch_first)))
+        plan = self.plans.get(key, None)
+        if plan is None:
+            plan = self.plans.get(key, self._maker(rows or self._rows(x, lengths, batch_first)))
+        return plan
 
     @staticmethod
     def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> cf.Rows:
@@ -241,7 +244,7 @@ class CudnnEngine(Engine):
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, params, x, lengths, h0, c0, masks, *, batch_first, keep_cache) -> StackForward:
         rows = self._rows(x, lengths, batch_first)
-        plan = self.plan_for(params, x, lengths, batch_first, keep_cache, masks is not None)
+        plan = self.plan_for(params, x, lengths, batch_first, keep_cache, masks is not None, rows)
         plan, (y, h_n, c_n, runs) = self._attempt(
             plan, rows, lambda p: self._run(p, rows, params, x, h0, c0, masks))
         y, h_n, c_n = rows.forward_out(cupy, y, h_n, c_n, h0, c0)

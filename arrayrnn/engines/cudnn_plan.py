@@ -133,9 +133,10 @@ class PlanCache:
         self._refused: dict[PlanKey, str] = {}  # key -> why it runs STANDARD
         self._lock = threading.Lock()
 
-    def get(self, key: PlanKey, make: Callable[[PlanKey, str | None], Plan]) -> Plan:
+    def get(self, key: PlanKey, make: Callable[[PlanKey, str | None], Plan] | None) -> Plan | None:
+        """The plan of ``key``, made by ``make`` if there is none (``make=None``: ``None`` then)."""
         plan = self._plans.get(key)
-        if plan is None:
+        if plan is None and make is not None:
             plan = self._store(key, make(key, self._refused.get(key)))
         return plan
 
