@@ -71,6 +71,8 @@ def test_a_fixed_block_width_gives_one_block_per_row(elements, expected):
 class _SynchronisingLoop:
     """A program whose loop waits for its stream, which a capture cannot hold."""
 
+    nbytes = 0  # holds no buffer
+
     def __init__(self, cupy):
         self.cupy = cupy
 

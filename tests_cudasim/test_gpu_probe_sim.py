@@ -25,5 +25,6 @@ def test_the_cupy_engine_and_guard_checks_pass_step_by_step_captured_and_replaye
         probe.guard_checks(report, cp, engines=("cupy",))
     ENGINE.kernel.graphs.clear()
     assert [row["check"] for row in report.rows] == [
-        "cupy lstm plain", "cupy lstm rdrop+zoneout", "cupy gru plain", "cupy gru rdrop+zoneout", "guard cupy"]
+        "cupy lstm plain", "cupy lstm rdrop+zoneout", "cupy gru plain", "cupy gru rdrop+zoneout",
+        "guard cupy"]
     assert all(row["ok"] for row in report.rows), [row for row in report.rows if not row["ok"]]

@@ -66,7 +66,7 @@ def _track(a: np.ndarray) -> None:
     root = _root(a)
     key = id(root)
     if key not in _LIVE:
-        _refuse_in_capture(f"allocating a {a.dtype} array of shape {a.shape}")
+        _refuse_in_capture(lambda: f"allocating a {a.dtype} array of shape {a.shape}")
         _LIVE[key] = weakref.ref(root, lambda _: _LIVE.pop(key, None))
 
 
@@ -285,13 +285,14 @@ def _issue(name: str, run: Callable[[], Any], stream: Stream | None = None) -> N
         run()
 
 
-def _refuse_in_capture(what: str) -> None:
+def _refuse_in_capture(what: str | Callable[[], str]) -> None:
     """The project's rule, stricter than CuPy's: no allocation while the current stream captures. CuPy 14's
     pool refuses none (``cupy/cuda/memory.pyx``, ``SingleDeviceMemoryPool._malloc``: a cached chunk of the
     capturing stream's arena or ``cudaMalloc``, which the relaxed capture mode of ``Stream.begin_capture``,
     ``cupy/cuda/stream.pyx``, lets through), but the graph keeps writing that memory at every replay after
     the array that owned it went back to the pool."""
     if get_current_stream()._capture is not None:
+        what = what() if callable(what) else what  # formatted only when refused (an allocation's is costly)
         raise RuntimeError(f"{what} while the current stream captures a graph: the GPU would refuse it or "
                            "replay the graph on memory it no longer owns")
 
