@@ -7,7 +7,7 @@ results out of its output buffers. Because the buffers never move, a stream capt
 that every later call with the same key replays after its ``load``.
 
 :meth:`GraphCache.run` keeps one program per key and thread, and reuses it: a call with a known key
-allocates no buffer, step by step or replayed. On NumPy arrays (numba's CUDA simulator) or with
+allocates no loop buffer, step by step or replayed. On NumPy arrays (numba's CUDA simulator) or with
 ``use_graphs = False`` the loop is issued step by step; on CuPy the first :data:`CAPTURE_AFTER` calls of a
 key are issued step by step (a warm-up: CuPy's kernels and ours are loaded before any capture, and a key
 seen once, such as the lengths of one batch, never costs a capture); the next one captures ``issue`` on a
