@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from support.bench_loader import load_bench
 from support.cudnn import requires_cudnn
 
 PROBE = Path(__file__).resolve().parent.parent / "bench" / "gpu_probe.py"
@@ -17,11 +17,7 @@ PROBE = Path(__file__).resolve().parent.parent / "bench" / "gpu_probe.py"
 
 @pytest.fixture
 def probe(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_probe", PROBE)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_probe", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(monkeypatch, PROBE)
 
 
 @requires_cudnn

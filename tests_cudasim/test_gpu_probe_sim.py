@@ -3,11 +3,10 @@ probe `.ci/gpu` runs first on a device is itself known to work (its cuDNN checks
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from support import cupy_sim
+from support.bench_loader import load_bench
 
 from arrayrnn.engines.cupy_engine import ENGINE
 
@@ -15,10 +14,7 @@ PROBE = Path(__file__).resolve().parent.parent / "bench" / "gpu_probe.py"
 
 
 def test_the_cupy_engine_and_guard_checks_pass_step_by_step_captured_and_replayed(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_probe", PROBE)
-    probe = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_probe", probe)
-    spec.loader.exec_module(probe)
+    probe = load_bench(monkeypatch, PROBE)
     report = probe.Report(None)
     with cupy_sim.installed(capture_after=1) as cp:
         probe.cupy_checks(report, cp)
