@@ -211,10 +211,8 @@ class CudnnEngine(Engine):
         device = device_id(x)
         key = cudnn_plan.plan_key(params.spec, params.spec.dtype, device, lengths,
                                   x.shape[1] if batch_first else x.shape[0], batch_first, training, layered)
-        plan = self.plans.get(key, None)
-        if plan is None:
-            plan = self.plans.get(key, self._maker(rows or self._rows(x, lengths, batch_first)))
-        return plan
+        plan = self.plans.get(key, None)  # a hit makes no closure and looks no rows up
+        return plan or self.plans.get(key, self._maker(rows or self._rows(x, lengths, batch_first)))
 
     @staticmethod
     def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> cf.Rows:
