@@ -211,3 +211,20 @@ def test_time_loops_let_llvm_vectorise_at_512_bits():
     tile(xw, 0, 0, 1, 2, c, y, m, False, False, y, np.float32(-1), np.float32(1), peepholes)
     ir_text = next(iter(tile.inspect_llvm().values()))
     assert '"prefer-vector-width"="512"' in ir_text
+
+
+@pytest.mark.parametrize("gates", [1, 3, 4])
+def test_packing_reads_any_strides_the_same(rng, gates):
+    """The forward packs ``W.T`` (contiguous columns, read column by column), the backward ``W`` (rows):
+    both orders give the same packed block, zero past a partial last vector."""
+    H = pg.vector_lanes(np.float32) + 5
+    w = rng.standard_normal((gates * H, 37)).astype(np.float32)
+    by_rows = pg.pack_b(np.ascontiguousarray(w.T), gates)
+    by_columns = pg.pack_b(w.T, gates)
+    strided = pg.pack_b(np.repeat(w.T, 2, axis=0)[::2], gates)   # rows two apart
+    np.testing.assert_array_equal(by_columns, by_rows)
+    np.testing.assert_array_equal(strided, by_rows)
+    W = pg.vector_lanes(np.float32)
+    last_gate_of_group_1 = by_columns[2 * gates - 1]
+    np.testing.assert_array_equal(last_gate_of_group_1[:, :5], w.T[:, (gates - 1) * H + W:gates * H])
+    assert (by_columns[gates:, :, 5:] == 0).all()

@@ -48,17 +48,28 @@ def pack_b_into(b, gates, out):
     K, N = b.shape
     W = out.shape[2]
     H = N // gates
+    # b = W.T (the forward's operand) has contiguous columns: read each column whole (a lane of the
+    # block); reading it row by row touched one cache line per element (3x slower at 256 x 1024)
+    by_column = b.strides[0] < b.strides[1]
     for v in range(out.shape[0]):
         u, g = v // gates, v % gates
         first = u * W
         valid = min(W, H - first)
         col = g * H + first
-        for kk in range(K):
-            row = out[v, kk]
+        block = out[v]
+        if by_column:
             for lane in range(valid):
-                row[lane] = b[kk, col + lane]
+                column = b[:, col + lane]
+                for kk in range(K):
+                    block[kk, lane] = column[kk]
+        else:
+            for kk in range(K):
+                row = block[kk]
+                for lane in range(valid):
+                    row[lane] = b[kk, col + lane]
+        for kk in range(K):
             for lane in range(valid, W):
-                row[lane] = 0.0
+                block[kk, lane] = 0.0
 
 
 def pack_b(b: np.ndarray, gates: int = 1) -> np.ndarray:

@@ -171,6 +171,12 @@ def in_parallel(plan: Plan, wanted: int, cancel: Callable[[], None] | None = Non
     is at most ``wanted``: as many threads as are free now (module doc). ``cancel()`` (idempotent, from
     any thread) must make every started job return soon, whichever others never start. Waits for every
     started job; raises the caller's error, else the first worker's."""
+    if wanted <= 1:  # one part, on this thread: nothing to reserve, hand out or wait for (a small call)
+        jobs = plan(1)
+        if len(jobs) != 1:
+            raise RuntimeError(f"plan(1) gave {len(jobs)} jobs")  # an engine bug
+        jobs[0]()
+        return
     gang = _Gang(cancel)
     try:
         _crew().reserve(gang, wanted - 1, get_num_threads() - 1)
