@@ -232,7 +232,9 @@ def test_gpu_graph_replays_equal_the_cpu_reference_and_launch_nothing_from_the_h
             _compare(gpu, forward_backward(case, "reference", seed=seed), tolerances(dtype))
             launches.append(counted_launches.launches)
     assert launches[0] > 0 and launches[2] == launches[1]
-    assert len(ENGINE.kernel.graphs.graphs()) == 2 * spec.num_layers * spec.num_directions
+    # one graph per phase and direction: layers of one shape share a key (the time loop reads no input
+    # size), each layer loading its own inputs into the program before the replay
+    assert len(ENGINE.kernel.graphs.graphs()) == 2 * spec.num_directions
 
 
 @pytest.mark.gpu

@@ -40,7 +40,7 @@ def run_loop(cell, xs, state):
 
 
 def loss_of(outs):
-    return sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)).sum()
+    return sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype, device=o.device).view(o.shape)).sum()
                for step in outs for o in step)
 
 
