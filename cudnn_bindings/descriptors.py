@@ -155,7 +155,7 @@ class Handle(_Owned):
 
     @property
     def stream(self) -> int:
-        """The bound ``cudaStream_t`` address (0: the default stream). See `cudnnGetStream`."""
+        """The bound ``cudaStream_t`` address (0 for the default stream), see ``cudnnGetStream``."""
         return raw.get_stream(self.ptr)
 
     def set_stream(self, stream: Any) -> None:

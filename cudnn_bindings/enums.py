@@ -192,7 +192,9 @@ class WgradMode(IntEnum):
 
 # auxFlags of cudnnSetRNNDescriptor_v8 (#defines in cudnn_adv.h)
 RNN_PADDED_IO_DISABLED = 0
+"""``CUDNN_RNN_PADDED_IO_DISABLED``: the ``aux_flags`` value without padded input/output."""
 RNN_PADDED_IO_ENABLED = 1
+"""``CUDNN_RNN_PADDED_IO_ENABLED``: the ``aux_flags`` bit for padded input/output (the default here)."""
 
 # Python enum -> the C typedef it mirrors; #define name -> our constant (used by the header tests).
 C_NAMES: dict[type[IntEnum], str] = {
@@ -202,7 +204,9 @@ C_NAMES: dict[type[IntEnum], str] = {
     RNNInputMode: "cudnnRNNInputMode_t", RNNClipMode: "cudnnRNNClipMode_t",
     RNNDataLayout: "cudnnRNNDataLayout_t", WgradMode: "cudnnWgradMode_t",
 }
+"""Each Python enum -> the C typedef it mirrors (used by the header tests)."""
 C_DEFINES: dict[str, int] = {
     "CUDNN_RNN_PADDED_IO_DISABLED": RNN_PADDED_IO_DISABLED,
     "CUDNN_RNN_PADDED_IO_ENABLED": RNN_PADDED_IO_ENABLED,
 }
+"""Each ``#define`` name -> its constant here (used by the header tests)."""

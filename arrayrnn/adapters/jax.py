@@ -32,17 +32,58 @@ from arrayrnn.frontend import guard
 
 def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = None,
         c0: Any = None) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """``(y, h_n, c_n)`` of the stack ``spec`` with flat canonical ``params`` on time-major ``x``.
+    """``(y, h_n, c_n)`` of the stack ``spec`` with flat canonical ``params`` on time-major ``x``, as a
+    ``jax.custom_vjp`` over `arrayrnn.rnn_forward` / `arrayrnn.rnn_backward`.
 
-    ``params``: the 1-D canonical buffer (``PackedParams.data``), ``x``: ``(T, B, I)``, ``lengths``: optional
-    integers ``(B,)`` in ``0..T``, ``h0`` / ``c0``: optional initial states (zeros when ``None``).
-    ``c_n`` is ``None`` unless ``spec.mode == "lstm"`` (like ``rnn_forward``). Differentiable in
-    ``params``, ``x``, ``h0`` and ``c0``; works under ``jax.jit``, ``jax.grad`` and ``jax.vjp``, and under
-    ``jax.vmap`` as a loop of calls (``vmap_method="sequential"``). Everything JAX knows at trace time is
-    checked here, before any callback (``ValueError`` / ``TypeError``): types, shapes (``T`` and ``B`` at
-    least 1), dtypes (float32/float64), and the ``lengths`` values when they are concrete. Only traced
-    ``lengths`` (under ``jit``) are checked by ``rnn_forward`` in the callback, whose error JAX re-raises
-    wrapped in its runtime error.
+    Differentiable in ``params``, ``x``, ``h0`` and ``c0``; works under ``jax.jit``, ``jax.grad`` and
+    ``jax.vjp``, and under ``jax.vmap`` as a loop of calls (``vmap_method="sequential"``). Everything JAX
+    knows at trace time is checked here, before any callback: types, shapes (``T`` and ``B`` at least 1),
+    dtypes (float32/float64), and the ``lengths`` values when they are concrete. Only traced ``lengths``
+    (under ``jit``) are checked by ``rnn_forward`` in the callback, whose error JAX re-raises wrapped in its
+    runtime error.
+
+    Parameters
+    ----------
+    spec : RNNSpec
+        The stack (static: not traced).
+    params : jax.Array
+        The 1-D canonical buffer (``PackedParams.data``), ``layout_of(spec).size`` elements.
+    x : jax.Array
+        ``(T, B, input_size)``.
+    lengths : jax.Array of int, optional
+        ``(B,)`` in ``0..T``.
+    h0, c0 : jax.Array, optional
+        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)``; None means zeros.
+
+    Returns
+    -------
+    y : jax.Array
+        ``(T, B, D*H_out)``.
+    h_n : jax.Array
+        ``(L*D, B, H_out)``.
+    c_n : jax.Array or None
+        ``(L*D, B, H)``, None unless ``spec.mode == "lstm"`` (like ``rnn_forward``).
+
+    Raises
+    ------
+    ValueError
+        Bad shapes or concrete lengths out of range.
+    TypeError
+        Wrong types or dtypes.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import arrayrnn as ar
+    >>> from arrayrnn.jax import rnn
+    >>> spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4)
+    >>> flat = jnp.asarray(ar.PackedParams.init(spec, seed=0).data)
+    >>> y, h_n, c_n = rnn(spec, flat, jnp.ones((5, 2, 3), jnp.float32))
+    >>> y.shape, h_n.shape, c_n is None
+    ((5, 2, 4), (1, 2, 4), True)
+    >>> g = jax.grad(lambda p: rnn(spec, p, jnp.ones((5, 2, 3), jnp.float32))[0].sum())(flat)
+    >>> g.shape == flat.shape
+    True
     """
     if not isinstance(spec, ar.RNNSpec):
         raise TypeError(f"spec has type {type(spec).__name__}; expected an arrayrnn.RNNSpec")

@@ -38,9 +38,12 @@ import arrayrnn as ar
 from arrayrnn.core.layout import PEEPHOLE_GATES
 
 OPSET = 17
+"""The ONNX opset the exported models declare."""
 OPERATORS = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
+"""ONNX operator type for each arrayrnn mode (``"lstm"`` -> ``"LSTM"``, ...)."""
 # ONNX's gate order, in our gate names (arrayrnn.RNNSpec.gate_names)
 ONNX_GATES = {"lstm": ("i", "o", "f", "g"), "gru": ("z", "r", "n"), "rnn_tanh": ("h",), "rnn_relu": ("h",)}
+"""ONNX's gate order for each mode, in arrayrnn's gate names (`arrayrnn.RNNSpec.gate_names`)."""
 _ONNX_TYPES = {"float16": 10, "float32": 1, "float64": 11}  # onnx.TensorProto.FLOAT16 / FLOAT / DOUBLE
 
 
@@ -168,7 +171,44 @@ def build_model(params: ar.PackedParams, variable_lengths: bool = True, states: 
 
 def export(params: ar.PackedParams, path: str | os.PathLike, *, variable_lengths: bool = True,
            states: bool = True) -> str:
-    """Write :func:`build_model` of ``params`` to ``path`` (checked by ``onnx.checker``); returns the path."""
+    """Write :func:`build_model` of ``params`` to ``path`` as an ONNX model using ONNX's ``LSTM`` / ``GRU`` /
+    ``RNN`` operators (checked by ``onnx.checker``).
+
+    Parameters
+    ----------
+    params : PackedParams
+        Any format, any device (converted to canonical and copied to the host).
+    path : str or os.PathLike
+        Where to write the ``.onnx`` file.
+    variable_lengths : bool, optional
+        Add an input ``sequence_lens`` ``[B]`` (int32).
+    states : bool, optional
+        Add inputs ``initial_h`` / ``initial_c`` and outputs ``Y_h`` / ``Y_c`` (else only ``X`` in and
+        ``Y`` out).
+
+    Returns
+    -------
+    str
+        The path written.
+
+    Raises
+    ------
+    TypeError
+        ``params`` is not a `arrayrnn.PackedParams`.
+    ValueError
+        A configuration ONNX's operators cannot express (see `check_exportable`: projection, cell
+        clipping, single biases, cell variants, ...).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import arrayrnn as ar
+    >>> import arrayrnn.onnx
+    >>> params = ar.PackedParams.init(ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4), seed=0)
+    >>> path = arrayrnn.onnx.export(params, os.path.join(tempfile.mkdtemp(), "lstm.onnx"))
+    >>> path.endswith("lstm.onnx")
+    True
+    """
     import onnx
 
     model = build_model(params, variable_lengths, states)

@@ -387,9 +387,48 @@ class _FlatWeights(OneBuffer):
 class LSTM(_FlatWeights, torch.nn.LSTM):
     """``torch.nn.LSTM`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
-    ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, proj_size=0, device=None, dtype=None)``, positionally or by keyword, exactly as
-    ``nn.LSTM``, whose constructor, checks and methods it runs.
+    Constructed positionally or by keyword exactly as ``nn.LSTM``, whose constructor, checks, attributes and
+    methods it runs; ``forward(input, hx=None)`` returns ``output, (h_n, c_n)`` as ``nn.LSTM`` does
+    (``PackedSequence`` inputs included).
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        As ``nn.LSTM``.
+    num_layers : int, optional
+        Stacked layers.
+    bias : bool, optional
+        Both biases, or none.
+    batch_first : bool, optional
+        ``(B, T, I)`` input and output.
+    dropout : float, optional
+        Dropout between layers in training mode (arrayrnn's masks, seeded from torch's generator).
+    bidirectional : bool, optional
+        Add a reverse direction.
+    proj_size : int, optional
+        LSTM projection (0: none).
+    device, dtype : optional
+        As ``nn.LSTM``.
+
+    Raises
+    ------
+    InputError
+        What arrayrnn itself refuses as a value (a ``RuntimeError`` and a ``ValueError``).
+    InputTypeError
+        What arrayrnn itself refuses as a type (a ``RuntimeError`` and a ``TypeError``).
+        ``nn.RNNBase``'s own checks raise what PyTorch raises.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import LSTM
+    >>> lstm = LSTM(3, 4, num_layers=2, batch_first=True)
+    >>> y, (h_n, c_n) = lstm(torch.ones(2, 5, 3))
+    >>> tuple(y.shape), tuple(h_n.shape)
+    ((2, 5, 4), (2, 2, 4))
+    >>> y.sum().backward()
+    >>> lstm.weight_ih_l0.grad.shape
+    torch.Size([16, 3])
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -400,9 +439,42 @@ class LSTM(_FlatWeights, torch.nn.LSTM):
 class GRU(_FlatWeights, torch.nn.GRU):
     """``torch.nn.GRU`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
-    ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, device=None, dtype=None)``, exactly as ``nn.GRU`` (``proj_size`` is its
-    ``ValueError``).
+    Constructed exactly as ``nn.GRU`` (``proj_size`` is its ``ValueError``); ``forward(input, hx=None)``
+    returns ``output, h_n``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        As ``nn.GRU``.
+    num_layers : int, optional
+        Stacked layers.
+    bias : bool, optional
+        Both biases, or none.
+    batch_first : bool, optional
+        ``(B, T, I)`` input and output.
+    dropout : float, optional
+        Dropout between layers in training mode.
+    bidirectional : bool, optional
+        Add a reverse direction.
+    device, dtype : optional
+        As ``nn.GRU``.
+
+    Raises
+    ------
+    InputError
+        What arrayrnn itself refuses as a value (a ``RuntimeError`` and a ``ValueError``).
+    InputTypeError
+        What arrayrnn itself refuses as a type (a ``RuntimeError`` and a ``TypeError``).
+        ``nn.RNNBase``'s own checks raise what PyTorch raises.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import GRU
+    >>> gru = GRU(3, 4, bidirectional=True)
+    >>> y, h_n = gru(torch.ones(5, 2, 3))
+    >>> tuple(y.shape), tuple(h_n.shape)
+    ((5, 2, 8), (2, 2, 4))
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -413,9 +485,44 @@ class GRU(_FlatWeights, torch.nn.GRU):
 class RNN(_FlatWeights, torch.nn.RNN):
     """``torch.nn.RNN`` on arrayrnn's fused engines (a subclass); the weights are views of one flat buffer.
 
-    ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
-    dropout=0.0, bidirectional=False, device=None, dtype=None)``, exactly as ``nn.RNN`` (the fourth
-    positional argument is ``nonlinearity``, ``"tanh"`` or ``"relu"``).
+    Constructed exactly as ``nn.RNN`` (the fourth positional argument is ``nonlinearity``);
+    ``forward(input, hx=None)`` returns ``output, h_n``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        As ``nn.RNN``.
+    num_layers : int, optional
+        Stacked layers.
+    nonlinearity : str, optional
+        ``"tanh"`` or ``"relu"``.
+    bias : bool, optional
+        Both biases, or none.
+    batch_first : bool, optional
+        ``(B, T, I)`` input and output.
+    dropout : float, optional
+        Dropout between layers in training mode.
+    bidirectional : bool, optional
+        Add a reverse direction.
+    device, dtype : optional
+        As ``nn.RNN``.
+
+    Raises
+    ------
+    InputError
+        What arrayrnn itself refuses as a value (a ``RuntimeError`` and a ``ValueError``).
+    InputTypeError
+        What arrayrnn itself refuses as a type (a ``RuntimeError`` and a ``TypeError``).
+        ``nn.RNNBase``'s own checks raise what PyTorch raises.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import RNN
+    >>> rnn = RNN(3, 4, 1, "relu")
+    >>> y, h_n = rnn(torch.ones(5, 2, 3))
+    >>> tuple(y.shape)
+    (5, 2, 4)
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -444,11 +551,45 @@ def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias
 class ArrayRNN(torch.nn.Module):
     """A multi-layer RNN / LSTM / GRU whose weights are one flat ``nn.Parameter``.
 
-    ``ArrayRNN("lstm", input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, proj_size=0)`` mirrors ``nn.LSTM``'s arguments (mode ``"lstm"``, ``"gru"``,
-    ``"rnn_tanh"`` / ``"rnn"``, ``"rnn_relu"``); ``ArrayRNN(spec)`` takes an :class:`arrayrnn.RNNSpec`
-    (for arrayrnn-only options: cell clipping, single biases, reset-before GRU). Weights are drawn like
-    PyTorch's (uniform(-1/sqrt(H), 1/sqrt(H))) from ``seed``, or from torch's generator when ``None``.
+    Weights are drawn like PyTorch's (uniform(-1/sqrt(H), 1/sqrt(H))) from ``seed``, or from torch's
+    generator when None. ``forward(x, hx=None, lengths=None)`` returns ``y, (h_n, c_n)`` for LSTM and
+    ``y, h_n`` otherwise, with autograd through `arrayrnn.rnn_forward` / `arrayrnn.rnn_backward`.
+
+    Parameters
+    ----------
+    mode : str or RNNSpec
+        ``"lstm"``, ``"gru"``, ``"rnn_tanh"`` / ``"rnn"``, ``"rnn_relu"``; or an `arrayrnn.RNNSpec` (for
+        arrayrnn-only options: cell clipping, single biases, reset-before GRU), then no sizes are given.
+    input_size, hidden_size : int
+        As ``nn.LSTM``.
+    num_layers, bias, batch_first, dropout, bidirectional, proj_size : optional
+        As ``nn.LSTM``.
+    nonlinearity : str, optional
+        ``"tanh"`` or ``"relu"`` for ``mode="rnn"``.
+    dtype, device : optional
+        Of the flat parameter.
+    seed : int, optional
+        Seed of the initial weights (None: torch's generator).
+    **variants
+        Further `arrayrnn.RNNSpec` fields (``zoneout``, ``layer_norm``, ...).
+
+    Raises
+    ------
+    InputError
+        A configuration or input value arrayrnn refuses (a ``RuntimeError`` and a ``ValueError``).
+    InputTypeError
+        A wrong type, dtype or device (a ``RuntimeError`` and a ``TypeError``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import ArrayRNN
+    >>> model = ArrayRNN("lstm", 3, 4, num_layers=2, seed=0)
+    >>> [p.dim() for p in model.parameters()]
+    [1]
+    >>> y, (h_n, c_n) = model(torch.ones(5, 2, 3), lengths=torch.tensor([5, 3]))
+    >>> tuple(y.shape), tuple(c_n.shape)
+    ((5, 2, 4), (2, 2, 4))
     """
 
     def __init__(self, mode: str | ar.RNNSpec, input_size: int | None = None, hidden_size: int | None = None,
@@ -489,7 +630,25 @@ class ArrayRNN(torch.nn.Module):
 
     @classmethod
     def from_torch(cls, module: torch.nn.Module) -> ArrayRNN:
-        """An ``ArrayRNN`` with the weights (bit-exact), configuration and device of ``nn.LSTM/GRU/RNN``."""
+        """An ``ArrayRNN`` with the weights (bit-exact), configuration and device of an ``nn.LSTM/GRU/RNN``.
+
+        Parameters
+        ----------
+        module : torch.nn.LSTM, torch.nn.GRU or torch.nn.RNN
+            The module to copy.
+
+        Returns
+        -------
+        ArrayRNN
+
+        Examples
+        --------
+        >>> import torch
+        >>> from arrayrnn.torch import ArrayRNN
+        >>> model = ArrayRNN.from_torch(torch.nn.GRU(3, 4))
+        >>> model.mode
+        'gru'
+        """
         if isinstance(module, _FlatWeights) and torch_variants.changed(module._variants()):
             return cls._from_variant_drop_in(module)
         params = ar.from_torch(module)
@@ -517,6 +676,7 @@ class ArrayRNN(torch.nn.Module):
 
     @property
     def mode(self) -> str:
+        """The recurrent mode, ``"lstm"``, ``"gru"``, ``"rnn_tanh"`` or ``"rnn_relu"``."""
         return self._spec.mode
 
     def extra_repr(self) -> str:
@@ -530,10 +690,33 @@ class ArrayRNN(torch.nn.Module):
                 engine: str = "auto", seed: int | None = None):
         """Like ``nn.LSTM.forward``: ``y, (h_n, c_n)`` for LSTM, ``y, h_n`` otherwise.
 
-        ``x``: ``(T, B, I)`` (``(B, T, I)`` with ``batch_first``) or a ``PackedSequence`` (then ``y`` is a
-        ``PackedSequence`` with the same ``batch_sizes`` and indices). ``hx``: ``h0`` or, for LSTM,
-        ``(h0, c0)``; ``None`` means zeros. ``lengths``: optional per-row lengths ``(B,)`` for a padded
-        ``x`` (not with a ``PackedSequence``). ``engine``: as in :func:`arrayrnn.rnn_forward`.
+        Parameters
+        ----------
+        x : torch.Tensor or PackedSequence
+            ``(T, B, I)`` (``(B, T, I)`` with ``batch_first``) or a ``PackedSequence`` (then ``y`` is a
+            ``PackedSequence`` with the same ``batch_sizes`` and indices).
+        hx : torch.Tensor or tuple, optional
+            ``h0`` or, for LSTM, ``(h0, c0)``, shaped ``(L*D, B, H_out)`` / ``(L*D, B, H)``; None means zeros.
+        lengths : torch.Tensor or sequence of int, optional
+            Per-row lengths ``(B,)`` for a padded ``x`` (not with a ``PackedSequence``).
+        engine : str, optional
+            As in :func:`arrayrnn.rnn_forward`.
+        seed : int, optional
+            Seed of the dropout masks in training mode (None: drawn from torch's generator).
+
+        Returns
+        -------
+        y : torch.Tensor or PackedSequence
+            ``(T, B, D*H_out)`` (batch-first with ``batch_first``).
+        h_n or (h_n, c_n) : torch.Tensor
+            ``(L*D, B, H_out)`` and, for LSTM, ``(L*D, B, H)``.
+
+        Raises
+        ------
+        InputError
+            Bad shapes or lengths.
+        InputTypeError
+            Wrong types, dtypes or devices.
         """
         packed = isinstance(x, PackedSequence)
         if packed:

@@ -119,8 +119,29 @@ def _states(hx: Any, lstm: bool) -> list[_Tensor] | None:
 
 
 class LSTMCell(_FusedCell, torch.nn.LSTMCell):
-    """``torch.nn.LSTMCell`` on arrayrnn's fused step (a subclass): ``LSTMCell(input_size, hidden_size,
-    bias=True, device=None, dtype=None)``; ``cell(input, (h, c)) -> (h', c')``."""
+    """``torch.nn.LSTMCell`` on arrayrnn's fused step (a subclass): ``cell(input, (h, c)) -> (h', c')``.
+
+    The signature, checks and weights of ``nn.LSTMCell``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        As ``nn.LSTMCell``: ``input`` ``(B, input_size)`` or ``(input_size,)``, states
+        ``(B, hidden_size)``.
+    bias : bool, optional
+        Both biases, or none.
+    device, dtype : optional
+        As ``nn.LSTMCell``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import LSTMCell
+    >>> cell = LSTMCell(3, 4)
+    >>> h, c = cell(torch.ones(2, 3))
+    >>> tuple(h.shape), tuple(c.shape)
+    ((2, 4), (2, 4))
+    """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -130,8 +151,27 @@ class LSTMCell(_FusedCell, torch.nn.LSTMCell):
 
 
 class GRUCell(_FusedCell, torch.nn.GRUCell):
-    """``torch.nn.GRUCell`` on arrayrnn's fused step (a subclass): ``GRUCell(input_size, hidden_size,
-    bias=True, device=None, dtype=None)``; ``cell(input, h) -> h'``."""
+    """``torch.nn.GRUCell`` on arrayrnn's fused step (a subclass): ``cell(input, h) -> h'``.
+
+    The signature, checks and weights of ``nn.GRUCell``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        As ``nn.GRUCell``: ``input`` ``(B, input_size)`` or ``(input_size,)``, states
+        ``(B, hidden_size)``.
+    bias : bool, optional
+        Both biases, or none.
+    device, dtype : optional
+        As ``nn.GRUCell``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import GRUCell
+    >>> tuple(GRUCell(3, 4)(torch.ones(2, 3)).shape)
+    (2, 4)
+    """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -141,9 +181,31 @@ class GRUCell(_FusedCell, torch.nn.GRUCell):
 
 
 class RNNCell(_FusedCell, torch.nn.RNNCell):
-    """``torch.nn.RNNCell`` on arrayrnn's fused step (a subclass): ``RNNCell(input_size, hidden_size,
-    bias=True, nonlinearity="tanh", device=None, dtype=None)``; ``cell(input, h) -> h'``. As ``nn.RNNCell``,
-    a ``nonlinearity`` other than ``"tanh"`` / ``"relu"`` is refused by the call."""
+    """``torch.nn.RNNCell`` on arrayrnn's fused step (a subclass): ``cell(input, h) -> h'``.
+
+    The signature, checks and weights of ``nn.RNNCell``.
+    ``nonlinearity`` is ``"tanh"`` or ``"relu"``; as with ``nn.RNNCell``, another value is refused
+    by the call.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        As ``nn.RNNCell``: ``input`` ``(B, input_size)`` or ``(input_size,)``, states
+        ``(B, hidden_size)``.
+    bias : bool, optional
+        Both biases, or none.
+    nonlinearity : str, optional
+        ``"tanh"`` or ``"relu"``.
+    device, dtype : optional
+        As ``nn.RNNCell``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from arrayrnn.torch import RNNCell
+    >>> tuple(RNNCell(3, 4, nonlinearity="relu")(torch.ones(2, 3)).shape)
+    (2, 4)
+    """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

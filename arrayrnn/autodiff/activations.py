@@ -30,6 +30,7 @@ from ..core.backend import get_xp
 from ..engines.pointwise import POINTWISE, Forward, scalar_like
 
 BLOCK_ELEMENTS = 1 << 15  # 128 KiB of float32: a block and its temporaries stay in L2
+"""Elements per block of the blocked NumPy activation passes (128 KiB of float32 stays in L2)."""
 
 ScaleGrad = Callable[[Any, Any, Any], None]  # (xp, v, g): g *= act'(v); v is y if from_output else x
 
@@ -88,6 +89,7 @@ def _from_table(name: str) -> Activation:
 # -- the kernels --------------------------------------------------------------------------------------
 
 def identity() -> Activation:
+    """``y = x`` (no-op activation)."""
     def forward(xp, x, out):
         if out is not x:
             out[...] = x
@@ -96,10 +98,12 @@ def identity() -> Activation:
 
 
 def relu() -> Activation:
+    """``y = max(x, 0)``."""
     return _from_table("relu")
 
 
 def leaky_relu(negative_slope: float = 0.01) -> Activation:
+    """``y = x`` where ``x > 0``, else ``negative_slope * x`` (PyTorch's ``leaky_relu``)."""
     slope = float(negative_slope)
 
     def forward(xp, x, out):
@@ -112,6 +116,9 @@ def leaky_relu(negative_slope: float = 0.01) -> Activation:
 
 
 def hardtanh(min_val: float = -1.0, max_val: float = 1.0, name: str = "hardtanh") -> Activation:
+    """``y = clip(x, min_val, max_val)``, zero gradient at and beyond the bounds (PyTorch's ``hardtanh``);
+    a ``ValueError`` unless ``min_val < max_val``.
+    """
     lo, hi = float(min_val), float(max_val)
     if not lo < hi:
         raise ValueError(f"{name}: min_val = {lo}, max_val = {hi}; expected min_val < max_val")
@@ -124,10 +131,12 @@ def hardtanh(min_val: float = -1.0, max_val: float = 1.0, name: str = "hardtanh"
 
 
 def relu6() -> Activation:
+    """``y = clip(x, 0, 6)`` (`hardtanh` with bounds 0 and 6)."""
     return hardtanh(0.0, 6.0, name="relu6")
 
 
 def elu(alpha: float = 1.0) -> Activation:
+    """``y = x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``; a ``ValueError`` unless ``alpha > 0``."""
     a = float(alpha)
     if not a > 0:
         raise ValueError(f"elu: alpha = {alpha}; expected alpha > 0")
@@ -143,6 +152,7 @@ def elu(alpha: float = 1.0) -> Activation:
 
 
 def tanh() -> Activation:
+    """``y = tanh(x)``."""
     return _from_table("tanh")
 
 
@@ -150,6 +160,7 @@ _sigmoid_into = POINTWISE["sigmoid"].forward
 
 
 def sigmoid() -> Activation:
+    """``y = 1 / (1 + exp(-x))``."""
     return _from_table("sigmoid")
 
 
@@ -191,6 +202,7 @@ def gelu() -> Activation:
 
 
 def silu() -> Activation:
+    """``y = x * sigmoid(x)`` (SiLU / swish)."""
     def forward(xp, x, out):
         _sigmoid_into(xp, x, out)
         out *= x
@@ -242,6 +254,7 @@ def register(name: str, factory: Callable[..., Activation]) -> None:
 
 
 def names() -> tuple[str, ...]:
+    """The names `get` accepts, in registration order."""
     return tuple(_REGISTRY)
 
 

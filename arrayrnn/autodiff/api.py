@@ -162,10 +162,44 @@ def _strip(tree: Any) -> Any:
 
 
 def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
-    """A function returning ``(fun(*args), gradient)`` (``((value, aux), gradient)`` with ``has_aux``).
+    """Transform ``fun`` into a function returning ``(fun(*args), gradient)``.
 
-    ``fun`` must return a floating scalar. The gradient mirrors ``args[argnums]`` (a tuple of them when
-    ``argnums`` is a tuple); an argument the output does not depend on gets zeros, like JAX.
+    Parameters
+    ----------
+    fun : callable
+        Returns a floating scalar (a 0-d array or a Python float); with ``has_aux``, ``(scalar, aux)``.
+        Inside, the differentiated arguments are traced values: use :mod:`arrayrnn.ops`, the operators
+        ``+ - * / @ **`` and indexing, `bias_act`, `dense_bias_act`, `scan`.
+    argnums : int or sequence of int, optional
+        Which positional arguments to differentiate (arrays or `PackedParams`).
+    has_aux : bool, optional
+        ``fun`` returns ``(value, aux)``; ``aux`` is passed through, not differentiated.
+
+    Returns
+    -------
+    callable
+        ``f(*args, **kwargs) -> (value, gradient)`` (``((value, aux), gradient)`` with ``has_aux``). The
+        gradient mirrors ``args[argnums]`` (a tuple of them when ``argnums`` is a tuple): an array for an
+        array, a `PackedParams` for a `PackedParams`; an argument the output does not depend on gets zeros,
+        like JAX.
+
+    Raises
+    ------
+    ValueError
+        ``fun`` returned something other than a scalar, or ``argnums`` out of range (when called).
+    TypeError
+        ``fun`` returned a non-floating value (when called).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> def loss(w, x):
+    ...     return ar.ops.sum(ar.ops.tanh(x @ w) ** 2)
+    >>> w, x = np.full((3, 2), 0.1), np.ones((4, 3))
+    >>> value, g = ar.value_and_grad(loss)(w, x)
+    >>> g.shape
+    (3, 2)
     """
 
     def value_and_grad_fun(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -181,7 +215,29 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
 
 
 def grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
-    """The gradient half of :func:`value_and_grad` (``(gradient, aux)`` with ``has_aux``)."""
+    """Transform ``fun`` into a function returning its gradient: the gradient half of :func:`value_and_grad`.
+
+    Parameters
+    ----------
+    fun : callable
+        Returns a floating scalar (``(scalar, aux)`` with ``has_aux``).
+    argnums : int or sequence of int, optional
+        Which positional arguments to differentiate.
+    has_aux : bool, optional
+        ``fun`` returns ``(value, aux)``; the result is then ``(gradient, aux)``.
+
+    Returns
+    -------
+    callable
+        ``f(*args, **kwargs) -> gradient`` mirroring ``args[argnums]``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> ar.grad(lambda x: ar.ops.sum(x * x))(np.array([1.0, 2.0]))
+    array([2., 4.])
+    """
     vg = value_and_grad(fun, argnums, has_aux)
 
     def grad_fun(*args: Any, **kwargs: Any) -> Any:

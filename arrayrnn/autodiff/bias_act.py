@@ -87,9 +87,36 @@ def _bias_act_vjp(g, ans, x, b, *, act, pre_activation=None, needs, owns_g):
 
 
 def bias_act(act: str | Activation, x: Any, b: Any = None) -> Any:
-    """``act(x + b)`` with ``b`` broadcast over the last axis of ``x`` (``b=None``: ``act(x)``).
+    """``act(x + b)`` in one fused pass, with ``b`` broadcast over the last axis of ``x``; differentiable.
 
-    ``act`` is a name (``"tanh"``, ``"relu"``, ...; see :mod:`arrayrnn.activations`) or an Activation.
+    Parameters
+    ----------
+    act : str or Activation
+        A name (``"tanh"``, ``"relu"``, ``"gelu"``, ...; see :mod:`arrayrnn.activations`) or an
+        `arrayrnn.activations.Activation`.
+    x : array or traced value
+        ``(..., n)``.
+    b : array, optional
+        ``(n,)``; None means ``act(x)``.
+
+    Returns
+    -------
+    array or traced value
+        Shaped like ``x``.
+
+    Raises
+    ------
+    ValueError
+        An unknown activation name, or ``b`` not of shape ``(x.shape[-1],)``.
+    TypeError
+        ``x`` and ``b`` of different dtypes or devices.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> ar.bias_act("relu", np.array([[-1.0, 0.5]]), np.array([0.5, 0.5]))
+    array([[0., 1.]])
     """
     activation = get_activation(act)
     xv, bv = value_of(x), value_of(b)
@@ -126,8 +153,39 @@ def _dense_bias_act_vjp(g, ans, W, x, b, *, act, pre_activation=None, needs, own
 
 
 def dense_bias_act(act: str | Activation, W: Any, x: Any, b: Any = None) -> Any:
-    """``act(x @ W.T + b)``: ``x`` ``(..., in)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None; result
-    ``(..., out)``. The convention of PyTorch's ``F.linear``."""
+    """``act(x @ W.T + b)``: a dense layer in one fused call (``F.linear``'s convention); differentiable.
+
+    Parameters
+    ----------
+    act : str or Activation
+        A name (``"identity"``, ``"tanh"``, ``"relu"``, ...) or an `arrayrnn.activations.Activation`.
+    W : array or traced value
+        ``(out, in)``.
+    x : array or traced value
+        ``(..., in)``.
+    b : array or traced value, optional
+        ``(out,)`` or None.
+
+    Returns
+    -------
+    array or traced value
+        ``(..., out)``.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit (named in the message), or an unknown activation name.
+    TypeError
+        Operands of different dtypes or devices.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> W, b = np.ones((2, 3)), np.zeros(2)
+    >>> ar.dense_bias_act("identity", W, np.ones((4, 3)), b).shape
+    (4, 2)
+    """
     activation = get_activation(act)
     Wv, xv, bv = value_of(W), value_of(x), value_of(b)
     _check_floating("dense_bias_act", W=Wv, x=xv, b=bv)

@@ -79,6 +79,7 @@ def _first(gs: tuple) -> Any:
 
 @primitive(keep=())
 def add(x, y):
+    """``x + y`` with NumPy broadcasting; differentiable."""
     xp = _binary("add", x, y)
     return xp.asarray(x + y)
 
@@ -90,6 +91,7 @@ def _add_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=())
 def subtract(x, y):
+    """``x - y`` with NumPy broadcasting; differentiable."""
     xp = _binary("subtract", x, y)
     return xp.asarray(x - y)
 
@@ -101,6 +103,7 @@ def _subtract_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=("x", "y"))
 def mul(x, y):
+    """``x * y`` (elementwise) with NumPy broadcasting; differentiable."""
     xp = _binary("mul", x, y)
     return xp.asarray(x * y)
 
@@ -113,6 +116,7 @@ def _mul_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=("y", "ans"))
 def divide(x, y):
+    """``x / y`` (true division) with NumPy broadcasting; differentiable."""
     xp = _binary("divide", x, y)
     return xp.asarray(x / y)
 
@@ -126,6 +130,9 @@ def _divide_vjp(g, ans, x, y, *, needs):
 
 @primitive(keep=("x", "p", "ans"))
 def power(x, p):
+    """``x ** p`` with NumPy broadcasting; differentiable in ``x`` and ``p`` (``p``'s gradient uses ``log(x)``
+    where ``x > 0``).
+    """
     xp = _binary("power", x, p)
     return xp.asarray(x ** p)
 
@@ -143,6 +150,7 @@ def _power_vjp(g, ans, x, p, *, needs):
 
 @primitive(keep=())
 def negative(x):
+    """``-x``; differentiable."""
     _operands("negative", x=x)
     return -x
 
@@ -306,6 +314,7 @@ def _concatenate_vjp(g, ans, *arrays, axis=0):
 
 
 def concatenate(arrays: Any, axis: int = 0) -> Any:
+    """Join a sequence of arrays along an existing ``axis`` (``numpy.concatenate``); differentiable."""
     _check_sequence("concatenate", arrays)
     return _concatenate(*arrays, axis=axis)
 
@@ -326,6 +335,7 @@ def _stack_vjp(g, ans, *arrays, axis=0):
 
 
 def stack(arrays: Any, axis: int = 0) -> Any:
+    """Join a sequence of same-shape arrays along a new ``axis`` (``numpy.stack``); differentiable."""
     _check_sequence("stack", arrays)
     return _stack(*arrays, axis=axis)
 
@@ -462,6 +472,7 @@ def getitem(x: Any, index: Any) -> Any:
 
 @primitive(keep=("ans",))
 def tanh(x):
+    """Elementwise ``tanh(x)``; differentiable."""
     return POINTWISE["tanh"](_operands("tanh", x=x), x)
 
 
@@ -472,6 +483,7 @@ def _tanh_vjp(g, ans, x):
 
 @primitive(keep=("ans",))
 def sigmoid(x):
+    """Elementwise logistic sigmoid ``1 / (1 + exp(-x))``; differentiable."""
     return POINTWISE["sigmoid"](_operands("sigmoid", x=x), x)
 
 
@@ -482,6 +494,7 @@ def _sigmoid_vjp(g, ans, x):
 
 @primitive(keep=("ans",))
 def relu(x):
+    """Elementwise ``max(x, 0)``; differentiable (gradient 0 at 0)."""
     return POINTWISE["relu"](_operands("relu", x=x), x)
 
 
@@ -492,6 +505,7 @@ def _relu_vjp(g, ans, x):
 
 @primitive(keep=("ans",))
 def exp(x):
+    """Elementwise ``exp(x)``; differentiable."""
     return _operands("exp", x=x).exp(x)
 
 
@@ -502,6 +516,7 @@ def _exp_vjp(g, ans, x):
 
 @primitive(keep=("x",))
 def log(x):
+    """Elementwise natural logarithm; differentiable."""
     return _operands("log", x=x).log(x)
 
 
@@ -554,8 +569,37 @@ def _softmax_cross_entropy_vjp(g, ans, logits, targets, *, ignore_index, needs):
 def softmax_cross_entropy(logits: Any, targets: Any, ignore_index: int = -1) -> Any:
     """Mean over non-ignored targets of ``-log softmax(logits)[target]`` (PyTorch's ``cross_entropy``).
 
-    ``logits`` ``(..., C)`` floating; ``targets`` integer with shape ``logits.shape[:-1]``, each in
-    ``0..C-1`` or equal to ``ignore_index``. If every target is ignored the loss is NaN, like PyTorch.
+    If every target is ignored the loss is NaN, like PyTorch.
+
+    Parameters
+    ----------
+    logits : array or traced value
+        ``(..., C)``, floating.
+    targets : array of int
+        Shape ``logits.shape[:-1]``, each in ``0..C-1`` or equal to ``ignore_index``.
+    ignore_index : int, optional
+        Targets equal to it are left out of the mean (padding).
+
+    Returns
+    -------
+    scalar array or traced value
+        The mean loss.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not match, or a target out of range.
+    TypeError
+        Non-floating logits or non-integer targets.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> logits = np.zeros((2, 3, 4))
+    >>> targets = np.array([[0, 1, -1], [2, 3, -1]])
+    >>> round(float(ar.ops.softmax_cross_entropy(logits, targets)), 4)  # log(4)
+    1.3863
     """
     lv, tv = value_of(logits), value_of(targets)
     _operands("softmax_cross_entropy", logits=lv)
@@ -598,7 +642,29 @@ def _mse_vjp(g, ans, pred, target, *, needs):
 
 
 def mse(pred: Any, target: Any) -> Any:
-    """Mean squared error ``mean((pred - target) ** 2)`` (shapes must match)."""
+    """Mean squared error ``mean((pred - target) ** 2)``.
+
+    Parameters
+    ----------
+    pred, target : array or traced value
+        The same shape.
+
+    Returns
+    -------
+    scalar array or traced value
+
+    Raises
+    ------
+    ValueError
+        Shapes that differ.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> float(ar.ops.mse(np.array([1.0, 3.0]), np.array([0.0, 0.0])))
+    5.0
+    """
     return _mse(pred, target)
 
 
@@ -625,7 +691,49 @@ def rnn(params: PackedParams | TracedParams, x: Any, lengths: Any = None, h0: An
 
     Under differentiation the forward runs with ``training=True`` (keeping the engine's cache; inter-layer
     dropout, if the spec has any, is on and seeded by ``seed``); otherwise it is an inference call.
-    ``c_n`` is None unless the mode is LSTM.
+
+    Parameters
+    ----------
+    params : PackedParams or traced PackedParams
+        The stack's weights (inside `arrayrnn.value_and_grad`, the traced ones it passes).
+    x : array or traced value
+        ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``).
+    lengths : array of int, optional
+        ``(B,)`` in ``0..T``.
+    h0, c0 : array or traced value, optional
+        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)``; None means zeros.
+    batch_first : bool, optional
+        Batch-major ``x`` and ``y``.
+    engine : str, optional
+        As in `arrayrnn.rnn_forward`.
+    seed : int, optional
+        Seed of the dropout masks under differentiation.
+
+    Returns
+    -------
+    y : array or traced value
+        ``(T, B, D*H_out)``.
+    h_n : array or traced value
+        ``(L*D, B, H_out)``.
+    c_n : array or traced value or None
+        ``(L*D, B, H)``; None unless the mode is LSTM.
+
+    Raises
+    ------
+    ValueError, TypeError, EngineUnavailableError
+        As `arrayrnn.rnn_forward`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> params = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=4), seed=0)
+    >>> x = np.ones((5, 2, 3), dtype=np.float32)
+    >>> def loss(p):
+    ...     y, h_n, _ = ar.ops.rnn(p, x)
+    ...     return ar.ops.mean(y)
+    >>> ar.grad(loss)(params).data.shape == params.data.shape
+    True
     """
     if isinstance(params, TracedParams):
         packed, data = params.packed, params.data

@@ -58,11 +58,49 @@ def _signature(leaves: list) -> list[tuple]:
 
 def scan(cell_fn: Callable[[Tree, Tree], tuple[Tree, Tree]], carry: Tree, xs: Tree, reverse: bool = False,
          length: int | None = None) -> tuple[Tree, Tree]:
-    """``(final_carry, ys)``: ``cell_fn(carry, x_t) -> (carry, y_t)`` over the leading axis of ``xs``.
+    """Loop ``cell_fn(carry, x_t) -> (carry, y_t)`` over the leading axis of ``xs``, differentiably (like
+    ``jax.lax.scan``).
 
-    ``ys`` has the structure of ``y_t`` with a new leading axis (None if ``y_t`` is None). ``xs=None``
-    needs ``length``. The carry must keep its structure, shapes and dtypes from step to step. Over zero
-    steps ``ys`` leaves are empty, shaped ``(0, *y_t.shape)`` from one probe call of ``cell_fn`` (like JAX).
+    For custom cells written with :mod:`arrayrnn.ops`; the built-in modes run fused in `rnn_forward` instead.
+
+    Parameters
+    ----------
+    cell_fn : callable
+        ``(carry, x_t) -> (carry, y_t)``. The carry must keep its structure, shapes and dtypes from step
+        to step.
+    carry : pytree
+        The initial carry (arrays, traced values, or nested tuples, lists and dicts of them).
+    xs : pytree or None
+        Leaves with a leading time axis ``T``; None needs ``length``.
+    reverse : bool, optional
+        Run from the last step to the first (``ys`` stays in time order).
+    length : int, optional
+        Number of steps when ``xs`` is None (or a check of ``T``).
+
+    Returns
+    -------
+    final_carry : pytree
+        The carry after the last step.
+    ys : pytree
+        The structure of ``y_t`` with a new leading axis ``T`` (None if ``y_t`` is None). Over zero steps
+        the leaves are empty, shaped ``(0, *y_t.shape)`` from one probe call of ``cell_fn`` (like JAX).
+
+    Raises
+    ------
+    ValueError
+        ``xs`` leaves of different lengths, neither ``xs`` nor ``length``, or a carry that changes
+        structure, shape or dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> def cell(h, x):
+    ...     h = ar.ops.tanh(x + h)
+    ...     return h, h
+    >>> h_T, ys = ar.scan(cell, np.zeros(2), np.ones((5, 2)))
+    >>> ys.shape, h_T.shape
+    ((5, 2), (2,))
     """
     x_leaves, rebuild_x = _flatten(xs)
     lengths = {int(np.shape(value_of(leaf))[0]) if np.ndim(value_of(leaf)) else -1 for leaf in x_leaves}

@@ -64,6 +64,36 @@ def from_torch(module: Any) -> PackedParams:
 
     Bit-exact: every block equals the module's parameter of the same name. ``batch_first`` is a call
     option here (``rnn_forward(..., batch_first=True)``), not part of the weights.
+
+    Parameters
+    ----------
+    module : torch.nn.LSTM, torch.nn.GRU or torch.nn.RNN
+        Any number of layers, either direction, LSTM projection included (CPU or CUDA).
+
+    Returns
+    -------
+    PackedParams
+        Its spec mirrors the module's configuration and dtype.
+
+    Raises
+    ------
+    ValueError
+        A module on the meta device, or with re-parametrised weights (``weight_norm``, ``parametrize``).
+    TypeError
+        Not a ``torch.nn.LSTM``/``GRU``/``RNN``.
+
+    See Also
+    --------
+    to_torch_state_dict : the way back.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import arrayrnn as ar
+    >>> lstm = torch.nn.LSTM(3, 4, num_layers=2)
+    >>> params = ar.from_torch(lstm)
+    >>> params.spec.mode, params.spec.num_layers, params.data.size
+    ('lstm', 2, 304)
     """
     spec = spec_from_torch(module)
     state = module.state_dict()
@@ -85,9 +115,35 @@ def from_torch(module: Any) -> PackedParams:
 def to_torch_state_dict(params: PackedParams) -> dict[str, Any]:
     """``{torch key: tensor}`` loadable with ``module.load_state_dict`` into the matching module.
 
-    Keys, shapes and order equal ``module.state_dict()``. Configurations PyTorch cannot express
-    (single-bias modes, reset-before GRU, cell clipping, peepholes, zoneout, layer normalisation) raise
-    ``ValueError`` rather than export weights that would compute something else there.
+    Keys, shapes and order equal ``module.state_dict()``.
+
+    Parameters
+    ----------
+    params : PackedParams
+        Any format, any device (converted to canonical and copied to the host).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, ... (``_reverse`` for the reverse direction).
+
+    Raises
+    ------
+    TypeError
+        ``params`` is not a `PackedParams`.
+    ValueError
+        A configuration PyTorch cannot express (single-bias modes, reset-before GRU, cell clipping,
+        peepholes, zoneout, layer normalisation), rather than export weights that would compute something
+        else there.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import arrayrnn as ar
+    >>> params = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=4), seed=0)
+    >>> gru = torch.nn.GRU(3, 4)
+    >>> gru.load_state_dict(ar.to_torch_state_dict(params))
+    <All keys matched successfully>
     """
     import torch
 

@@ -24,7 +24,38 @@ VERSIONS = range(1, 2)  # the file versions this code reads; it writes the last
 
 
 def save(path: str | os.PathLike, params: PackedParams) -> None:
-    """Write ``params`` (converted to the canonical format, moved to the host) to ``path`` atomically."""
+    """Write ``params`` (converted to the canonical format, moved to the host) to ``path`` atomically.
+
+    The file is a ``.npz`` with a JSON header (spec, dtype, length, checksum); never a pickle.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Where to write.
+    params : PackedParams
+        Any format, any device.
+
+    Raises
+    ------
+    TypeError
+        ``params`` is not a `PackedParams`.
+
+    See Also
+    --------
+    load
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> params = ar.PackedParams.init(ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4), seed=0)
+    >>> path = os.path.join(tempfile.mkdtemp(), "lstm.npz")
+    >>> ar.save(path, params)
+    >>> back = ar.load(path)
+    >>> back.spec == params.spec, bool(np.array_equal(back.data, params.data))
+    (True, True)
+    """
     if not isinstance(params, PackedParams):
         raise TypeError(f"params has type {type(params).__name__}; expected an arrayrnn.PackedParams")
     data = np.ascontiguousarray(to_host(params.to_format("canonical").data))
@@ -38,9 +69,36 @@ def save(path: str | os.PathLike, params: PackedParams) -> None:
 
 
 def load(path: str | os.PathLike) -> PackedParams:
-    """Read a file written by :func:`save`; every field is validated (``ValueError`` if damaged/foreign).
+    """Read a file written by :func:`save`; every field is validated.
+
     The spec in the header fixes the buffer's dtype and length, which are checked against the member's
-    declaration before its data is read (a forged shape never reaches an allocation)."""
+    declaration before its data is read (a forged shape never reaches an allocation).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file written by :func:`save`.
+
+    Returns
+    -------
+    PackedParams
+        Canonical, on the host (``.to(cupy)`` moves it to a GPU).
+
+    Raises
+    ------
+    ValueError
+        A damaged or foreign file (format version, spec, size, dtype or checksum wrong); the message says
+        which.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import arrayrnn as ar
+    >>> path = os.path.join(tempfile.mkdtemp(), "gru.npz")
+    >>> ar.save(path, ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=2)))
+    >>> ar.load(path).spec.mode
+    'gru'
+    """
     header, members = npzfile.read(path, KIND, VERSIONS, expect=lambda h: _expected_members(path, h))
     spec = _validate_header(path, header)
     _validate_data(path, header, spec, members["data"])

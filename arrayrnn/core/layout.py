@@ -78,12 +78,17 @@ class Layout:
         self._by_position = {(b.layer, b.direction, b.name): b for b in self.blocks}
 
     def block(self, layer: int, direction: int, name: str) -> Block:
+        """The `Block` (offsets and shape) of ``name`` in one layer-direction; a ``ValueError`` naming
+        the blocks present if it is absent.
+        """
         try:
             return self._by_position[(layer, direction, name)]
         except KeyError:
             raise self._missing(layer, direction, name) from None
 
     def has(self, layer: int, direction: int, name: str) -> bool:
+        """Whether the block ``name`` exists in that layer-direction (absent biases, projection, ... do
+        not)."""
         return (layer, direction, name) in self._by_position
 
     def _missing(self, layer: int, direction: int, name: str) -> ValueError:
@@ -117,4 +122,22 @@ def _canonical_blocks(spec: RNNSpec):
 
 @functools.lru_cache(maxsize=256)
 def layout_of(spec: RNNSpec) -> Layout:
+    """The cached canonical `Layout` of ``spec`` (one instance per spec).
+
+    Parameters
+    ----------
+    spec : RNNSpec
+        The stack whose buffer layout is wanted.
+
+    Returns
+    -------
+    Layout
+        Offsets and shapes of every block; ``layout_of(spec).size`` is the buffer length.
+
+    Examples
+    --------
+    >>> import arrayrnn as ar
+    >>> ar.layout_of(ar.RNNSpec(mode="gru", input_size=3, hidden_size=2)).size
+    42
+    """
     return Layout(spec)

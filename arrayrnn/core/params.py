@@ -50,7 +50,38 @@ class PackedParams:
     optimizer step, a norm or a save is one call on ``data``.
 
     ``PackedParams(spec, buffer)`` wraps an existing 1-D buffer (NumPy, CuPy, or any DLPack array)
-    without copying; its size and dtype are checked against the spec.
+    without copying; its size and dtype are checked against the spec. `PackedParams.init` draws new weights.
+
+    Parameters
+    ----------
+    spec : RNNSpec
+        The stack the buffer holds.
+    buffer : array
+        1-D, ``layout_of(spec).size`` elements of ``spec.dtype``.
+    format : str, optional
+        ``"canonical"`` (PyTorch's order, what is saved); an engine's format (``"cudnn"``) comes from
+        `to_format`, not from wrapping.
+
+    Raises
+    ------
+    ValueError
+        A buffer that is not 1-D or has the wrong size, or a format other than canonical.
+    TypeError
+        A buffer of another dtype than ``spec.dtype``, or not an array.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=2)
+    >>> params = ar.PackedParams(spec, np.zeros(ar.layout_of(spec).size, dtype=np.float32))
+    >>> params.view(0, 0, "W_ih").shape
+    (6, 3)
+    >>> params.view(0, 0, "b_hh")[:] = 1.0  # writes the buffer
+    >>> float(params.data.sum())
+    6.0
+    >>> sorted(params.named_views())[:2]
+    ['l0.fwd.W_hh', 'l0.fwd.W_ih']
     """
 
     __slots__ = ("spec", "data", "format")
@@ -78,11 +109,34 @@ class PackedParams:
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def init(cls, spec: RNNSpec, seed: int | None = 0, xp: ModuleType = np) -> PackedParams:
-        """Uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)) for every parameter, like PyTorch; layer
-        normalisation's gains (``g_ih``, ``g_hh``, ``g_c``) are ones and the cell's shift ``b_c`` zeros.
+        """New weights for ``spec``: uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)) for every parameter,
+        like PyTorch.
 
-        Drawn on the host with ``numpy.random.default_rng(seed)`` so a seed gives the same numbers on
-        every device.
+        Layer normalisation's gains (``g_ih``, ``g_hh``, ``g_c``) are ones and the cell's shift ``b_c`` zeros.
+        Drawn on the host with ``numpy.random.default_rng(seed)`` so a seed gives the same numbers on every
+        device.
+
+        Parameters
+        ----------
+        spec : RNNSpec
+            The stack to initialise.
+        seed : int or None, optional
+            The generator's seed (None: fresh entropy).
+        xp : module, optional
+            ``numpy`` (default) or ``cupy``: where the buffer lives.
+
+        Returns
+        -------
+        PackedParams
+            A canonical buffer of ``layout_of(spec).size`` elements of ``spec.dtype``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import arrayrnn as ar
+        >>> params = ar.PackedParams.init(ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4), seed=0)
+        >>> params.data.shape, params.format, bool(np.abs(params.data).max() <= 0.5)
+        ((144,), 'canonical', True)
         """
         bound = 1.0 / math.sqrt(spec.hidden_size)
         host = np.random.default_rng(check_seed(seed)).uniform(-bound, bound, layout_of(spec).size)
@@ -94,25 +148,82 @@ class PackedParams:
 
     @classmethod
     def zeros(cls, spec: RNNSpec, xp: ModuleType = np) -> PackedParams:
+        """Parameters of ``spec`` filled with zeros, in the canonical format, on ``xp``'s device.
+
+        Parameters
+        ----------
+        spec : RNNSpec
+            The stack the buffer is for.
+        xp : module, optional
+            ``numpy`` (default) or ``cupy``.
+
+        Returns
+        -------
+        PackedParams
+            A new buffer of ``layout_of(spec).size`` zeros of ``spec.dtype``.
+        """
         xp = module_for(xp)
         return cls(spec, xp.zeros(layout_of(spec).size, dtype=spec.dtype))
 
     def zeros_like(self) -> PackedParams:
+        """A zero buffer with the same spec, format, dtype and device (e.g. an accumulator of gradients)."""
         xp = get_xp(self.data)
         return PackedParams._wrap(self.spec, xp.zeros_like(self.data), self.format)
 
     def copy(self) -> PackedParams:
+        """A copy of the buffer (same spec, format, dtype and device); views are rebuilt on the copy."""
         return PackedParams._wrap(self.spec, self.data.copy(), self.format)
 
     def astype(self, dtype: Any) -> PackedParams:
-        """Same values (rounded), same format, new dtype; a new buffer."""
+        """Same values (rounded), same format, new dtype; a new buffer.
+
+        Parameters
+        ----------
+        dtype : str or dtype
+            ``"float32"``, ``"float64"`` or (GPU) ``"float16"``.
+
+        Returns
+        -------
+        PackedParams
+            A copy whose spec has ``dtype``.
+
+        Examples
+        --------
+        >>> import arrayrnn as ar
+        >>> params = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=2), seed=0)
+        >>> params.astype("float64").data.dtype
+        dtype('float64')
+        """
         spec = self.spec.replace(dtype=dtype)
         if self.format != "canonical":
             return self.to_format("canonical").astype(dtype).to_format(self.format)
         return PackedParams(spec, self.data.astype(spec.dtype))
 
     def to(self, target: Any) -> PackedParams:
-        """A canonical copy on another device: ``numpy``, ``cupy``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``."""
+        """A canonical copy on another device.
+
+        Parameters
+        ----------
+        target : module or str
+            ``numpy``, ``cupy``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+
+        Returns
+        -------
+        PackedParams
+            A new buffer there (canonical format), views rebuilt on it.
+
+        Raises
+        ------
+        TypeError
+            ``cupy`` / ``"cuda"`` asked for where CuPy is not installed.
+
+        Examples
+        --------
+        >>> import arrayrnn as ar
+        >>> params = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=2), seed=0)
+        >>> params.to("cpu").device
+        'cpu'
+        """
         canonical = self.to_format("canonical")
         xp = module_for(target)
         if xp is np:
@@ -126,7 +237,34 @@ class PackedParams:
 
         A format other than canonical is named after the engine that owns it; that engine is looked up by
         name (and imported) now, and converts: ``engine.to_native(canonical)`` /
-        ``engine.to_canonical(native)``. Returns ``self`` when already in ``format``, else a new buffer.
+        ``engine.to_canonical(native)``. Convert once, before a training loop: gradients come back in the
+        params' format, and optimizers work on any format.
+
+        Parameters
+        ----------
+        format : str
+            ``"canonical"`` or an engine's format name.
+
+        Returns
+        -------
+        PackedParams
+            ``self`` when already in ``format``, else a new buffer.
+
+        Raises
+        ------
+        TypeError
+            ``format`` is not a str.
+        ValueError
+            An unknown format, or a spec the format's engine cannot hold.
+        EngineUnavailableError
+            The owning engine cannot run here (e.g. ``"cudnn"`` without cuDNN).
+
+        Examples
+        --------
+        >>> import arrayrnn as ar
+        >>> params = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=2), seed=0)
+        >>> params.to_format("canonical") is params
+        True
         """
         if not isinstance(format, str):
             raise TypeError(f"format has type {type(format).__name__}; expected a str such as 'canonical'")
@@ -138,8 +276,11 @@ class PackedParams:
     # -- views ----------------------------------------------------------------------------------
     @property
     def layout(self) -> Layout:
-        """Offsets and shapes of every block of ``data``: the canonical layout, or the native layout of the
-        engine owning ``format`` (``ValueError`` saying to convert when that format has none)."""
+        """Offsets and shapes of every block of ``data`` (a `Layout`).
+
+        The canonical layout, or the native layout of the engine owning ``format`` (``ValueError`` saying to
+        convert when that format has none).
+        """
         if self.format == "canonical":
             return layout_of(self.spec)
         native = _format_owner(self.format).native_layout(self.spec, self.data.dtype)
@@ -150,14 +291,17 @@ class PackedParams:
 
     @property
     def device(self) -> str:
+        """Where the buffer lives, ``"cpu"`` for NumPy or ``"cuda:N"`` for CuPy."""
         return device_of(self.data)
 
     @property
     def dtype(self) -> Any:
+        """The dtype of the buffer (``float32``, ``float64`` or, on GPU, ``float16``)."""
         return self.data.dtype
 
     @property
     def size(self) -> int:
+        """The number of elements of the flat buffer."""
         return int(self.data.size)
 
     def block_view(self, block: Block) -> Any:

@@ -124,9 +124,61 @@ def _normalize_cell_clip(cell_clip: Any) -> tuple[float, float] | None:
 class RNNSpec:
     """What a recurrent stack is: mode, sizes, layers, directions, bias mode and options.
 
-    Construction validates every field (``ValueError`` naming the field, the value and what is allowed)
-    and normalizes aliases: ``bias=True`` becomes ``"double"``, ``bias=False`` ``"none"``; a float
-    ``cell_clip=c`` becomes ``(-c, c)``; a NumPy dtype becomes its name.
+    Construction validates every field and normalizes aliases: ``bias=True`` becomes ``"double"``,
+    ``bias=False`` ``"none"``; a float ``cell_clip=c`` becomes ``(-c, c)``; a NumPy dtype becomes its name.
+    Below, ``H = hidden_size``, ``H_out = proj_size or hidden_size``, ``D = 2 if bidirectional else 1``,
+    ``L = num_layers``.
+
+    Parameters
+    ----------
+    mode : str
+        ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"`` (gates ``i, f, g, o``) or ``"gru"`` (gates ``r, z, n``).
+    input_size : int
+        Features of ``x`` (its last axis), at least 1.
+    hidden_size : int
+        ``H``, at least 1.
+    num_layers : int, optional
+        Stacked layers; layer ``l > 0`` reads the previous layer's ``(.., D*H_out)`` output.
+    bidirectional : bool, optional
+        Add a reverse direction to every layer.
+    bias : bool or str, optional
+        ``True``/``"double"`` (``b_ih`` and ``b_hh``), ``"single_inp"`` (``b_ih`` only), ``"single_rec"``
+        (``b_hh`` only), ``False``/``"none"``.
+    proj_size : int, optional
+        LSTM projection ``h_t = W_hr @ (o * tanh(c_t))``, ``0 < proj_size < hidden_size``; 0 for none.
+    cell_clip : float or (float, float), optional
+        LSTM cell clipping: the new cell state is clipped to ``(lo, hi)`` (``c`` means ``(-c, c)``).
+    dropout : float, optional
+        Dropout between layers (not after the last), in training only.
+    reset_after : bool, optional
+        GRU variant: True is cuDNN's and PyTorch's, False the reset-before one (Keras ``reset_after=False``).
+    dtype : str, optional
+        ``"float32"``, ``"float64"`` or ``"float16"`` (GPU).
+    recurrent_dropout, weight_dropout : float, optional
+        Dropout of the recurrent input ``h`` and DropConnect of ``W_hh`` (training only).
+    zoneout, zoneout_cell : float, optional
+        Zoneout probabilities of ``h`` and (LSTM) of ``c``; ``zoneout_cell`` defaults to ``zoneout``.
+    peepholes : bool, optional
+        LSTM peephole connections (view ``"P"`` of shape ``(3, hidden_size)``, rows ``i, f, o``).
+    layer_norm : bool, optional
+        Layer normalisation of each product (and of ``c`` for LSTM) inside the recurrence; gains are views.
+    layer_norm_eps : float, optional
+        The layer normalisation's epsilon.
+
+    Raises
+    ------
+    ValueError
+        A field out of range or a combination that does not exist (projection, cell clipping or peepholes
+        outside LSTM, ...); the message names the field, the value and what is allowed.
+
+    Examples
+    --------
+    >>> import arrayrnn as ar
+    >>> spec = ar.RNNSpec(mode="lstm", input_size=32, hidden_size=64, num_layers=2, bidirectional=True)
+    >>> spec.num_directions, spec.gate_size, spec.output_size, spec.bias
+    (2, 256, 64, 'double')
+    >>> spec.state_shape(batch=8)
+    (4, 8, 64)
     """
 
     mode: str
@@ -246,36 +298,44 @@ class RNNSpec:
     # -- derived sizes: the only place these are computed ---------------------------------------
     @property
     def num_directions(self) -> int:
+        """``D``, the number of directions (2 if bidirectional, else 1)."""
         return 2 if self.bidirectional else 1
 
     @property
     def gates(self) -> int:
-        """Gate blocks per weight matrix: 1 (rnn), 3 (gru), 4 (lstm)."""
+        """``G``, the gate blocks per weight matrix (1 for rnn, 3 for gru, 4 for lstm)."""
         return GATES_PER_MODE[self.mode]
 
     @property
     def gate_names(self) -> tuple[str, ...]:
+        """The gate names in buffer order (LSTM ``("i", "f", "g", "o")``, GRU ``("r", "z", "n")``,
+        RNN ``("h",)``)."""
         return GATE_NAMES[self.mode]
 
     @property
     def gate_size(self) -> int:
+        """``G * hidden_size``, the rows of ``W_ih`` and ``W_hh``."""
         return self.gates * self.hidden_size
 
     @property
     def output_size(self) -> int:
-        """Size of h (and of each direction's slice of y): proj_size if projecting, else hidden_size."""
+        """``H_out``, the size of h and of each direction's slice of y (proj_size if projecting, else
+        hidden_size)."""
         return self.proj_size or self.hidden_size
 
     @property
     def has_b_ih(self) -> bool:
+        """Whether the bias mode keeps the input bias ``b_ih`` (``"double"`` or ``"single_inp"``)."""
         return self.bias in ("double", "single_inp")
 
     @property
     def has_b_hh(self) -> bool:
+        """Whether the bias mode keeps the recurrent bias ``b_hh`` (``"double"`` or ``"single_rec"``)."""
         return self.bias in ("double", "single_rec")
 
     @property
     def has_cell(self) -> bool:
+        """Whether the cell carries a cell state ``c`` (LSTM)."""
         return self.mode == "lstm"
 
     def state_shape(self, batch: int, cell: bool = False) -> tuple[int, int, int]:
@@ -284,6 +344,8 @@ class RNNSpec:
         return (self.num_layers * self.num_directions, batch, width)
 
     def layer_input_size(self, layer: int) -> int:
+        """``I_l``: ``input_size`` for layer 0, else ``D * H_out``; a ``ValueError`` for a layer out of
+        range."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer = {layer!r}; expected 0 <= layer < num_layers = {self.num_layers}")
         return self.input_size if layer == 0 else self.num_directions * self.output_size
@@ -303,6 +365,8 @@ class RNNSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RNNSpec:
+        """The spec from a dict of its fields (as written by `to_dict`); a ``ValueError`` on unknown
+        fields."""
         if not isinstance(d, dict):
             raise ValueError(f"spec = {d!r}; expected a dict of RNNSpec fields")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -312,6 +376,7 @@ class RNNSpec:
         return cls(**d)
 
     def replace(self, **changes: Any) -> RNNSpec:
+        """A copy with some fields changed (``dataclasses.replace``), validated like a new spec."""
         return dataclasses.replace(self, **changes)
 
 

@@ -31,8 +31,35 @@ _blas_limit: threadpoolctl.threadpool_limits | None = None
 
 
 def set_deterministic(flag: bool) -> None:
-    """Same bits for the same call, run to run (see the module docstring); ``False`` (the default) restores
-    the background compile's reference engine, the threads and BLAS's thread count."""
+    """Same bits for the same call, run to run, whatever else the process is doing.
+
+    ``True``: ``engine="auto"`` takes the numba engine at once and waits for its compile, the numba engine
+    runs every call on the calling thread alone, and NumPy's BLAS is held to one thread while the switch is
+    on. ``False`` (the default) restores the background compile's reference engine, the threads and BLAS's
+    thread count. GPU engines are not affected.
+
+    Parameters
+    ----------
+    flag : bool
+        The switch.
+
+    Raises
+    ------
+    TypeError
+        ``flag`` is not a bool.
+
+    See Also
+    --------
+    is_deterministic
+
+    Examples
+    --------
+    >>> import arrayrnn as ar
+    >>> ar.set_deterministic(True)
+    >>> ar.is_deterministic()
+    True
+    >>> ar.set_deterministic(False)
+    """
     global _deterministic, _blas_limit
     flag = check_flag("flag", flag, TypeError)
     if flag == _deterministic:

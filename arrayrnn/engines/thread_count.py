@@ -32,14 +32,59 @@ _cap = threading.local()              # at_most(): a limit for this thread's cal
 
 
 def set_num_threads(n: int) -> None:
-    """Let each engine call use up to ``n`` threads (its own and ``n - 1`` workers), process-wide."""
+    """Let each engine call use up to ``n`` threads (its own and ``n - 1`` workers), process-wide.
+
+    Like ``torch.set_num_threads``; it overrides ``ARRAYRNN_NUM_THREADS`` and the host's limits
+    (``OMP_NUM_THREADS``, ``NUMBA_NUM_THREADS``). No thread pool is started here.
+
+    Parameters
+    ----------
+    n : int
+        At least 1.
+
+    Raises
+    ------
+    ValueError
+        ``n`` below 1.
+    TypeError
+        ``n`` not an integer.
+
+    Examples
+    --------
+    >>> import arrayrnn as ar
+    >>> before = ar.get_num_threads()
+    >>> ar.set_num_threads(2)
+    >>> ar.get_num_threads()
+    2
+    >>> ar.set_num_threads(before)
+    """
     global _explicit
     _explicit = check_count("n", n, minimum=1)
 
 
 def get_num_threads() -> int:
-    """The threads an engine call may use (see the module docstring); this thread's :func:`at_most`
-    limit applies only to a count not set explicitly."""
+    """The threads an engine call may use.
+
+    Set by :func:`set_num_threads`, else read once from ``ARRAYRNN_NUM_THREADS``, else the smaller of
+    ``OMP_NUM_THREADS`` and ``NUMBA_NUM_THREADS``, else the CPUs this process may run on. Inside the drop-in
+    PyTorch modules a count not set explicitly is also held to ``torch.get_num_threads()``.
+
+    Returns
+    -------
+    int
+        At least 1.
+
+    Raises
+    ------
+    ValueError
+        A malformed ``ARRAYRNN_NUM_THREADS``.
+
+    Examples
+    --------
+    >>> import arrayrnn as ar
+    >>> ar.get_num_threads() >= 1
+    True
+    """
     if _explicit is not None:
         return _explicit
     if not _environment:

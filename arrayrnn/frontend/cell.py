@@ -76,9 +76,44 @@ class CellGrads:
 
 def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, training: bool = False,
               engine: str = "auto") -> CellResult:
-    """One step of the cell ``params`` from ``x (B, input_size)`` and the states ``h (B, H_out)``, ``c (B,
-    hidden_size)`` (LSTM only; zeros when None). ``training=True`` keeps the residuals for
-    :func:`cell_step_backward`. ``engine``: ``"auto"`` or an engine name (numba, cupy, reference)."""
+    """One step of the cell ``params`` (one layer, one direction) from the input and the states.
+
+    Parameters
+    ----------
+    params : PackedParams
+        A single-layer, unidirectional stack's weights.
+    x : array
+        ``(B, input_size)``, the params' dtype and device.
+    h, c : array, optional
+        States ``(B, H_out)`` and ``(B, hidden_size)`` (``c`` for LSTM only); None means zeros.
+    training : bool, optional
+        ``True`` keeps the residuals for :func:`cell_step_backward`.
+    engine : str, optional
+        ``"auto"`` or an engine name (``"numba"``, ``"cupy"``, ``"reference"``).
+
+    Returns
+    -------
+    CellResult
+        The new states ``h`` ``(B, H_out)`` and ``c`` ``(B, H)`` (LSTM, else None).
+
+    Raises
+    ------
+    ValueError
+        Bad shapes, a stack of more than one layer or direction, or an unknown engine.
+    TypeError
+        Wrong types, or inputs of mixed dtype or device.
+    EngineUnavailableError
+        The engine asked for cannot run here.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> params = ar.PackedParams.init(ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4), seed=0)
+    >>> step = ar.cell_step(params, np.ones((2, 3), dtype=np.float32))
+    >>> step.h.shape, step.c.shape
+    ((2, 4), (2, 4))
+    """
     guard.raise_pending()
     spec = _check_params(params)
     check_cell_spec(spec)
@@ -108,8 +143,37 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
 
 
 def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellGrads:
-    """The hand-written backward of the step that produced ``res``, for the cotangents ``dh`` (of
-    ``res.h``) and ``dc`` (of ``res.c``; LSTM only); ``None`` means zeros."""
+    """The hand-written backward of the step that produced ``res``.
+
+    Parameters
+    ----------
+    res : CellResult
+        What :func:`cell_step` returned (``training=True`` keeps the residuals the backward uses).
+    dh, dc : array, optional
+        Cotangents of ``res.h`` ``(B, H_out)`` and ``res.c`` ``(B, H)`` (LSTM only); None means zeros.
+
+    Returns
+    -------
+    CellGrads
+        ``dx`` ``(B, input_size)``, ``dh`` and ``dc`` (of the step's input states) and ``dparams``.
+
+    Raises
+    ------
+    ValueError
+        A cotangent of the wrong shape.
+    TypeError
+        A cotangent of another dtype or device than the step's states.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> params = ar.PackedParams.init(ar.RNNSpec(mode="gru", input_size=3, hidden_size=4), seed=0)
+    >>> step = ar.cell_step(params, np.ones((2, 3)).astype(np.float32), training=True)
+    >>> g = ar.cell_step_backward(step, dh=np.ones((2, 4), dtype=np.float32))
+    >>> g.dx.shape, g.dh.shape, g.dc is None
+    ((2, 3), (2, 4), True)
+    """
     if not isinstance(res, CellResult):
         raise TypeError(f"res has type {type(res).__name__}; expected the CellResult returned by cell_step")
     guard.raise_pending()

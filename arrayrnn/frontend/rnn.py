@@ -100,14 +100,67 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
                 engine: str = "auto", return_all_states: bool = False) -> RNNResult:
     """Run ``x`` through every layer and direction of ``params`` in one fused call.
 
-    ``x``: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), the params' dtype and
-    device. ``lengths``: optional integers ``(B,)`` in ``0..T``, any order, host or device. ``h0``,
-    ``c0``: optional initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)`` (zeros when ``None``).
-    ``training=True`` keeps the cache for :func:`rnn_backward` and applies inter-layer dropout with
-    masks drawn from ``seed`` (see :mod:`arrayrnn.frontend.dropout`); the spec's recurrent dropout and
-    DropConnect act only then too, and zoneout uses its training masks (its expectation otherwise); all of
-    them come from ``seed`` (:func:`arrayrnn.cell_masks`). ``engine``: ``"auto"`` or an engine name.
-    ``return_all_states``: also return ``h_all`` / ``c_all`` (see :class:`RNNResult`).
+    Parameters
+    ----------
+    params : PackedParams
+        The stack's weights (its `RNNSpec` says mode, sizes, layers, directions and options), in the
+        canonical format or an engine's own (``"cudnn"``).
+    x : array
+        ``(T, B, input_size)``, or ``(B, T, input_size)`` with ``batch_first``; the params' dtype and device
+        (NumPy, CuPy, or any DLPack array).
+    lengths : array of int, optional
+        ``(B,)`` valid steps per row, each in ``0..T``, any order, host or device. Outputs past a row's end
+        are zero; a zero-length row gives zero outputs and final states equal to its initial states.
+    h0, c0 : array, optional
+        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)`` (``c0`` for LSTM only); None means zeros.
+    batch_first : bool, optional
+        Whether ``x`` and ``y`` are ``(B, T, ...)``.
+    training : bool, optional
+        ``True`` keeps the cache for :func:`rnn_backward` and applies inter-layer dropout with masks drawn
+        from ``seed`` (see :mod:`arrayrnn.frontend.dropout`); the spec's recurrent dropout and DropConnect
+        act only then too, and zoneout uses its training masks (its expectation otherwise); all of them
+        come from ``seed`` (:func:`arrayrnn.cell_masks`).
+    seed : int, optional
+        Seed of the dropout and zoneout masks (training only).
+    engine : str, optional
+        ``"auto"`` (the first engine that accepts the call; it never waits for a numba compile) or one of
+        ``"reference"``, ``"numba"``, ``"cupy"``, ``"cudnn"``.
+    return_all_states : bool, optional
+        Also return every step's states ``h_all`` / ``c_all`` (see :class:`RNNResult`).
+
+    Returns
+    -------
+    RNNResult
+        ``y`` ``(T, B, D*H_out)`` (batch-first with ``batch_first``), ``h_n`` ``(L*D, B, H_out)``, ``c_n``
+        ``(L*D, B, H)`` (None unless LSTM), and ``h_all`` / ``c_all`` with ``return_all_states``.
+
+    Raises
+    ------
+    ValueError
+        Bad shapes or values (a 1-D or 2-D ``x``, a length out of ``0..T``, a state of the wrong shape),
+        or an unknown engine name; the message names the value and what was expected.
+    TypeError
+        Wrong types, or inputs of mixed dtype or device (never a silent cast).
+    EngineUnavailableError
+        The engine asked for cannot run here (numba or CuPy not installed, no GPU, cuDNN missing).
+
+    See Also
+    --------
+    rnn_backward : the hand-written backward of this call.
+    cell_step : one step of the cell.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, num_layers=2)
+    >>> params = ar.PackedParams.init(spec, seed=0)
+    >>> x = np.ones((5, 2, 3), dtype=np.float32)
+    >>> res = ar.rnn_forward(params, x, lengths=np.array([5, 3]))
+    >>> res.y.shape, res.h_n.shape, res.c_n.shape
+    ((5, 2, 4), (2, 2, 4), (2, 2, 4))
+    >>> float(np.abs(res.y[3:, 1]).max())  # row 1 has 3 steps
+    0.0
     """
     guard.raise_pending()
     spec = _check_params(params)
@@ -171,11 +224,44 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
                  params: PackedParams | None = None, dh_all: Any = None, dc_all: Any = None) -> RNNGrads:
     """Hand-written BPTT through the call that produced ``res``.
 
-    ``dy``, ``dh_n``, ``dc_n``: cotangents of ``res.y``, ``res.h_n``, ``res.c_n`` (same shapes; ``None``
-    means zeros); ``dh_all``, ``dc_all``: of ``res.h_all``, ``res.c_all`` (a ``return_all_states=True``
-    forward only). ``params``, if given, must be the params ``res`` was computed with (``ValueError``
-    otherwise). After a ``training=False`` forward the forward is recomputed with the cache first.
-    Returns ``dx`` (shaped like ``x``), ``dh0``, ``dc0`` (LSTM) and ``dparams``.
+    After a ``training=False`` forward the forward is recomputed with the cache first.
+
+    Parameters
+    ----------
+    res : RNNResult
+        What :func:`rnn_forward` returned.
+    dy, dh_n, dc_n : array, optional
+        Cotangents of ``res.y``, ``res.h_n``, ``res.c_n`` (same shapes); None means zeros.
+    params : PackedParams, optional
+        If given, must be the params ``res`` was computed with.
+    dh_all, dc_all : array, optional
+        Cotangents of ``res.h_all``, ``res.c_all`` (after a ``return_all_states=True`` forward only).
+
+    Returns
+    -------
+    RNNGrads
+        ``dx`` (shaped like ``x``), ``dh0`` ``(L*D, B, H_out)``, ``dc0`` (LSTM, else None) and ``dparams``, a
+        `PackedParams` of gradients with the params' spec, format and layout.
+
+    Raises
+    ------
+    ValueError
+        A cotangent of the wrong shape, ``params`` other than those of ``res``, or ``dh_all`` / ``dc_all``
+        without a ``return_all_states=True`` forward.
+    TypeError
+        A cotangent of another dtype or device than ``res``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=4)
+    >>> params = ar.PackedParams.init(spec, seed=0)
+    >>> x = np.ones((5, 2, 3), dtype=np.float32)
+    >>> res = ar.rnn_forward(params, x, training=True)
+    >>> g = ar.rnn_backward(res, dy=np.ones_like(res.y))
+    >>> g.dx.shape, g.dh0.shape, g.dparams.data.shape == params.data.shape
+    ((5, 2, 3), (1, 2, 4), True)
     """
     if not isinstance(res, RNNResult):
         raise TypeError(f"res has type {type(res).__name__}; expected the RNNResult returned by rnn_forward")

@@ -45,6 +45,7 @@ from .optim import Optimizer
 
 ACCEPTED = ("an mpi4py.MPI.Comm (NumPy buffers), a cupy.cuda.nccl.NcclCommunicator (CuPy buffers) or a "
             "torch.distributed.ProcessGroup (e.g. torch.distributed.group.WORLD)")
+"""The communicators `allreduce_mean` and the other collectives accept, as shown in their errors."""
 
 
 # -- one row per communicator kind -----------------------------------------------------------------------
@@ -328,12 +329,36 @@ def _unzip(named: list[tuple[str, Any]]) -> tuple[list[str], list[Any]]:
 def allreduce_mean(grads: Any, comm: Any) -> None:
     """Average ``grads`` in place across the ranks of ``comm``: one all-reduce per flat buffer.
 
-    ``grads``: a PackedParams, an array, or a list/tuple of them (what ``value_and_grad`` returns).
     Every rank must call this with buffers of the same shapes and dtypes, in the same order: one small
-    collective checks that first, and a disagreement raises a ``ValueError`` on every rank naming the
-    buffer, its shape and dtype here and on the rank that differs (see agreement.py). A list is reduced
-    one buffer at a time, without staging copies: measured faster than packing the list into one buffer
-    for one all-reduce (bench/bench_allreduce.py, bench/RESULTS.md).
+    collective checks that first. A list is reduced one buffer at a time, without staging copies: measured
+    faster than packing the list into one buffer for one all-reduce (bench/bench_allreduce.py,
+    bench/RESULTS.md).
+
+    Parameters
+    ----------
+    grads : PackedParams, array, or list/tuple of them
+        What `arrayrnn.value_and_grad` returns; NumPy buffers with MPI, CuPy buffers with NCCL, either
+        with torch.distributed.
+    comm : communicator
+        An ``mpi4py.MPI.Comm``, a ``cupy.cuda.nccl.NcclCommunicator`` or a ``torch.distributed``
+        process group (see `ACCEPTED`).
+
+    Raises
+    ------
+    ValueError
+        The ranks disagree (raised on every rank, naming the buffer, its shape and dtype here and on the
+        rank that differs), or an uneven call inside `join`.
+    TypeError
+        An unsupported communicator, or a buffer the communicator cannot carry (a CuPy array over MPI).
+
+    Examples
+    --------
+    Run under ``mpiexec -n 2 python train.py``:
+
+    >>> from mpi4py import MPI  # doctest: +SKIP
+    >>> value, grads = ar.value_and_grad(loss)(model.params, x_shard, y_shard)  # doctest: +SKIP
+    >>> ar.distributed.allreduce_mean(grads, MPI.COMM_WORLD)  # doctest: +SKIP
+    >>> opt.step(grads)  # doctest: +SKIP
     """
     backend = _backend_for(comm)
     buffers = _agreed("allreduce_mean", backend, comm, lambda: _unzip(_gradient_buffers(grads, backend)))
@@ -355,16 +380,35 @@ def _gradient_buffers(grads: Any, backend: _Backend) -> list[tuple[str, Any]]:
 def broadcast_from_root(tree: Any, comm: Any, root: int = 0) -> None:
     """Overwrite ``tree`` on every rank with rank ``root``'s values, in place, so all ranks start equal.
 
-    ``tree``: a PackedParams, an array, an ``ar.optim`` optimizer (its parameters, its state buffers, its
-    step count and every hyperparameter: ``lr``, ``betas``, ...), or a list/tuple of them. Call it once
-    after building the model and optimizer (and after loading a checkpoint on ``root``: ``Optimizer.load``
-    there restores its hyperparameters too, which reach every rank)::
+    Call it once after building the model and optimizer (and after loading a checkpoint on ``root``:
+    ``Optimizer.load`` there restores its hyperparameters too, which reach every rank)::
 
         for item in flatten(tree):
             item[...] = item on rank root
 
-    Every rank must pass the same root and buffers of the same shapes and dtypes: checked first, as in
-    ``allreduce_mean``.
+    Parameters
+    ----------
+    tree : PackedParams, array, optimizer, or list/tuple of them
+        An ``arrayrnn.optim`` optimizer brings its parameters, its state buffers, its step count and every
+        hyperparameter (``lr``, ``betas``, ...).
+    comm : communicator
+        As for `allreduce_mean`.
+    root : int, optional
+        The rank whose values win.
+
+    Raises
+    ------
+    ValueError
+        The ranks pass different roots or buffers of different shapes or dtypes (checked first, as in
+        `allreduce_mean`), or ``root`` out of range.
+    TypeError
+        An unsupported communicator or item.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI  # doctest: +SKIP
+    >>> opt = ar.optim.Adam(model.params, lr=1e-3)  # doctest: +SKIP
+    >>> ar.distributed.broadcast_from_root([model.params, opt], MPI.COMM_WORLD)  # doctest: +SKIP
     """
     backend = _backend_for(comm)
     received: list[tuple[Optimizer, Any, Any]] = []
@@ -458,16 +502,34 @@ def join(comm: Any) -> Iterator[None]:
     """End uneven collective calls with an error on every rank instead of a hang (like PyTorch's ``Join``
     for uneven inputs, but an error, not shadow all-reduces).
 
-    Inside the block every ``allreduce_mean`` / ``broadcast_from_root`` on ``comm`` is counted. A rank
+    Inside the block every `allreduce_mean` / `broadcast_from_root` on ``comm`` is counted. A rank
     leaving the block (normally or by an exception) takes part in the collectives the other ranks still
     make, until every rank has left: a call made while another rank has left raises a ``ValueError`` on
     both, naming the ranks and their call counts (``allreduce_mean: rank 0 has left join(comm) after 3
     calls; this is call 4 on rank 1``, and on rank 0 ``join(comm): rank 1 made collective call 4 after rank
     0 (this one) left join(comm) after 3 calls``), raised on the rank that left when the block ends. A rank
     that raised inside the block raises its own error, and the others hear of it at their next call instead
-    of waiting forever (``abort_on_error`` ends an MPI job instead). Every rank must enter ``join(comm)``,
+    of waiting forever (`abort_on_error` ends an MPI job instead). Every rank must enter ``join(comm)``,
     and inside it make no other collective on ``comm`` than arrayrnn's (a user's own ``comm.allreduce``
     would pair with the agreement's).
+
+    Parameters
+    ----------
+    comm : communicator
+        As for `allreduce_mean`.
+
+    Raises
+    ------
+    ValueError
+        Uneven calls, as above.
+
+    Examples
+    --------
+    >>> with ar.distributed.join(comm):  # doctest: +SKIP
+    ...     for x, y in my_shard_of_batches:  # ranks may have different numbers of batches
+    ...         value, grads = ar.value_and_grad(loss)(model.params, x, y)
+    ...         ar.distributed.allreduce_mean(grads, comm)
+    ...         opt.step(grads)
     """
     backend = _backend_for(comm)
     if any(not scope.implicit for scope in _joins.get(id(comm), ())):
@@ -504,13 +566,31 @@ def abort_on_error(comm: Any, errorcode: int = 1) -> Iterator[None]:
 
     An exception on one rank would otherwise leave the others waiting forever in their next
     collective; ``MPI_Abort`` ends the whole job (``mpiexec`` returns ``errorcode``). The traceback is
-    printed first. ``comm`` must be an ``mpi4py.MPI.Comm``.
+    printed first.
 
-    Uneven calls end the job too: the block counts arrayrnn's collectives on ``comm`` as ``join(comm)``
+    Uneven calls end the job too: the block counts arrayrnn's collectives on ``comm`` as `join`
     does (unless a block around it already counts them), so a rank making a call the others never make
     raises (and aborts) instead of waiting forever, and one that leaves the block after fewer calls than
     another aborts when the block ends, naming the ranks and their counts. A ``join(comm)`` inside counts
     its own calls as before.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The job's communicator.
+    errorcode : int, optional
+        The exit status ``mpiexec`` returns.
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not an ``mpi4py.MPI.Comm``.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI  # doctest: +SKIP
+    >>> with ar.distributed.abort_on_error(MPI.COMM_WORLD):  # doctest: +SKIP
+    ...     train()
     """
     if not _BACKENDS[0].matches(comm):
         raise TypeError(f"comm has type {type(comm).__module__}.{type(comm).__name__}; expected an "

@@ -42,7 +42,42 @@ def _check_layer_params(name: str, params: Any, shape: tuple[int, ...], dtype: s
 class Dense:
     """``act(x @ W.T + b)`` with ``W`` ``(out, in)`` and ``b`` ``(out,)`` packed in one flat buffer.
 
-    Initialized like PyTorch's ``nn.Linear``: ``uniform(-1/sqrt(in), 1/sqrt(in))`` for both.
+    Initialized like PyTorch's ``nn.Linear``: ``uniform(-1/sqrt(in), 1/sqrt(in))`` for both. Calling
+    ``layer(x)`` maps ``x`` ``(..., in_features)`` to ``(..., out_features)``; ``layer.apply(params, x)`` does
+    it with another (e.g. traced) buffer.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Sizes of the input's last axis and of the output's.
+    activation : str or Activation, optional
+        Applied after the product (a name of :mod:`arrayrnn.activations` or an ``Activation``).
+    bias : bool, optional
+        Whether ``b`` exists.
+    seed : int or None, optional
+        Seed of the initial weights.
+    dtype : str, optional
+        ``"float32"`` or ``"float64"`` (``"float16"`` on GPU).
+    xp : module, optional
+        ``numpy`` or ``cupy``.
+
+    Attributes
+    ----------
+    params : array
+        The flat buffer ``(out*in + out,)`` (``(out*in,)`` without bias).
+
+    Raises
+    ------
+    ValueError
+        A size below 1 or an unknown activation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> head = ar.nn.Dense(8, 3, activation="tanh")
+    >>> head.params.shape, head(np.ones((5, 8), dtype=np.float32)).shape
+    ((27,), (5, 3))
     """
 
     def __init__(self, in_features: int, out_features: int, activation: str | Activation = "identity",
@@ -62,10 +97,12 @@ class Dense:
 
     @property
     def W(self) -> Any:
+        """The weight matrix ``(out_features, in_features)``, a view of `params`."""
         return self.unpack(self.params)[0]
 
     @property
     def b(self) -> Any:
+        """The bias ``(out_features,)``, a view of `params`; None without bias."""
         return self.unpack(self.params)[1]
 
     def unpack(self, params: Any) -> tuple[Any, Any]:
@@ -79,6 +116,9 @@ class Dense:
         return ops.reshape(flat_w, self.out_features, self.in_features), b
 
     def apply(self, params: Any, x: Any) -> Any:
+        """``activation(x @ W.T + b)`` with the weights in ``params`` (this layer's `params` or the traced
+        buffer `arrayrnn.value_and_grad` passes): ``x`` ``(..., in_features)`` -> ``(..., out_features)``.
+        """
         W, b = self.unpack(params)
         return dense_bias_act(self.activation, W, x, b)
 
@@ -91,8 +131,34 @@ class Dense:
 
 
 class Embedding:
-    """A ``(num_embeddings, embedding_dim)`` table; ``apply(table, ids)`` gathers rows (``N(0, 1)`` init, like
-    PyTorch). Repeated ids accumulate their gradients."""
+    """A ``(num_embeddings, embedding_dim)`` table; ``layer(ids)`` / ``apply(table, ids)`` gathers rows.
+
+    Initialised from ``N(0, 1)`` like PyTorch. Repeated ids accumulate their gradients.
+
+    Parameters
+    ----------
+    num_embeddings, embedding_dim : int
+        Rows and columns of the table.
+    seed : int or None, optional
+        Seed of the initial table.
+    dtype : str, optional
+        ``"float32"`` or ``"float64"`` (``"float16"`` on GPU).
+    xp : module, optional
+        ``numpy`` or ``cupy``.
+
+    Attributes
+    ----------
+    params : array
+        The table ``(num_embeddings, embedding_dim)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> emb = ar.nn.Embedding(10, 4)
+    >>> emb(np.array([[1, 2, 2]])).shape
+    (1, 3, 4)
+    """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, seed: int | None = 0,
                  dtype: str = "float32", xp: ModuleType = np):
@@ -106,6 +172,9 @@ class Embedding:
         self.params = module_for(xp).asarray(host)
 
     def apply(self, params: Any, ids: Any) -> Any:
+        """The rows of ``params`` (``(num_embeddings, embedding_dim)``) at the integer ``ids``: ``ids`` of any
+        shape -> ``ids.shape + (embedding_dim,)``; a ``ValueError`` for an id out of range.
+        """
         _check_layer_params("Embedding", params, (self.num_embeddings, self.embedding_dim), self.dtype)
         _check_no_negative_ids(ids, self.num_embeddings)
         return ops.take(params, ids, axis=0)
@@ -178,11 +247,69 @@ class _Recurrent:
 class LSTM(_Recurrent):
     """A stacked (optionally bidirectional, projected, cell-clipped) LSTM; PyTorch's ``nn.LSTM`` weights.
 
-    Cell variants (``arrayrnn.RNNSpec``'s fields of the same names): ``recurrent_dropout``,
-    ``weight_dropout`` (DropConnect on ``W_hh``) and zoneout (``zoneout`` of h, ``zoneout_cell`` of c,
-    default ``zoneout``) act under differentiation (training); zoneout's expectation, ``peepholes`` and
-    ``layer_norm`` (layer normalisation of both products and of the cell inside the recurrence, gains in
-    the one buffer; ``RNNSpec.layer_norm``) always."""
+    Calling ``layer(x, lengths=None, h0=None, c0=None)`` (or ``layer.apply(params, x, ...)`` inside
+    `arrayrnn.value_and_grad`) returns ``(y, h_n, c_n)`` with the shapes and semantics of
+    `arrayrnn.rnn_forward`. The layer is stateless: the caller carries the state.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        Features of ``x`` and of the cell state.
+    num_layers : int, optional
+        Stacked layers.
+    bias : bool or str, optional
+        A bias mode of `arrayrnn.RNNSpec` (``True`` = both biases).
+    bidirectional : bool, optional
+        Add a reverse direction (``y`` has ``2 * H_out`` features).
+    proj_size : int, optional
+        LSTM projection of ``h`` to ``proj_size`` features (0: none).
+    cell_clip : float or (float, float), optional
+        Clip the cell state to ``(lo, hi)``.
+    dropout : float, optional
+        Dropout between layers, under differentiation.
+    recurrent_dropout, weight_dropout, zoneout : float, optional
+        Cell variants (`arrayrnn.RNNSpec`'s fields of the same names): dropout of the recurrent ``h``,
+        DropConnect on ``W_hh``, zoneout of ``h``; they act under differentiation (training).
+    layer_norm : bool, optional
+        Layer normalisation inside the recurrence (gains in the one buffer).
+    layer_norm_eps : float, optional
+        Its epsilon.
+    zoneout_cell : float, optional
+        Zoneout of ``c`` (default ``zoneout``); zoneout's expectation applies outside training.
+    peepholes : bool, optional
+        Peephole connections (view ``"P"``).
+    batch_first : bool, optional
+        ``x`` and ``y`` are ``(B, T, ...)`` instead of ``(T, B, ...)``.
+    dtype : str, optional
+        ``"float32"``, ``"float64"`` or (GPU) ``"float16"``.
+    seed : int or None, optional
+        Seed of the initial weights (PyTorch's uniform(-1/sqrt(H), 1/sqrt(H))).
+    xp : module, optional
+        ``numpy`` or ``cupy``: where the weights live.
+    engine : str, optional
+        The engine of every call (``"auto"`` or a name, as in `arrayrnn.rnn_forward`).
+
+    Attributes
+    ----------
+    params : PackedParams
+        All the layer's weights in one flat buffer; differentiate and optimise this.
+    spec : RNNSpec
+        The stack's configuration.
+
+    Raises
+    ------
+    ValueError
+        A configuration `arrayrnn.RNNSpec` refuses, or an unknown engine name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> lstm = ar.nn.LSTM(3, 4, num_layers=2, bidirectional=True)
+    >>> y, h_n, c_n = lstm(np.ones((5, 2, 3), dtype=np.float32))
+    >>> y.shape, h_n.shape, c_n.shape
+    ((5, 2, 8), (4, 2, 4), (4, 2, 4))
+    """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool | str = True,
                  bidirectional: bool = False, proj_size: int = 0, cell_clip: Any = None, dropout: float = 0.0,
@@ -198,8 +325,65 @@ class LSTM(_Recurrent):
 
 
 class GRU(_Recurrent):
-    """A stacked GRU; ``reset_after=True`` is the cuDNN/PyTorch variant. Cell variants as :class:`LSTM`'s
-    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``, ``layer_norm``)."""
+    """A stacked GRU; ``reset_after=True`` is the cuDNN/PyTorch variant.
+
+    Calling ``layer(x, lengths=None, h0=None, c0=None)`` (or ``layer.apply(params, x, ...)`` inside
+    `arrayrnn.value_and_grad`) returns ``(y, h_n, c_n)`` with the shapes and semantics of
+    `arrayrnn.rnn_forward`. The layer is stateless: the caller carries the state. ``c_n`` is None.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        Features of ``x`` and of the state.
+    num_layers : int, optional
+        Stacked layers.
+    bias : bool or str, optional
+        A bias mode of `arrayrnn.RNNSpec` (``True`` = both biases).
+    bidirectional : bool, optional
+        Add a reverse direction.
+    reset_after : bool, optional
+        False is the reset-before variant (Keras ``reset_after=False``).
+    dropout : float, optional
+        Dropout between layers, under differentiation.
+    recurrent_dropout, weight_dropout, zoneout : float, optional
+        Cell variants (`arrayrnn.RNNSpec`'s fields of the same names): dropout of the recurrent ``h``,
+        DropConnect on ``W_hh``, zoneout of ``h``; they act under differentiation (training).
+    layer_norm : bool, optional
+        Layer normalisation inside the recurrence (gains in the one buffer).
+    layer_norm_eps : float, optional
+        Its epsilon.
+    batch_first : bool, optional
+        ``x`` and ``y`` are ``(B, T, ...)`` instead of ``(T, B, ...)``.
+    dtype : str, optional
+        ``"float32"``, ``"float64"`` or (GPU) ``"float16"``.
+    seed : int or None, optional
+        Seed of the initial weights (PyTorch's uniform(-1/sqrt(H), 1/sqrt(H))).
+    xp : module, optional
+        ``numpy`` or ``cupy``: where the weights live.
+    engine : str, optional
+        The engine of every call (``"auto"`` or a name, as in `arrayrnn.rnn_forward`).
+
+    Attributes
+    ----------
+    params : PackedParams
+        All the layer's weights in one flat buffer; differentiate and optimise this.
+    spec : RNNSpec
+        The stack's configuration.
+
+    Raises
+    ------
+    ValueError
+        A configuration `arrayrnn.RNNSpec` refuses, or an unknown engine name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> gru = ar.nn.GRU(3, 4, batch_first=True)
+    >>> y, h_n, c_n = gru(np.ones((2, 5, 3), dtype=np.float32), lengths=np.array([5, 2]))
+    >>> y.shape, h_n.shape, c_n is None
+    ((2, 5, 4), (1, 2, 4), True)
+    """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool | str = True,
                  bidirectional: bool = False, reset_after: bool = True, dropout: float = 0.0,
@@ -214,8 +398,65 @@ class GRU(_Recurrent):
 
 
 class RNN(_Recurrent):
-    """A stacked Elman RNN with ``nonlinearity`` ``"tanh"`` or ``"relu"``. Cell variants as :class:`LSTM`'s
-    (``recurrent_dropout``, ``weight_dropout``, ``zoneout``, ``layer_norm``)."""
+    """A stacked Elman RNN with ``nonlinearity`` ``"tanh"`` or ``"relu"``.
+
+    Calling ``layer(x, lengths=None, h0=None, c0=None)`` (or ``layer.apply(params, x, ...)`` inside
+    `arrayrnn.value_and_grad`) returns ``(y, h_n, c_n)`` with the shapes and semantics of
+    `arrayrnn.rnn_forward`. The layer is stateless: the caller carries the state. ``c_n`` is None.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        Features of ``x`` and of the state.
+    num_layers : int, optional
+        Stacked layers.
+    nonlinearity : str, optional
+        ``"tanh"`` or ``"relu"``.
+    bias : bool or str, optional
+        A bias mode of `arrayrnn.RNNSpec` (``True`` = both biases).
+    bidirectional : bool, optional
+        Add a reverse direction.
+    dropout : float, optional
+        Dropout between layers, under differentiation.
+    recurrent_dropout, weight_dropout, zoneout : float, optional
+        Cell variants (`arrayrnn.RNNSpec`'s fields of the same names): dropout of the recurrent ``h``,
+        DropConnect on ``W_hh``, zoneout of ``h``; they act under differentiation (training).
+    layer_norm : bool, optional
+        Layer normalisation inside the recurrence (gains in the one buffer).
+    layer_norm_eps : float, optional
+        Its epsilon.
+    batch_first : bool, optional
+        ``x`` and ``y`` are ``(B, T, ...)`` instead of ``(T, B, ...)``.
+    dtype : str, optional
+        ``"float32"``, ``"float64"`` or (GPU) ``"float16"``.
+    seed : int or None, optional
+        Seed of the initial weights (PyTorch's uniform(-1/sqrt(H), 1/sqrt(H))).
+    xp : module, optional
+        ``numpy`` or ``cupy``: where the weights live.
+    engine : str, optional
+        The engine of every call (``"auto"`` or a name, as in `arrayrnn.rnn_forward`).
+
+    Attributes
+    ----------
+    params : PackedParams
+        All the layer's weights in one flat buffer; differentiate and optimise this.
+    spec : RNNSpec
+        The stack's configuration.
+
+    Raises
+    ------
+    ValueError
+        A configuration `arrayrnn.RNNSpec` refuses, or an unknown engine name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> rnn = ar.nn.RNN(3, 4, nonlinearity="relu")
+    >>> y, h_n, _ = rnn(np.ones((5, 2, 3), dtype=np.float32))
+    >>> y.shape, h_n.shape
+    ((5, 2, 4), (1, 2, 4))
+    """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, nonlinearity: str = "tanh",
                  bias: bool | str = True, bidirectional: bool = False, dropout: float = 0.0,

@@ -25,7 +25,9 @@ from ..core.params import PackedParams
 from ..core.spec import shown
 
 KIND = "arrayrnn-optimizer"
+"""The ``kind`` written in the header of an optimizer state file (``Optimizer.save``)."""
 VERSIONS = range(1, 2)  # the file versions this code reads; it writes the last
+"""The optimizer state file versions this code reads; it writes the last one."""
 
 
 def _buffers(tree: Any, what: str) -> tuple[bool, list[Any]]:
@@ -93,7 +95,24 @@ def _finite(value: Any) -> float | None:
 
 
 class Optimizer:
-    """Shared machinery: buffers, the step counter, gradient checks, state save and load."""
+    """The base of the optimizers: buffers, the step counter, gradient checks, state save and load.
+
+    Every update is one vectorised pass per flat buffer, with the arithmetic of ``torch.optim``.
+
+    Parameters
+    ----------
+    params : PackedParams, array, or list of them
+        Updated in place by `step`; arrays must be writeable.
+    lr : float
+        The learning rate (the `lr` property; may change between steps).
+
+    Raises
+    ------
+    TypeError
+        ``params`` of another kind.
+    ValueError
+        A negative or non-finite hyperparameter.
+    """
 
     state_names: tuple[str, ...] = ()
 
@@ -126,7 +145,21 @@ class Optimizer:
         return self._scratch[i]
 
     def step(self, grads: Any) -> None:
-        """Update every buffer in place from ``grads`` (mirroring ``params``)."""
+        """Update every buffer in place from ``grads``.
+
+        Parameters
+        ----------
+        grads : PackedParams, array, or list of them
+            Mirrors ``params`` (what `arrayrnn.value_and_grad` returns for them): same structure, shapes,
+            dtypes and devices.
+
+        Raises
+        ------
+        ValueError
+            A structure or shape other than ``params``'s.
+        TypeError
+            Another dtype or device than ``params``'s.
+        """
         single, gs = _buffers(grads, "grads")
         if single != self._single or len(gs) != len(self._params):
             raise ValueError(f"grads has {len(gs)} entr{'y' if len(gs) == 1 else 'ies'}"
@@ -277,8 +310,38 @@ def _type_code(cls: type) -> int:
 
 
 class SGD(Optimizer):
-    """``torch.optim.SGD``: ``momentum``, ``dampening``, ``weight_decay`` (L2 added to the gradient),
-    ``nesterov``."""
+    """Stochastic gradient descent with ``torch.optim.SGD``'s arithmetic.
+
+    Parameters
+    ----------
+    params : PackedParams, array, or list of them
+        Updated in place by `Optimizer.step`.
+    lr : float, optional
+        The learning rate.
+    momentum : float, optional
+        Momentum factor (0: none).
+    dampening : float, optional
+        Dampening of the momentum.
+    weight_decay : float, optional
+        L2 penalty added to the gradient.
+    nesterov : bool, optional
+        Nesterov momentum (needs ``momentum > 0`` and ``dampening = 0``).
+
+    Raises
+    ------
+    ValueError
+        A negative hyperparameter, or ``nesterov`` without momentum or with dampening.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> w = np.ones(3)
+    >>> opt = ar.optim.SGD(w, lr=0.1)
+    >>> opt.step(np.full(3, 2.0))
+    >>> w
+    array([0.8, 0.8, 0.8])
+    """
 
     state_names = ("momentum_buffer",)
 
@@ -325,7 +388,41 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """``torch.optim.Adam`` (L2 ``weight_decay`` added to the gradient)."""
+    """Adam with ``torch.optim.Adam``'s arithmetic (L2 ``weight_decay`` added to the gradient).
+
+    Parameters
+    ----------
+    params : PackedParams, array, or list of them
+        Updated in place by `Optimizer.step`.
+    lr : float, optional
+        The learning rate.
+    betas : (float, float), optional
+        Decay rates of the first and second moment estimates.
+    eps : float, optional
+        Added to the denominator.
+    weight_decay : float, optional
+        L2 penalty added to the gradient.
+
+    Raises
+    ------
+    ValueError
+        A hyperparameter out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> lstm = ar.nn.LSTM(3, 4)
+    >>> opt = ar.optim.Adam(lstm.params, lr=1e-2)
+    >>> def loss(params, x):
+    ...     y, _, _ = lstm.apply(params, x)
+    ...     return ar.ops.mean(y * y)
+    >>> x = np.ones((5, 2, 3), dtype=np.float32)
+    >>> value, grads = ar.value_and_grad(loss)(lstm.params, x)
+    >>> opt.step(grads)
+    >>> opt.step_count
+    1
+    """
 
     state_names = ("exp_avg", "exp_avg_sq")
     _decoupled = False
@@ -372,7 +469,36 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """``torch.optim.AdamW``: decoupled weight decay (``p *= 1 - lr * weight_decay`` before the step)."""
+    """AdamW with ``torch.optim.AdamW``'s arithmetic: decoupled weight decay (``p *= 1 - lr * weight_decay``
+    before the Adam step).
+
+    Parameters
+    ----------
+    params : PackedParams, array, or list of them
+        Updated in place by `Optimizer.step`.
+    lr : float, optional
+        The learning rate.
+    betas : (float, float), optional
+        Decay rates of the first and second moment estimates.
+    eps : float, optional
+        Added to the denominator.
+    weight_decay : float, optional
+        The decoupled decay rate.
+
+    Raises
+    ------
+    ValueError
+        A hyperparameter out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> w = np.ones(3)
+    >>> ar.optim.AdamW(w, lr=0.1, weight_decay=0.5).step(np.zeros(3))
+    >>> w
+    array([0.95, 0.95, 0.95])
+    """
 
     _decoupled = True
 
@@ -382,10 +508,38 @@ class AdamW(Adam):
 
 
 def clip_grad_norm(grads: Any, max_norm: float, norm_type: float = 2.0) -> float:
-    """Scale ``grads`` in place so their joint norm is at most ``max_norm``; returns the norm before.
+    """Scale ``grads`` in place so their joint norm is at most ``max_norm`` (``clip_grad_norm_`` of torch).
 
-    ``torch.nn.utils.clip_grad_norm_``: ``coef = min(1, max_norm / (norm + 1e-6))``. ``norm_type`` is a
-    positive number or ``math.inf``.
+    ``coef = min(1, max_norm / (norm + 1e-6))`` multiplies every buffer.
+
+    Parameters
+    ----------
+    grads : PackedParams, array, or list of them
+        The gradients (writeable).
+    max_norm : float
+        The largest joint norm kept.
+    norm_type : float, optional
+        A positive number or ``math.inf``.
+
+    Returns
+    -------
+    float
+        The joint norm before clipping.
+
+    Raises
+    ------
+    ValueError
+        ``max_norm`` or ``norm_type`` out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> g = np.array([3.0, 4.0])
+    >>> ar.optim.clip_grad_norm(g, max_norm=1.0)
+    5.0
+    >>> np.round(g, 4)
+    array([0.6, 0.8])
     """
     _, gs = _buffers(grads, "grads")
     max_norm = _check_number("max_norm", max_norm)

@@ -462,14 +462,33 @@ def _writable(stream: Any) -> bool:
 
 def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str | Iterable[str] = DTYPES, *,
            training: bool = True, progress: bool = True) -> None:
-    """Compile the numba engine's loops for ``modes`` x ``dtypes`` now, in this process, so that no later
-    call waits for numba and ``"auto"`` takes the numba engine from the first call.
+    """Compile the numba engine's loops for ``modes`` x ``dtypes`` now, in this process.
 
-    ``modes``: mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ...) or :class:`RNNSpec` s; ``dtypes``:
-    ``"float32"``, ``"float64"``; ``training``: the backward's loops too. The compiled code lands in
-    numba's on-disk cache, so later processes load it (``python -m arrayrnn warmup`` in a server or CI
-    image). ``progress``: a progress bar on stderr, skipped where there is none to write to (``sys.stderr``
-    None under pythonw or with ``2>&-``, closed, or its descriptor gone).
+    Afterwards no call waits for numba and ``engine="auto"`` takes the numba engine from the first call. The
+    compiled code lands in numba's on-disk cache, so later processes load it (``python -m arrayrnn warmup``
+    in a server or CI image).
+
+    Parameters
+    ----------
+    modes : str, RNNSpec or iterable of them, optional
+        Mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ...) or :class:`RNNSpec` s.
+    dtypes : str or iterable of str, optional
+        ``"float32"``, ``"float64"``.
+    training : bool, optional
+        Compile the backward's loops too.
+    progress : bool, optional
+        A progress bar on stderr, skipped where there is none to write to (``sys.stderr`` None under
+        pythonw or with ``2>&-``, closed, or its descriptor gone).
+
+    Raises
+    ------
+    ValueError
+        An unknown mode or dtype.
+
+    Examples
+    --------
+    >>> import arrayrnn as ar
+    >>> ar.warmup("gru", "float32", training=False, progress=False)  # doctest: +SKIP
     """
     from tqdm.auto import tqdm
 
