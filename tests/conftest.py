@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 import pytest
 
-# Two settings (README, "Run the tests"). The waiting one (the default here): engine='auto' picks the numba
+# Two settings (docs/guide/install.md). The waiting one (the default here): engine='auto' picks the numba
 # engine and waits for its compile, so engine choices do not depend on timing (test_warmup.py runs the
 # background compile in child processes of its own). ARRAYRNN_TEST_SETTING=default runs as a user's new
 # process does: the background compile on and numba's cache empty (a fresh directory, unless

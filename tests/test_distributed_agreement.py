@@ -80,8 +80,8 @@ def test_gloo_ranks_that_disagree_all_raise(tmp_path, case):
 
 
 def test_mpi_uneven_calls_inside_abort_on_error_and_join_end_the_job_naming_the_rank_and_count():
-    """The README's pattern: before join(comm), one more all-reduce on one rank waited forever even inside
-    abort_on_error."""
+    """docs/guide/distributed.md's pattern: before join(comm), one more all-reduce on one rank waited forever
+    even inside abort_on_error."""
     res = run_job([mpiexec(), "-n", "2", sys.executable, str(WORKER), "mpi", "uneven-abort"],
                   timeout=TIMEOUT)
     assert res.returncode != 0

@@ -301,9 +301,9 @@ def test_split_matmul_equals_matmul_and_blas_is_held_to_one_thread_only_inside(t
 
 
 def test_float32_results_change_with_the_thread_count_only_by_the_documented_rounding(threads):
-    """README, "CPU speed": the hoisted products split their rows over the threads a call gets, and
-    OpenBLAS rounds a product of fewer rows differently (issue 34 saw ~1e-8 in y, ~2e-6 in dparams); the
-    same thread count gives the same bits run to run."""
+    """docs/guide/threads.md, "Rounding across thread counts": the hoisted products split their rows over the
+    threads a call gets, and OpenBLAS rounds a product of fewer rows differently (issue 34 saw ~1e-8 in y,
+    ~2e-6 in dparams); the same thread count gives the same bits run to run."""
     spec = ar.RNNSpec(mode="gru", input_size=64, hidden_size=128)
     threads(1)
     one = _run("numba", spec, B=32)

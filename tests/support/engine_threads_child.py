@@ -60,7 +60,8 @@ def make_call(case: str) -> Callable[[], dict[str, np.ndarray]]:
 
 
 def check(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], what: str) -> None:
-    # float32: the number of parts a call gets changes the rounding (README, "CPU speed")
+    # float32: the number of parts a call gets changes the rounding (docs/guide/threads.md, "Rounding across
+    # thread counts")
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=f"{what}: {name}")
 

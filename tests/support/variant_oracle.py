@@ -3,10 +3,11 @@
 DropConnect, zoneout, peepholes), of layer normalisation (issue 38's formulas: ``LN`` below) and of
 ``return_all_states``.
 
-Straight from the README's "roughly this Python loop": one ``scan`` per layer and direction over the
-whole batch; a row's state is updated only while ``t < len_b`` (``h = a*h_new + (1-a)*h`` with ``a`` the
-row's activity), so the reverse direction starts at ``len_b - 1`` from its initial state and outputs past a
-row's end are zero. No cell clipping (the finite-difference checks cover that combination).
+Straight from the "roughly this Python loop" of docs/guide/cells.md and docs/guide/layer_norm.md: one
+``scan`` per layer and direction over the whole batch; a row's state is updated only while ``t < len_b``
+(``h = a*h_new + (1-a)*h`` with ``a`` the row's activity), so the reverse direction starts at ``len_b - 1``
+from its initial state and outputs past a row's end are zero. No cell clipping (the finite-difference checks
+cover that combination).
 """
 
 from __future__ import annotations

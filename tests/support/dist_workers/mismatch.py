@@ -60,7 +60,7 @@ def _uneven(rank: int, comm: Any) -> None:
 
 
 def _uneven_abort(rank: int, comm: Any) -> None:
-    """``_uneven`` inside ``abort_on_error`` (the README's pattern): the error ends the whole job."""
+    """``_uneven`` inside ``abort_on_error`` (docs/guide/distributed.md's pattern): the error ends the job."""
     with abort_on_error(comm):
         _uneven(rank, comm)
 
