@@ -201,3 +201,32 @@ def test_reset_after_gru_backward_keeps_only_the_n_part_of_the_recurrent_gradien
     assert g.dpre_rec is g.dpre_in and g.dn_rec.shape == (T, B, H)
     inactive = np.arange(B)[None, :] >= bs[:, None]
     assert g.dn_rec[~inactive].any() and not g.dn_rec[inactive].any()
+
+
+@pytest.mark.parametrize("k, width", [(1, 33), (31, 5), (32, 70), (130, 40)])
+@pytest.mark.parametrize("per_step", [False, True])
+def test_step_product_splits_k_and_writes_only_active_rows(k: int, width: int, per_step: bool) -> None:
+    """``product_step`` launched as the CuPy engine launches it (a block per row and 32 columns, its warps
+    splitting K: 1, 1, 2 and 8 of them here) equals ``a[:n] @ w`` and leaves rows ``n..`` and the other
+    steps alone; float32 math in float32."""
+    from arrayrnn.engines import cuda_kernels as ck
+
+    rng = np.random.default_rng(k)
+    T, B, n, t = 3, 4, 3, 1
+    a = rng.standard_normal((T if per_step else 1, B, k)).astype(np.float32)
+    w = rng.standard_normal((k, width)).astype(np.float32)
+    out = np.full((T if per_step else 1, B, width), np.nan, np.float32)
+    threads = ck.PRODUCT_COLUMNS * ck.product_slices(k)
+    blocks = n * -(-width // ck.PRODUCT_COLUMNS)
+    ck.product_step[blocks, threads](t, n, np.float32(1), a, per_step, w, out, per_step)
+    s = t if per_step else 0
+    want = a[s, :n].astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(out[s, :n], want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+    assert out.dtype == np.float32 and np.isnan(out[s, n:]).all()
+    assert np.isnan(np.delete(out, s, axis=0)).all()
+    assert ck.product_slices(k) == {1: 1, 31: 1, 32: 2, 130: 8}[k]
+
+
+def test_wide_recurrent_products_equal_the_reference() -> None:
+    """H = 20: the backward's products have K = 4H = 80 (5 warps per block), the forward's K = 20 (one)."""
+    check_against_reference(spec_of("lstm", hidden_size=20), T=2, lengths=[2, 1])

@@ -124,10 +124,11 @@ class StepProgram:
         """``(t, n) -> None``: ``out[:n] = a[:n] @ w`` in one launch of :func:`~.cuda_kernels.product_step`
         (``a``, ``out``: a step buffer ``(B, .)``, or a stack ``(T, B, .)`` whose step ``t`` it takes)."""
         a_step, out_step = a.ndim == 3, out.ndim == 3
+        threads = ck.PRODUCT_COLUMNS * ck.product_slices(w.shape[0])
         site = self.site(ck.product_step, self.one, a if a_step else a[None], a_step, w,
-                         out if out_step else out[None], out_step)
-        width = out.shape[-1]
-        return lambda t, n: site(n * width, t, n) if n else None
+                         out if out_step else out[None], out_step, block=threads)
+        per_row = -(-out.shape[-1] // ck.PRODUCT_COLUMNS) * threads  # a block per row and column group
+        return lambda t, n: site(n * per_row, t, n) if n else None
 
     def add(self, a: Array, b: Array) -> None:
         """``a += b`` in one operation (``a[:n] += b`` would also copy ``a[:n]`` back onto itself)."""
