@@ -31,7 +31,7 @@ def _example_args(name: str, dtype: type) -> tuple:
     slot = np.int64(0)
     one, t, n, flag = dtype(1), np.int64(0), np.int64(1), True
     return {
-        "product_step": (t, n, one, a3, flag, a2, a3, flag),
+        "product_step": (t, n, one, a3, flag, a2, a3, flag, n),
         "rnn_forward_step": (t, n, one, flag, a3, a2, a2, a3),
         "rnn_backward_step": (t, n, one, flag, a3, a3, a2, a3),
         "lstm_forward_step": (t, n, one, a3, a2, a2, a2, a3, a2, flag, flag, a3, a3, one, one),

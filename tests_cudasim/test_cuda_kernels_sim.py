@@ -206,9 +206,9 @@ def test_reset_after_gru_backward_keeps_only_the_n_part_of_the_recurrent_gradien
 @pytest.mark.parametrize("k, width", [(1, 33), (31, 5), (32, 70), (130, 40)])
 @pytest.mark.parametrize("per_step", [False, True])
 def test_step_product_splits_k_and_writes_only_active_rows(k: int, width: int, per_step: bool) -> None:
-    """``product_step`` launched as the CuPy engine launches it (a block per row and 32 columns, its warps
-    splitting K: 1, 1, 2 and 8 of them here) equals ``a[:n] @ w`` and leaves rows ``n..`` and the other
-    steps alone; float32 math in float32."""
+    """``product_step`` launched as the CuPy engine launches it on a GPU (a thread per output for K < 32,
+    else a block per row and 32 columns whose warps split K: 2 and 8 of them here) equals ``a[:n] @ w`` and
+    leaves rows ``n..`` and the other steps alone; float32 math in float32."""
     from arrayrnn.engines import cuda_kernels as ck
 
     rng = np.random.default_rng(k)
@@ -216,17 +216,33 @@ def test_step_product_splits_k_and_writes_only_active_rows(k: int, width: int, p
     a = rng.standard_normal((T if per_step else 1, B, k)).astype(np.float32)
     w = rng.standard_normal((k, width)).astype(np.float32)
     out = np.full((T if per_step else 1, B, width), np.nan, np.float32)
-    threads = ck.PRODUCT_COLUMNS * ck.product_slices(k)
-    blocks = n * -(-width // ck.PRODUCT_COLUMNS)
-    ck.product_step[blocks, threads](t, n, np.float32(1), a, per_step, w, out, per_step)
+    slices = ck.split_slices(k)
+    if slices > 1:
+        blocks, threads = n * -(-width // ck.PRODUCT_COLUMNS), ck.PRODUCT_COLUMNS * slices
+    else:
+        blocks, threads = ck.launch_shape(n * width)
+    ck.product_step[blocks, threads](t, n, np.float32(1), a, per_step, w, out, per_step, slices)
     s = t if per_step else 0
     want = a[s, :n].astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(out[s, :n], want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
     assert out.dtype == np.float32 and np.isnan(out[s, n:]).all()
     assert np.isnan(np.delete(out, s, axis=0)).all()
-    assert ck.product_slices(k) == {1: 1, 31: 1, 32: 2, 130: 8}[k]
+    assert slices == {1: 1, 31: 1, 32: 2, 130: 8}[k]
 
 
-def test_wide_recurrent_products_equal_the_reference() -> None:
-    """H = 20: the backward's products have K = 4H = 80 (5 warps per block), the forward's K = 20 (one)."""
-    check_against_reference(spec_of("lstm", hidden_size=20), T=2, lengths=[2, 1])
+def test_the_engine_runs_the_split_product_as_on_a_gpu(monkeypatch) -> None:
+    """The engine with the GPU's choice of warps (the simulator's default is a thread per output): H = 40, so
+    the forward's products have K = 40 (2 warps a block, 5 blocks a row), the backward's K = 160 (8 warps,
+    2 blocks a row)."""
+    from arrayrnn.engines import cuda_kernels as ck
+
+    assert ck.product_slices(160) == 1 and ck.split_slices(160) == 8  # the simulator's choice, the GPU's
+    monkeypatch.setattr(ck, "product_slices", ck.split_slices)
+    split = StackEngine("cupy-sim-split", GpuKernel())  # its own programs: none built with one warp
+    spec = spec_of("lstm", hidden_size=40)
+    params = PackedParams.init(spec, seed=0, xp=np)
+    inputs = _inputs(spec, 2, [2, 1], 0)
+    (ref, ref_g), (sim, sim_g) = _run(REFERENCE, params, inputs), _run(split, params, inputs)
+    np.testing.assert_allclose(sim.y, ref.y, **TOL)
+    np.testing.assert_allclose(sim_g.dx, ref_g.dx, **TOL)
+    np.testing.assert_allclose(sim_g.dparams.data, ref_g.dparams.data, **TOL)

@@ -147,30 +147,52 @@ _PRODUCT_PARTIALS = 256  # PRODUCT_COLUMNS * PRODUCT_MAX_SLICES, a literal for c
 assert _PRODUCT_PARTIALS == PRODUCT_COLUMNS * PRODUCT_MAX_SLICES
 
 
-def product_slices(k: int) -> int:
-    """Warps splitting a step GEMM's ``K`` (its block is ``PRODUCT_COLUMNS`` times that many threads)."""
+SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+
+
+def split_slices(k: int) -> int:
+    """Warps splitting a step GEMM's ``K`` on a GPU (its block: ``PRODUCT_COLUMNS`` times that many threads);
+    1 below ``K = 2 * PRODUCT_MIN_SLICE``."""
     return max(1, min(PRODUCT_MAX_SLICES, k // PRODUCT_MIN_SLICE))
 
 
+def product_slices(k: int) -> int:
+    """The ``slices`` the engine gives :func:`product_step` for ``K``: :func:`split_slices`, or 1 under
+    numba's CUDA simulator, which runs every thread as a Python thread and cannot afford the idle lanes of
+    a block per 32 columns (its tests run the split form by asking for it)."""
+    return 1 if SIMULATED else split_slices(k)
+
+
 @cuda.jit(cache=True)
-def product_step(t, n, one, a, a_per_step, w, out, out_per_step):
+def product_step(t, n, one, a, a_per_step, w, out, out_per_step, slices):
     """``out[s, :n] = a[r, :n] @ w`` (``s``, ``r``: ``t`` if per step, else 0): a step's recurrent GEMM as a
     kernel, because CuPy refuses every cuBLAS call while a stream captures (``cupy_backends/cuda/libs/
-    cublas.pyx``, ``setStream``). A block computes ``PRODUCT_COLUMNS`` neighbouring columns of one row
-    ``b``; its warps split ``K`` (warp ``s`` sums ``k = s, s + S, ...``, its lanes reading a row of ``w``
-    coalesced) and add their partial sums through shared memory, all in the compute dtype. With one warp
-    (``K < 2 * PRODUCT_MIN_SLICE``) a thread sums its output alone. One thread per output and the whole
-    ``K`` ran 12 us a step at ``K = 128``, B = 1 on an H200 (a chain of 128 dependent loads)."""
+    cublas.pyx``, ``setStream``). Sums run in the compute dtype.
+
+    ``slices > 1`` (launched in blocks of ``PRODUCT_COLUMNS * slices`` threads, one per row and 32 columns):
+    a block computes ``PRODUCT_COLUMNS`` neighbouring columns of one row ``b``; its warps split ``K`` (warp
+    ``s`` sums ``k = s, s + slices, ...``, its lanes reading a row of ``w`` coalesced) and add their partial
+    sums through shared memory. One thread per output over the whole ``K`` ran 12.3 us a step at ``K =
+    128``, B = 1 on an H200 (a chain of 128 dependent loads); split over 8 warps, 3.9 us. ``slices == 1``:
+    one thread per ``(b, j)``, in blocks of any size."""
     width = out.shape[2]
+    r = t if a_per_step else 0
+    if slices == 1:
+        b, j = _element(n, width)
+        if b < 0:
+            return
+        acc = one - one
+        for k in range(w.shape[0]):
+            acc += a[r, b, k] * w[k, j]
+        out[t if out_per_step else 0, b, j] = acc
+        return
     groups = (width + PRODUCT_COLUMNS - 1) // PRODUCT_COLUMNS
     block = cuda.blockIdx.x
     b = block // groups
     if b >= n:  # the whole block: no thread waits at the barrier below
         return
     lane, s = cuda.threadIdx.x % PRODUCT_COLUMNS, cuda.threadIdx.x // PRODUCT_COLUMNS
-    slices = cuda.blockDim.x // PRODUCT_COLUMNS
     j = (block - b * groups) * PRODUCT_COLUMNS + lane
-    r = t if a_per_step else 0
     acc = one - one
     if j < width:
         for k in range(s, w.shape[0], slices):

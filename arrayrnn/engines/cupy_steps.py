@@ -124,10 +124,11 @@ class StepProgram:
         """``(t, n) -> None``: ``out[:n] = a[:n] @ w`` in one launch of :func:`~.cuda_kernels.product_step`
         (``a``, ``out``: a step buffer ``(B, .)``, or a stack ``(T, B, .)`` whose step ``t`` it takes)."""
         a_step, out_step = a.ndim == 3, out.ndim == 3
-        threads = ck.PRODUCT_COLUMNS * ck.product_slices(w.shape[0])
+        slices, width = ck.product_slices(w.shape[0]), out.shape[-1]
+        block = ck.PRODUCT_COLUMNS * slices if slices > 1 else None  # None: a thread per output
         site = self.site(ck.product_step, self.one, a if a_step else a[None], a_step, w,
-                         out if out_step else out[None], out_step, block=threads)
-        per_row = -(-out.shape[-1] // ck.PRODUCT_COLUMNS) * threads  # a block per row and column group
+                         out if out_step else out[None], out_step, slices, block=block)
+        per_row = -(-width // ck.PRODUCT_COLUMNS) * block if block else width  # threads a row takes
         return lambda t, n: site(n * per_row, t, n) if n else None
 
     def add(self, a: Array, b: Array) -> None:
