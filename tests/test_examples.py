@@ -17,12 +17,11 @@ import ast
 import importlib.util
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.dist_jobs import mpiexec, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -37,24 +36,10 @@ def run_example(path: Path, cwd: Path, ranks: int = 0) -> str:
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     cmd = [sys.executable, str(path)]
     if ranks:
-        from support.dist_jobs import mpiexec
-
         cmd = [mpiexec(), "-n", str(ranks)] + cmd
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not end within {TIMEOUT} s (killed); stdout:\n{out[-3000:]}\n"
-                    f"stderr:\n{err[-3000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)   # anything the script left behind
-        except (ProcessLookupError, PermissionError):
-            pass
+    proc = run_job(cmd, TIMEOUT, cwd=cwd, env=env)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, (f"{' '.join(cmd)} exited with status {proc.returncode}; stdout:\n"
                                   f"{out[-3000:]}\nstderr:\n{err[-3000:]}")
     return out

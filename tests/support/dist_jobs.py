@@ -25,10 +25,13 @@ def mpiexec() -> str:
     return found
 
 
-def run_job(cmd: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in a new session; kill its whole process group on timeout or when done."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def run_job(cmd: list[str], timeout: float = TIMEOUT, cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a new session; kill its whole process group on timeout or when done. ``env``: the
+    child's environment (default: this one with the repository on PYTHONPATH and one BLAS/OpenMP thread)."""
+    if env is None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
