@@ -174,7 +174,8 @@ def test_after_inference_a_write_no_output_shows_is_found_and_a_restored_one_pas
 
 
 def test_a_forward_under_no_backward_keeps_nothing_and_its_backward_says_why(engine, monkeypatch):
-    """The adapters' inference calls (no gradient will follow) keep no copy of the weights."""
+    """The adapters' inference calls (no gradient will follow) keep no record for a backward; the engines
+    run on the buffer's private copy, made once while the weights stay as they are (guard.frozen_copy)."""
     from arrayrnn.frontend import guard
 
     made = []
@@ -183,11 +184,15 @@ def test_a_forward_under_no_backward_keeps_nothing_and_its_backward_says_why(eng
     params = ar.PackedParams.init(SPEC, seed=0)
     with guard.no_backward():
         res = ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine)
-    assert made == []
+        ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine)
+    assert made == [1]
     with pytest.raises(ValueError, match=r"ran inside arrayrnn.frontend.guard.no_backward\(\)"):
         ar.rnn_backward(res)
     ar.rnn_backward(ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine))  # outside it: recorded
-    assert made == [1]
+    assert made == [1]  # the same copy: the weights did not change
+    params.data[0] += 1.0
+    ar.rnn_backward(ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine))
+    assert made == [1, 1]
 
 
 @pytest.mark.parametrize("training", [True, False])

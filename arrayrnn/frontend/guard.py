@@ -12,7 +12,10 @@ caller that knows no backward will follow (the adapters' inference calls) runs i
 which records nothing.
 
 - **NumPy** (:class:`HostSnapshot`): a private copy of the flat buffer, compared at the backward, which
-  raises there. Exact.
+  raises there. Exact. The copy is also what the NumPy engines run on (:func:`frozen_copy`): nothing writes
+  it, so an engine keeps what it derives from it (:mod:`arrayrnn.engines.derived`: the numba engine's packed
+  weights), and a later call on a buffer that still holds the same bits reuses the copy and those forms
+  (one comparison instead of a copy and the packing). The last copy of each live buffer is kept with it.
 - **CuPy** (:class:`DeviceFingerprint`): no copy and no waiting for the GPU. The forward adds a 64-bit
   fingerprint of the buffer (:mod:`arrayrnn.core.fingerprint`: one kernel, 16 bytes) into a device slot,
   the backward adds the buffer's fingerprint at that point of the stream into a second slot and copies both
@@ -30,6 +33,7 @@ import contextlib
 import contextvars
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..core import fingerprint
+from ..engines import derived
 
 _MESSAGE = ("params.data was modified in place between rnn_forward and rnn_backward (for example an "
             "optimizer step before the backward); the gradient would match neither the old nor the new "
@@ -44,15 +49,49 @@ _MESSAGE = ("params.data was modified in place between rnn_forward and rnn_backw
 
 
 class HostSnapshot:
-    """A private copy of a NumPy buffer; :meth:`assert_unchanged` raises if the buffer changed since."""
+    """A private, frozen copy of a NumPy buffer (``copy``); :meth:`assert_unchanged` raises if the buffer
+    changed since."""
 
     def __init__(self, data: Any):
-        self._copy = np.array(data, copy=True)
+        self.copy = np.array(data, copy=True)
+        self._wrapped: Any = None
+        derived.freeze(self.copy)
+
+    def params(self, params: Any) -> Any:
+        """``params`` (a :class:`~arrayrnn.PackedParams` whose data this copies) over the copy."""
+        wrapped = self._wrapped
+        if wrapped is None or wrapped.spec != params.spec:
+            wrapped = self._wrapped = type(params)(params.spec, self.copy)
+        return wrapped
+
+    def holds(self, data: Any) -> bool:
+        """Whether ``data`` has the copy's dtype, shape and bits (then the copy can stand for it)."""
+        copy = self.copy
+        if data.dtype != copy.dtype or data.shape != copy.shape:
+            return False
+        bits = np.dtype(f"u{copy.dtype.itemsize}")
+        return bool(np.array_equal(copy.view(bits), data.view(bits)))
 
     def assert_unchanged(self, data: Any) -> None:
         # the plain comparison is 10x cheaper; only a buffer holding NaN needs the NaN-aware one
-        if not np.array_equal(self._copy, data) and not np.array_equal(self._copy, data, equal_nan=True):
+        if not np.array_equal(self.copy, data) and not np.array_equal(self.copy, data, equal_nan=True):
             raise ValueError(_MESSAGE)
+
+
+_LATEST: dict[int, HostSnapshot] = {}  # id(a live NumPy buffer) -> the last copy made of it
+
+
+def frozen_copy(data: np.ndarray) -> HostSnapshot:
+    """The private copy of ``data`` that the NumPy engines run on: the last one made of ``data`` while
+    ``data`` still holds its bits (one comparison), else a new one (one copy)."""
+    last = _LATEST.get(id(data))
+    if last is not None and last.holds(data):
+        return last
+    snap = HostSnapshot(data)
+    if last is None:
+        weakref.finalize(data, _LATEST.pop, id(data), None)
+    _LATEST[id(data)] = snap
+    return snap
 
 
 class DeviceFingerprint:
@@ -89,7 +128,7 @@ def snapshot(data: Any, xp: Any) -> HostSnapshot | DeviceFingerprint | None:
     a GPU; None inside :func:`no_backward`."""
     if _no_backward.get():
         return None
-    return HostSnapshot(data) if xp is np else DeviceFingerprint(data, xp)
+    return frozen_copy(data) if xp is np else DeviceFingerprint(data, xp)
 
 
 _no_backward: contextvars.ContextVar[bool] = contextvars.ContextVar("arrayrnn_no_backward", default=False)

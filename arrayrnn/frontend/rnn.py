@@ -182,6 +182,10 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
                 has_zero_length=lengths is not None and not host_lengths.all(), all_states=return_all_states)
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
+    weights = guard.snapshot(params.data, xp)
+    if run_params is params and xp is np:  # the engines run on the private copy: it keeps their packed forms
+        frozen = weights if weights is not None else guard.frozen_copy(params.data)
+        run_params = frozen.params(params)
 
     with on_device(xp, call.device):
         x = chosen.take_input(x, host_lengths, batch_first)  # the one copy of x, in the engine's order
@@ -201,7 +205,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
                          keep_cache=training, **variants)
     # with a cache the engine holds its input itself; without one, the recompute needs it
     saved = _Saved(chosen, run_params, batch_first, x if out.cache is None else None, host_lengths, h0, c0,
-                   masks, out.cache, guard.snapshot(params.data, xp), variants)
+                   masks, out.cache, weights, variants)
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved, h_all=out.h_all, c_all=out.c_all)
 
@@ -284,8 +288,8 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
                                      saved.masks, batch_first=saved.batch_first, keep_cache=True,
                                      **saved.variants).cache
     g = saved.engine.backward(cache, _contiguous(dy), dh_n, dc_n, **all_states)
-    dparams = g.dparams if saved.run_params is res.params else _back_to_format(g.dparams, saved.engine,
-                                                                                 res.params.format)
+    dparams = g.dparams if saved.run_params.format == res.params.format else _back_to_format(
+        g.dparams, saved.engine, res.params.format)
     return RNNGrads(dx=g.dx, dh0=g.dh0, dc0=g.dc0, dparams=dparams)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...core.spec import RNNSpec
-from .. import numba_cache
+from .. import derived, numba_cache
 from ..base import (
     Call,
     CellMasks,
@@ -55,6 +55,7 @@ from ..determinism import is_deterministic
 from ..layer_norm import put_grads
 from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
 from . import direction, input_norm, warmup, wavefront
+from .bundles import Cell
 from .direction import LoopCall, cell_of, variants_of
 from .loop_threads import (
     available_threads,
@@ -110,6 +111,17 @@ class ColumnsLoop(ForwardLoop):
             h_buf[0] = h_buf[1]
 
 
+def _cell(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = False) -> Cell:
+    """:func:`.direction.cell_of`, packed once per frozen weight buffer (:mod:`..derived`)."""
+    return derived.cached(w.W_hh, ("cell", spec, np.dtype(dtype).str, backward),
+                          lambda: cell_of(spec, w, dtype, backward))
+
+
+def _packed_input_weights(w: DirectionWeights) -> np.ndarray:
+    """``W_ih.T`` packed for the input projection, once per frozen weight buffer."""
+    return derived.cached(w.W_ih, "W_ih.T", lambda: pack_b(w.W_ih.T))
+
+
 class NumbaKernel:
     """:class:`~arrayrnn.engines.base.DirectionKernel` running the time loop in compiled code, on the threads
     of ``plan`` (a call's :class:`.plan.NumbaPlan`; ``None``: a direction run alone plans for itself)."""
@@ -141,7 +153,7 @@ class NumbaKernel:
         B, dtype = xw.shape[1], xw.dtype
         plan = self._plan(spec, w, B, dtype)
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
-        cell = cell_of(spec, w, dtype)
+        cell = _cell(spec, w, dtype)
         if plan.column_parts > 1 and (w.norm is None or norm_inputs):
             call, result = direction.columns_forward(spec, cell, xw, bs, h0, c0, reverse, keep_cache, w.norm)
             return ColumnsLoop(call, B, plan.column_parts, result)
@@ -155,7 +167,7 @@ class NumbaKernel:
                  reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
         B, dtype = dy.shape[1], np.dtype(fwd.y.dtype)
         bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
-        cell, variants = cell_of(spec, w, dtype, backward=True), variants_of(w, dtype)
+        cell, variants = _cell(spec, w, dtype, backward=True), variants_of(w, dtype)
         norm = direction.norm_backward(w, fwd.cache, dtype)
         call, grads = direction.backward(spec, cell, variants, fwd, h_prev, c_prev, dy, dh_n, dc_n, bs,
                                          reverse, dc_seq, norm)
@@ -171,7 +183,7 @@ def project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.ndar
     T, B, _ = x.shape
     xw = np.empty((T, B, w.W_ih.shape[0]), x.dtype) if out is None else out
     bias = w.input_bias if w.input_bias is not None else np.empty(0, x.dtype)
-    packed, a = pack_b(w.W_ih.T), np.ascontiguousarray(x)
+    packed, a = _packed_input_weights(w), np.ascontiguousarray(x)
     bs = np.ascontiguousarray(batch_sizes, dtype=np.int64)
     in_parallel_split(lambda v0, v1: gemm_steps(v0, v1, a, packed, xw, bias, bs, new_scratch(x.dtype)),
                       lambda n: split_rows(packed.shape[0], n, align=1), threads)
@@ -182,7 +194,7 @@ def packed_projector(w: DirectionWeights, rows: int) -> Projector:
     """``x @ W_ih.T + input_bias`` on the packed kernel, this thread, for chunks of steps of ``rows`` rows,
     ``W_ih`` packed once."""
     N = w.W_ih.shape[0]
-    packed, scratch = pack_b(w.W_ih.T), new_scratch(w.W_ih.dtype)
+    packed, scratch = _packed_input_weights(w), new_scratch(w.W_ih.dtype)
 
     def project(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
         steps, I = chunk.shape[0], chunk.shape[2]
