@@ -90,8 +90,10 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 def _is_package_edge(module: str, target: str) -> bool:
-    """A module importing its own package's ``__init__`` (Python imports it first anyway)."""
-    return module.startswith(target + ".")
+    """A module importing its own parent package's ``__init__`` (Python imports it first anyway); not a
+    package further up, and not the package root: ``from ... import rnn_forward`` deep in an engine is an
+    arrow back up."""
+    return module.rpartition(".")[0] == target
 
 
 def test_every_module_imports_in_a_fresh_interpreter():

@@ -30,8 +30,9 @@ import numpy as np
 from ..core import params as _params
 from ..core.errors import EngineUnavailableError
 from ..core.spec import RNNSpec
-from .base import Call, Engine
+from .base import Call, DirectionForward, Engine
 from .in_flight import engine_call
+from .step import StepEngine, StepWeights, check_cell_spec, step_engine
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,7 @@ def _check_name(name: object, allow_auto: bool) -> None:
 
 _params.set_format_lookup(engine_for_format)
 
-__all__ = ["REGISTRY", "Call", "Engine", "EngineRecord", "auto_order", "available_engines", "choices_epoch",
-           "engine_for_format", "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices",
-           "load_engine", "probe_call", "register_engine", "select_engine", "unregister_engine"]
+__all__ = ["REGISTRY", "Call", "DirectionForward", "Engine", "EngineRecord", "StepEngine", "StepWeights",
+           "auto_order", "available_engines", "check_cell_spec", "choices_epoch", "engine_for_format",
+           "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices", "load_engine",
+           "probe_call", "register_engine", "select_engine", "step_engine", "unregister_engine"]
