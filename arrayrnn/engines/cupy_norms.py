@@ -21,7 +21,8 @@ each one kernel (:func:`.cuda_kernels.lstm_norm_forward_step`, ``lstm_norm_backw
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any, Protocol
 
 from ..core.spec import RNNSpec
 from . import cuda_kernels as ck
@@ -29,11 +30,32 @@ from .base import DirectionWeights
 from .cells import gate_slice
 from .layer_norm import gain_grads
 
-if TYPE_CHECKING:  # cupy_steps imports this module
-    from .cupy_steps import StepProgram, Variants
-
 Array = Any
 Launch = Callable[[int, int], None]  # (t, n)
+
+
+class NormProgram(Protocol):
+    """What a norm needs from the program it joins (a :class:`~.cupy_steps.StepProgram`, which imports this
+    module): its spec and shape, its buffers, its launch sites and its GEMM."""
+
+    spec: RNNSpec
+    shape: Any        # cupy_steps.Shape: T, B, dtype, keep
+    xp: ModuleType
+    one: Any          # 1 in the program's dtype
+
+    def input(self, name: str, shape: tuple[int, ...]) -> Array: ...
+    def zeros(self, shape: tuple[int, ...]) -> Array: ...
+    def empty(self, shape: tuple[int, ...]) -> Array: ...
+    def dummy(self, ndim: int) -> Array: ...
+    def site(self, kernel: Any, *args: Any, block: int | None = None) -> Any: ...
+    def product(self, a: Array, w: Array, out: Array) -> Launch: ...
+
+
+class RecurrentMask(Protocol):
+    """What a norm needs from a program's cell variants (a :class:`~.cupy_steps.Variants`): the recurrent
+    dropout mask on ``h_{t-1}``, or None."""
+
+    h_mask: Array | None
 
 
 ROW = ck.ROW_THREADS  # a row's block
@@ -73,7 +95,7 @@ class ForwardNorm:
     """A forward program's statistics (``(T, B, S, 2)`` when kept for a backward) and its launches of
     :func:`~.cuda_kernels.norm_step`; every launch is a no-op without layer norm."""
 
-    def __init__(self, p: StepProgram):
+    def __init__(self, p: NormProgram):
         self.p, self.on, self.keep = p, p.spec.layer_norm, p.shape.keep
         s = p.shape
         self.stats = p.zeros((s.T, s.B, p.spec.norms_per_step, 2)) if self.on and s.keep else p.dummy(4)
@@ -99,7 +121,7 @@ class BackwardNorm:
     step's raw recurrent product(s) computed again before the loop (:meth:`recompute`), the launches of
     :func:`~.cuda_kernels.norm_backward_step` and the gains' reductions after the loop."""
 
-    def __init__(self, p: StepProgram, v: Variants, h_prev: Array):
+    def __init__(self, p: NormProgram, v: RecurrentMask, h_prev: Array):
         s = p.shape
         self.p, self.v, self.h_prev = p, v, h_prev
         self.stats = p.input("stats", (s.T, s.B, p.spec.norms_per_step, 2))
