@@ -101,7 +101,7 @@ def _agrees(cp: Any, engine: str, mode: str, seed: int, params_of: Callable = la
 # -- cudnn ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _algo(name: str) -> Iterator[None]:
-    from arrayrnn.engines import cudnn_format
+    from arrayrnn.engines.cudnn import config as cudnn_format
 
     saved = cudnn_format.algo
     cudnn_format.algo = name
@@ -112,8 +112,8 @@ def _algo(name: str) -> Iterator[None]:
 
 
 def cudnn_checks(report: Report, cp: Any) -> None:
-    from arrayrnn.engines import cudnn_format
-    from arrayrnn.engines.cudnn_engine import ENGINE
+    from arrayrnn.engines.cudnn import config as cudnn_format
+    from arrayrnn.engines.cudnn.engine import ENGINE
 
     for mode in ("lstm", "gru"):
         for algo in ("auto", *cudnn_format.ALGOS):
@@ -136,7 +136,7 @@ def cudnn_checks(report: Report, cp: Any) -> None:
 
 # -- cupy -------------------------------------------------------------------------------------------
 def cupy_checks(report: Report, cp: Any) -> None:
-    from arrayrnn.engines.cupy_engine import ENGINE
+    from arrayrnn.engines.cupy.engine import ENGINE
 
     for mode in ("lstm", "gru"):
         for cell, options in CELLS.items():

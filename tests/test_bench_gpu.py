@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arrayrnn.engines import cudnn_format
+from arrayrnn.engines.cudnn import config as cudnn_format
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_gpu.py"
 

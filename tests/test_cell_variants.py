@@ -20,7 +20,8 @@ from support.variant_checks import (
 
 import arrayrnn as ar
 from arrayrnn import RNNSpec, rnn_backward
-from arrayrnn.engines import cudnn_format, engine_unavailable_reason, engines_for, probe_call
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call
+from arrayrnn.engines.cudnn import config as cudnn_format
 
 _VARIANT_PROBE = RNNSpec("lstm", 2, 3, recurrent_dropout=0.5, weight_dropout=0.5, zoneout=0.5, peepholes=True,
                          dtype="float64")

@@ -26,8 +26,8 @@ from support.cudnn_cases import GRID, check
 
 import arrayrnn as ar
 import cudnn_bindings as cb
-from arrayrnn.engines import cudnn_format as cf
 from arrayrnn.engines import thresholds
+from arrayrnn.engines.cudnn import config as cf
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")

@@ -18,7 +18,7 @@ from support.cudnn import requires_cudnn
 
 import arrayrnn as ar
 import cudnn_bindings as cb
-from arrayrnn.engines import cudnn_format as cf
+from arrayrnn.engines.cudnn import config as cf
 
 pytestmark = requires_cudnn
 

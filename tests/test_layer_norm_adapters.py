@@ -19,7 +19,7 @@ from support.layer_norm_oracle import run as run_torch_oracle
 import arrayrnn as ar
 from arrayrnn import demo, engines
 from arrayrnn import nn as arnn
-from arrayrnn.engines import cudnn_format
+from arrayrnn.engines.cudnn import config as cudnn_format
 from arrayrnn.torch import GRU, LSTM, RNN, ArrayRNN
 
 T, B, I, H = 4, 3, 3, 4

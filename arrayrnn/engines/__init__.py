@@ -52,9 +52,9 @@ _BUILTINS = (
                  auto_rank=90, builtin=True),
     EngineRecord("numba", "arrayrnn.engines.numba.engine", ("cpu",),
                  "the numba package (pip install numba)", auto_rank=20, builtin=True),
-    EngineRecord("cupy", "arrayrnn.engines.cupy_engine", ("gpu",),
+    EngineRecord("cupy", "arrayrnn.engines.cupy.engine", ("gpu",),
                  "a CUDA GPU and CuPy (pip install 'arrayrnn[gpu]')", auto_rank=20, builtin=True),
-    EngineRecord("cudnn", "arrayrnn.engines.cudnn_engine", ("gpu",),
+    EngineRecord("cudnn", "arrayrnn.engines.cudnn.engine", ("gpu",),
                  "a CUDA GPU, CuPy and libcudnn v9 (pip install 'arrayrnn[gpu]')", auto_rank=10,
                  builtin=True),
 )

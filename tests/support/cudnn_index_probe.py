@@ -12,7 +12,7 @@ import numpy as np
 
 import cudnn_bindings as cb
 from arrayrnn.core.spec import RNNSpec
-from arrayrnn.engines import cudnn_format as cf
+from arrayrnn.engines.cudnn import config as cf
 
 
 def specs():

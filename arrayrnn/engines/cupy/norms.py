@@ -1,6 +1,6 @@
 """Layer normalisation in the cupy engine's time loops (``RNNSpec(layer_norm=True)``, issue 38): what a
-program of :mod:`.cupy_steps` adds for it. The input product arrives normalised (the stack driver's
-:func:`.layer_norm.normalize_input`); per step, roughly::
+program of :mod:`.programs` adds for it. The input product arrives normalised (the stack driver's
+:func:`..layer_norm.normalize_input`); per step, roughly::
 
     hh[:n] = h[:n] @ W_hh.T                     # the GEMM, as without the norm
     norm_step(t, n, ..., hh, g_hh, stats)       # hh = g_hh * LN(hh), a block of threads per row
@@ -13,9 +13,9 @@ and backward, after ONE GEMM before the loop that computes every step's raw prod
     norm_backward_step(t, n, ...)               # -> dpre_rec[t], the raw product's cotangent
     dh[:n] = dpre_rec[t, :n] @ W_hh             # the GEMM reads the raw product's cotangent
 
-and after the loop one reduction per gain (:func:`.layer_norm.gain_grads`). The reset-before GRU has two such
+and after the loop one reduction per gain (:func:`..layer_norm.gain_grads`). The reset-before GRU has two such
 pairs (its r, z part and its n part, each normalised over its own row); the LSTM's forward and backward are
-each one kernel (:func:`.cuda_kernels.lstm_norm_forward_step`, ``lstm_norm_backward_step``).
+each one kernel (:func:`.kernels.lstm_norm_forward_step`, ``lstm_norm_backward_step``).
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..core.spec import RNNSpec
-from . import cuda_kernels as ck
-from .base import DirectionWeights
-from .cells import gate_slice
-from .layer_norm import gain_grads
+from ...core.spec import RNNSpec
+from ..base import DirectionWeights
+from ..cells import gate_slice
+from ..layer_norm import gain_grads
+from . import kernels as ck
 
 Array = Any
 Launch = Callable[[int, int], None]  # (t, n)
 
 
 class NormProgram(Protocol):
-    """What a norm needs from the program it joins (a :class:`~.cupy_steps.StepProgram`, which imports this
+    """What a norm needs from the program it joins (a :class:`~.programs.StepProgram`, which imports this
     module): its spec and shape, its buffers, its launch sites and its GEMM."""
 
     spec: RNNSpec
-    shape: Any        # cupy_steps.Shape: T, B, dtype, keep
+    shape: Any        # programs.Shape: T, B, dtype, keep
     xp: ModuleType
     one: Any          # 1 in the program's dtype
 
@@ -52,7 +52,7 @@ class NormProgram(Protocol):
 
 
 class RecurrentMask(Protocol):
-    """What a norm needs from a program's cell variants (a :class:`~.cupy_steps.Variants`): the recurrent
+    """What a norm needs from a program's cell variants (a :class:`~.programs.Variants`): the recurrent
     dropout mask on ``h_{t-1}``, or None."""
 
     h_mask: Array | None
@@ -93,7 +93,7 @@ def gain_inputs(spec: RNNSpec, w: DirectionWeights, shift: bool = True) -> dict[
 
 class ForwardNorm:
     """A forward program's statistics (``(T, B, S, 2)`` when kept for a backward) and its launches of
-    :func:`~.cuda_kernels.norm_step`; every launch is a no-op without layer norm."""
+    :func:`~.kernels.norm_step`; every launch is a no-op without layer norm."""
 
     def __init__(self, p: NormProgram):
         self.p, self.on, self.keep = p, p.spec.layer_norm, p.shape.keep
@@ -119,7 +119,7 @@ class ForwardNorm:
 class BackwardNorm:
     """A backward program's side of layer norm: the forward's statistics and ``h_{t-1}`` as inputs, every
     step's raw recurrent product(s) computed again before the loop (:meth:`recompute`), the launches of
-    :func:`~.cuda_kernels.norm_backward_step` and the gains' reductions after the loop."""
+    :func:`~.kernels.norm_backward_step` and the gains' reductions after the loop."""
 
     def __init__(self, p: NormProgram, v: RecurrentMask, h_prev: Array):
         s = p.shape

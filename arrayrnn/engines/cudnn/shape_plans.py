@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.spec import RNNSpec
-from . import cudnn_format as cf
+from ...core.spec import RNNSpec
+from . import config as cf
 
 Array = Any
 log = logging.getLogger("arrayrnn.cudnn")
@@ -52,7 +52,7 @@ class PlanKey(NamedTuple):
     training: bool
     layered: bool   # inter-layer dropout: one cuDNN call per layer
     tf32: bool
-    algo: str       # "auto" or a name of cudnn_format.ALGOS
+    algo: str       # "auto" or a name of config.ALGOS
 
 
 def plan_key(spec: RNNSpec, dtype: str, device: int, lengths: np.ndarray, seq_len: int, batch_first: bool,

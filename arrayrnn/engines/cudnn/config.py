@@ -2,19 +2,19 @@
 canonical <-> cudnn index maps, the configurations cuDNN refuses, and the masks that keep padding and
 empty rows out of cuDNN's arithmetic (pure array functions).
 
-Kept apart from ``cudnn_engine`` (which needs CuPy and a device) so that CI tests every line of it.
+Kept apart from :mod:`.engine` (which needs CuPy and a device) so that CI tests every line of it.
 
 **Precision.** float32 runs with ``CUDNN_FMA_MATH``: ``CUDNN_DEFAULT_MATH`` lets cuDNN use TF32 tensor cores
 on Ampere and later GPUs (10-bit mantissa products, about 1e-3 relative error). Setting
-``arrayrnn.engines.cudnn_format.allow_tf32 = True`` (read at every call, like
+``arrayrnn.engines.cudnn.config.allow_tf32 = True`` (read at every call, like
 ``torch.backends.cudnn.allow_tf32``) allows it, for speed. float16 runs with ``CUDNN_TENSOR_OP_MATH``
 (float32 accumulation), float64 with ``CUDNN_DEFAULT_MATH``.
 
-**Algorithm.** ``arrayrnn.engines.cudnn_format.algo`` (read when a call's plan is made) is ``"auto"`` or one
+**Algorithm.** ``arrayrnn.engines.cudnn.config.algo`` (read when a call's plan is made) is ``"auto"`` or one
 of :data:`ALGOS`. ``"auto"`` follows PyTorch's rule (aten/src/ATen/native/cudnn/RNN.cpp, ``get_algo``; see
 :func:`choose_algo`); a named algorithm is asked for as it is. Either way cuDNN may refuse it for a call
 (lengths, dtype, sizes, device): the plan then runs ``CUDNN_RNN_ALGO_STANDARD`` and says why
-(``arrayrnn.engines.cudnn_engine.ENGINE.plan_for(...)``, and the ``arrayrnn.cudnn`` logger at INFO).
+(``arrayrnn.engines.cudnn.engine.ENGINE.plan_for(...)``, and the ``arrayrnn.cudnn`` logger at INFO).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import numpy as np
 
 import cudnn_bindings as cb
 
-from ..core.layout import layout_of
-from ..core.spec import RNNSpec
-from . import thresholds
-from .base import call_variants
+from ...core.layout import layout_of
+from ...core.spec import RNNSpec
+from .. import thresholds
+from ..base import call_variants
 
 Array = Any
 
@@ -138,7 +138,7 @@ def requested_algo(value: Any = None) -> str:
     """The algorithm setting (``value``, default the module's :data:`algo`), checked."""
     value = algo if value is None else value
     if value != "auto" and value not in ALGOS:
-        raise ValueError(f"arrayrnn.engines.cudnn_format.algo = {value!r}; expected 'auto' or one of "
+        raise ValueError(f"arrayrnn.engines.cudnn.config.algo = {value!r}; expected 'auto' or one of "
                          f"{tuple(ALGOS)}")
     return value
 
