@@ -6,7 +6,6 @@ import argparse
 import pickle
 import sys
 
-from .engines.numba.warmup import DTYPES, KINDS, Family, Path
 from .frontend import compile_ahead
 
 
@@ -15,9 +14,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     warm = commands.add_parser("warmup", help="compile the numba engine's loops now (e.g. in a server or CI "
                                               "image), with a progress bar")
-    warm.add_argument("--modes", nargs="+", default=list(KINDS),
+    warm.add_argument("--modes", nargs="+", default=list(compile_ahead.KINDS),
                       help="mode names (lstm, gru, rnn_tanh, rnn_relu); default: lstm gru rnn")
-    warm.add_argument("--dtypes", nargs="+", default=list(DTYPES), help="float32 and/or float64")
+    warm.add_argument("--dtypes", nargs="+", default=list(compile_ahead.DTYPES),
+                      help="float32 and/or float64")
     warm.add_argument("--inference-only", action="store_true", help="skip the backward's loops")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")
     warm.add_argument("--family", help=argparse.SUPPRESS)       # the background compile's child process
@@ -29,8 +29,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.family is not None or args.path is not None:
-        signatures = (compile_ahead.compile_family(Family.parse(args.family)) if args.family is not None
-                      else compile_ahead.compile_path(Path.parse(args.path)))
+        if args.family is not None:
+            signatures = compile_ahead.compile_family(compile_ahead.Family.parse(args.family))
+        else:
+            signatures = compile_ahead.compile_path(compile_ahead.Path.parse(args.path))
         if args.signatures == "-":
             sys.stdout.buffer.write(pickle.dumps(signatures))
         elif args.signatures is not None:

@@ -175,3 +175,19 @@ def test_no_wing_imports_another():
             continue
         others = {t for t in edges if wing_of(t) not in (None, own)}
         assert not others, f"{module} ({own}) imports another wing: {sorted(others)}"
+
+
+# what the layers above the engines may take from them (docs/guide/layout.md): the seam, the data types,
+# two shared helpers, and, for compile_ahead alone, the numba engine's background-compile jobs it runs
+ENGINES_SEAM = {"arrayrnn.engines", "arrayrnn.engines.base", "arrayrnn.engines.thread_count",
+                "arrayrnn.engines.numba_cache", "arrayrnn.engines.pointwise", "arrayrnn.engines.determinism"}
+SEAM_EXCEPTIONS = {"arrayrnn.frontend.compile_ahead": {"arrayrnn.engines.numba.warmup"}}
+
+
+def test_the_layers_above_reach_the_engines_through_their_seam():
+    for module, edges in import_graph().items():
+        if layer(module) <= LAYERS.index("engines"):
+            continue
+        inside = {t for t in edges if t.startswith("arrayrnn.engines")}
+        allowed = ENGINES_SEAM | SEAM_EXCEPTIONS.get(module, set())
+        assert inside <= allowed, f"{module} reaches into the engines: {sorted(inside - allowed)}"
