@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines.cudnn import config as cudnn_format  # noqa: E402
+from arrayrnn.engines.cudnn import config as cudnn_config  # noqa: E402
 
 SHAPES = {  # name: (T, B, I, H, layers, bidirectional, variable lengths)
     "S1": (100, 64, 256, 256, 1, False, False),
@@ -77,14 +77,14 @@ def precision(tf32: bool) -> Iterator[None]:
     the flags are restored afterwards."""
     import torch
 
-    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn_format.allow_tf32)
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn_config.allow_tf32)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
-    cudnn_format.allow_tf32 = tf32
+    cudnn_config.allow_tf32 = tf32
     try:
         yield
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-         cudnn_format.allow_tf32) = saved
+         cudnn_config.allow_tf32) = saved
 
 
 def _timed(fn, sync) -> float:
