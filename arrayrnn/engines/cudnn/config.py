@@ -1,6 +1,6 @@
-"""The parts of the cuDNN engine that need no GPU: spec -> cuDNN configuration (and its precision), the
-canonical <-> cudnn index maps, the configurations cuDNN refuses, and the masks that keep padding and
-empty rows out of cuDNN's arithmetic (pure array functions).
+"""What the cuDNN engine asks of cuDNN, decided without a GPU: what it refuses, spec -> cuDNN configuration
+(and its precision), and the algorithm. The weight format's index maps are :mod:`.weight_map`'s, the masks
+that keep padding and empty rows out of cuDNN's arithmetic :mod:`.padding`'s.
 
 Kept apart from :mod:`.engine` (which needs CuPy and a device) so that CI tests every line of it.
 
@@ -19,15 +19,12 @@ of :data:`ALGOS`. ``"auto"`` follows PyTorch's rule (aten/src/ATen/native/cudnn/
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import cudnn_bindings as cb
 
-from ...core.layout import layout_of
 from ...core.spec import RNNSpec
 from .. import thresholds
 from ..base import call_variants
@@ -52,7 +49,6 @@ _BIAS = {"double": cb.RNNBiasMode.DOUBLE_BIAS, "single_inp": cb.RNNBiasMode.SING
 DATA_TYPES = {"float16": cb.DataType.HALF, "float32": cb.DataType.FLOAT, "float64": cb.DataType.DOUBLE}
 _MATH_PREC = {"float16": cb.DataType.FLOAT, "float32": cb.DataType.FLOAT, "float64": cb.DataType.DOUBLE}
 PADDED_IO_ENABLED = 1  # CUDNN_RNN_PADDED_IO_ENABLED (cudnn_adv.h)
-WEIGHT_ALIGN_BYTES = 256  # where each layer's weight space starts inside one buffer (dropout: layer by layer)
 
 
 def refusal(spec: RNNSpec) -> str | None:
@@ -177,196 +173,3 @@ def choose_algo(spec: RNNSpec, dtype: str, equal_lengths: bool, training: bool, 
 def layer_spec(spec: RNNSpec, layer: int) -> RNNSpec:
     """The one-layer spec of ``spec``'s layer ``layer`` (its input is the previous layer's output)."""
     return spec.replace(num_layers=1, input_size=spec.layer_input_size(layer), dropout=0.0)
-
-
-# ---------------------------------------------------------------- canonical <-> cudnn
-def _lin_ids(spec: RNNSpec, name: str) -> tuple[list[int], str]:
-    """cuDNN's linLayerIDs holding canonical block ``name`` (gate order i,f,g,o / r,z,n = cuDNN's), and
-    whether the block is the region's matrix or bias."""
-    g = spec.gates
-    return {"W_ih": (list(range(g)), "matrix"), "W_hh": (list(range(g, 2 * g)), "matrix"),
-            "b_ih": (list(range(g)), "bias"), "b_hh": (list(range(g, 2 * g)), "bias"),
-            "W_hr": ([8], "matrix")}[name]
-
-
-Query = Callable[[int, int], cb.WeightParams]  # (pseudo_layer, lin_layer_id) -> regions, offsets in bytes
-
-
-def index_map(spec: RNNSpec, itemsize: int, native_bytes: int, query: Query) -> np.ndarray:
-    """``idx`` (int32, canonical size): canonical element ``k`` lives at cudnn element ``idx[k]``.
-
-    Every region cuDNN reports is checked: a contiguous row-major region of exactly the canonical block's
-    per-gate shape, element-aligned, inside the weight space, and no element claimed twice.
-    """
-    if native_bytes % itemsize:
-        raise ValueError(f"weight space of {native_bytes} bytes is not a whole number of "
-                         f"{itemsize}-byte items")
-    if native_bytes // itemsize >= 2**31:
-        raise ValueError(f"weight space of {native_bytes // itemsize} elements; the int32 index map holds "
-                         "fewer than 2**31")
-    if spec.peepholes or spec.layer_norm:  # blocks cuDNN's weight space has no place for
-        blocks = "peepholes" if spec.peepholes else "layer_norm"
-        raise ValueError(f"spec {spec} has {blocks}; {refusal(spec)}")
-    idx = np.empty(layout_of(spec).size, np.int32)
-    for block in layout_of(spec).blocks:
-        ids, part = _lin_ids(spec, block.name)
-        rows = block.shape[0] // len(ids)
-        cols = block.shape[1] if len(block.shape) == 2 else 1
-        pseudo = block.layer * spec.num_directions + block.direction
-        for k, lin in enumerate(ids):
-            region = getattr(query(pseudo, lin), part)
-            where = f"pseudo-layer {pseudo}, linLayerID {lin}, {part} ({block.key})"
-            start = _checked_start(region, rows, cols, itemsize, native_bytes, where)
-            first = block.offset + k * rows * cols
-            idx[first:first + rows * cols] = np.arange(start, start + rows * cols)
-    if len(np.unique(idx)) != len(idx):
-        raise ValueError("cuDNN reported overlapping weight regions; refusing to convert")
-    return idx
-
-
-def _checked_start(region: cb.WeightRegion | None, rows: int, cols: int, itemsize: int, native_bytes: int,
-                   where: str) -> int:
-    if region is None:
-        raise ValueError(f"cuDNN reports no region for {where}, which the canonical layout has")
-    dims = tuple(d for d in region.dims if d != 1) or (1,)
-    want = tuple(d for d in (rows, cols) if d != 1) or (1,)
-    if dims != want or region.strides[-1] != 1 or (len(region.dims) > 1 and cols > 1
-                                                   and region.strides[-2] != cols):
-        raise ValueError(f"cuDNN describes {where} as dims {region.dims}, strides {region.strides}; "
-                         f"expected a contiguous row-major ({rows}, {cols}) region")
-    if region.offset % itemsize or region.offset + rows * cols * itemsize > native_bytes:
-        raise ValueError(f"cuDNN places {where} at byte {region.offset}, outside the {native_bytes}-byte "
-                         "weight space or not element-aligned")
-    return region.offset // itemsize
-
-
-def to_cudnn(xp: Any, canonical: Array, idx: Array, native_size: int) -> Array:
-    """One scatter: a zeroed weight space of ``native_size`` elements with canonical's values placed."""
-    out = xp.zeros(native_size, canonical.dtype)
-    out[idx] = canonical
-    return out
-
-
-def to_canonical(native: Array, idx: Array) -> Array:
-    """One gather: the canonical buffer from a weight space."""
-    return native[idx]
-
-
-@dataclass(frozen=True, eq=False)
-class LayerMaps:
-    """The whole-stack weight space <-> one buffer holding every layer's own weight space (for running the
-    stack layer by layer, as inter-layer dropout needs), composed once per (spec, dtype):
-
-        stacked = whole[gather];  stacked[holes] = 0       # forward: ONE gather
-        whole_grad = stacked_grad[back]                    # backward: ONE gather; stacked_grad has one
-                                                           # extra zero element at the end, for whole's holes
-    Layer ``l``'s weight space is ``stacked[offsets[l]:offsets[l] + sizes[l]]`` (each start 256-byte aligned).
-    """
-
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    gather: Array     # int32 (size,)
-    holes: Array      # int32: positions of ``stacked`` no weight maps to
-    back: Array       # int32 (whole size,)
-
-    @property
-    def size(self) -> int:
-        return self.offsets[-1] + self.sizes[-1]
-
-    def to(self, xp: Any) -> LayerMaps:
-        return LayerMaps(self.offsets, self.sizes, xp.asarray(self.gather), xp.asarray(self.holes),
-                         xp.asarray(self.back))
-
-
-def layer_maps(spec: RNNSpec, whole_idx: np.ndarray, whole_size: int, layer_idx: list[np.ndarray],
-               layer_sizes: list[int], itemsize: int) -> LayerMaps:
-    """Compose the whole stack's index map with each layer's (host, int32; see :class:`LayerMaps`)."""
-    align = max(WEIGHT_ALIGN_BYTES // itemsize, 1)
-    offsets, cursor = [], 0
-    for size in layer_sizes:
-        offsets.append(cursor)
-        cursor = -(-(cursor + size) // align) * align
-    total = offsets[-1] + layer_sizes[-1]
-    gather, covered = np.zeros(total, np.int32), np.zeros(total, bool)
-    back = np.full(whole_size, total, np.int32)  # whole's holes read the extra zero element
-    layout, last = layout_of(spec), spec.num_directions - 1
-    for layer, (offset, idx) in enumerate(zip(offsets, layer_idx, strict=True)):
-        start, stop = layout.layer_direction_span(layer, 0)[0], layout.layer_direction_span(layer, last)[1]
-        dest, src = offset + idx, whole_idx[start:stop]
-        gather[dest], covered[dest], back[src] = src, True, dest
-    return LayerMaps(tuple(offsets), tuple(layer_sizes), gather, np.flatnonzero(~covered).astype(np.int32),
-                     back)
-
-
-# ---------------------------------------------------------------- padding and empty rows
-def stand_in_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Host int32 lengths for cuDNN: every 0 run as 1 (cuDNN has no empty sequences; see :class:`Rows`)."""
-    return np.maximum(np.asarray(lengths), 1).astype(np.int32)
-
-
-@dataclass(frozen=True, eq=False)
-class Rows:
-    """Where a call's sequences have padding and empty rows, as device masks for ``xp.where``.
-
-    cuDNN runs an empty row as one step from a zero state on zero input (:func:`stand_in_lengths`), and
-    everything it reads or writes for that row, like everything at padding, is kept out of the results
-    with ``where``, never by multiplying (``inf * 0`` is NaN): the row's ``h0``/``c0`` and cotangents go in
-    as zeros; its outputs come back as zero, its final states as its initial ones, its ``dx`` as zero and
-    its ``dh0``/``dc0`` as ``dh_n``/``dc_n``; ``dy`` is zero at every padding position before cuDNN sees it
-    and ``dx`` is zero there after."""
-
-    valid: Array | None   # (T, B, 1) / (B, T, 1) bool, True at t < len[b]; None without padding
-    empty: Array | None   # (1, B, 1) bool, True for rows of length 0; None without empty rows
-    seq_lengths: Array    # (B,) int32: cuDNN's devSeqLengths (:func:`stand_in_lengths`)
-    host_lengths: np.ndarray  # the same on the host, for the RNN data descriptors
-
-    @classmethod
-    def of(cls, xp: Any, lengths: np.ndarray, seq_len: int, batch_first: bool) -> Rows:
-        lengths = np.asarray(lengths)
-        host = stand_in_lengths(lengths)
-        valid = empty = None
-        if (lengths < seq_len).any():
-            mask = np.arange(seq_len)[:, None] < lengths[None, :]
-            valid = xp.asarray((mask.T if batch_first else mask)[:, :, None])
-        if (lengths == 0).any():
-            empty = xp.asarray((lengths == 0)[None, :, None])
-        return cls(valid, empty, xp.asarray(host), host)
-
-    def states_in(self, xp: Any, h0: Array | None, c0: Array | None) -> tuple[Array | None, Array | None]:
-        """Initial states for cuDNN: zero for empty rows (``None``, zeros, stays ``None``)."""
-        return self._zero_empty(xp, h0), self._zero_empty(xp, c0)
-
-    def forward_out(self, xp: Any, y: Array, h_n: Array, c_n: Array | None, h0: Array,
-                    c0: Array | None) -> tuple[Array, Array, Array | None]:
-        """cuDNN's outputs with the contract restored for empty rows."""
-        if self.empty is None:
-            return y, h_n, c_n
-        y = xp.where(self.valid, y, 0).astype(y.dtype, copy=False)
-        return y, self._restore(xp, h_n, h0), self._restore(xp, c_n, c0)
-
-    def cotangents_in(self, xp: Any, dy: Array, dh_n: Array | None, dc_n: Array | None):
-        """Cotangents for cuDNN: ``dy`` zero at padding, ``dh_n``/``dc_n`` zero for empty rows (``None``,
-        zeros, stays ``None``)."""
-        if self.valid is not None:
-            dy = xp.where(self.valid, dy, 0).astype(dy.dtype, copy=False)
-        return dy, self._zero_empty(xp, dh_n), self._zero_empty(xp, dc_n)
-
-    def backward_out(self, xp: Any, dx: Array, dh0: Array, dc0: Array | None, dh_n: Array,
-                     dc_n: Array | None) -> tuple[Array, Array, Array | None]:
-        """cuDNN's gradients with ``dx`` zero at padding and the contract restored for empty rows."""
-        if self.valid is not None:
-            dx = xp.where(self.valid, dx, 0).astype(dx.dtype, copy=False)
-        if self.empty is None:
-            return dx, dh0, dc0
-        return dx, self._restore(xp, dh0, dh_n), self._restore(xp, dc0, dc_n)
-
-    def _restore(self, xp: Any, out: Array | None, given: Array | None) -> Array | None:
-        """``out`` with the empty rows' entries taken from ``given`` (zeros where ``given`` is None)."""
-        if out is None:
-            return None
-        return xp.where(self.empty, 0 if given is None else given, out).astype(out.dtype, copy=False)
-
-    def _zero_empty(self, xp: Any, state: Array | None) -> Array | None:
-        if state is None or self.empty is None:
-            return state
-        return xp.where(self.empty, 0, state).astype(state.dtype, copy=False)

@@ -3,14 +3,14 @@
 Every cuDNN call goes through ``cudnn_bindings``; memory (weight, work and reserve space) comes from
 CuPy's pool and every call runs on CuPy's current stream. Reads the ``"cudnn"`` weight format: a buffer of
 ``cudnnGetRNNWeightSpaceSize`` bytes, converted from canonical by one scatter through an int32 index map
-built from ``cudnnGetRNNWeightParams`` (see :mod:`.config`). Semantics, roughly::
+built from ``cudnnGetRNNWeightParams`` (see :mod:`.weight_map`). Semantics, roughly::
 
     y, h_n, c_n = reference_engine(params.to_format("canonical"), x, lengths, h0, c0)
 
 Rows of length 0 run as length 1 (cuDNN has no empty sequences) from a zero state, and padding and empty
-rows are kept out of every result with ``where`` (``config.Rows``). With inter-layer dropout active the
+rows are kept out of every result with ``where`` (``padding.Rows``). With inter-layer dropout active the
 stack runs layer by layer, multiplying by the shared masks in between; each layer's weight space is a slice
-of one buffer gathered from the whole stack's in one go (``config.LayerMaps``).
+of one buffer gathered from the whole stack's in one go (``weight_map.LayerMaps``).
 
 CI runs this module end to end without a GPU (tests/test_cudnn_dry_run.py: CuPy stood in for by NumPy,
 cuDNN validating every call with a fake handle, the compute calls emulated); tests/test_cudnn_engine.py
@@ -34,7 +34,7 @@ from ...core.params import PackedParams
 from ...core.spec import RNNSpec
 from ..base import Call, Engine, StackForward, StackGrads
 from . import config as cf
-from . import shape_plans
+from . import padding, shape_plans, weight_map
 
 try:
     import cupy
@@ -87,7 +87,7 @@ def _host_index(spec: RNNSpec, dtype: str, device: int, version: int) -> tuple[n
     def query(pseudo: int, lin: int) -> cb.WeightParams:
         return cb.weight_params(h, desc, pseudo, lin, weight_space=probe.data.ptr, weight_space_size=nbytes)
 
-    return cf.index_map(spec, itemsize, nbytes, query), nbytes // itemsize
+    return weight_map.index_map(spec, itemsize, nbytes, query), nbytes // itemsize
 
 
 @lru_cache(maxsize=32)
@@ -99,13 +99,13 @@ def _index(spec: RNNSpec, dtype: str, device: int, version: int) -> tuple[Any, i
 
 
 @lru_cache(maxsize=16)
-def _layer_maps(spec: RNNSpec, dtype: str, device: int, version: int) -> cf.LayerMaps:
+def _layer_maps(spec: RNNSpec, dtype: str, device: int, version: int) -> weight_map.LayerMaps:
     """The whole stack's weight space <-> every layer's own, on ``device`` (dropout: layer by layer)."""
     whole_idx, whole_size = _host_index(spec, dtype, device, version)
     layers = [_host_index(cf.layer_spec(spec, layer), dtype, device, version)
               for layer in range(spec.num_layers)]
-    maps = cf.layer_maps(spec, whole_idx, whole_size, [idx for idx, _ in layers], [n for _, n in layers],
-                         np.dtype(dtype).itemsize)
+    maps = weight_map.layer_maps(spec, whole_idx, whole_size, [idx for idx, _ in layers],
+                                 [n for _, n in layers], np.dtype(dtype).itemsize)
     with cupy.cuda.Device(device):
         return maps.to(cupy)
 
@@ -141,7 +141,7 @@ class _Run:
 class _Cache:
     params: PackedParams
     plan: shape_plans.Plan     # a training plan
-    rows: cf.Rows
+    rows: padding.Rows
     x: Any
     h0: Any
     c0: Any
@@ -170,12 +170,12 @@ class CudnnEngine(Engine):
     def to_native(self, params: PackedParams) -> PackedParams:
         data = self._gpu(params.data, "to_format('cudnn')")
         idx, size = _index(params.spec, params.spec.dtype, device_id(data), _version())
-        return PackedParams._wrap(params.spec, cf.to_cudnn(cupy, data, idx, size), "cudnn")
+        return PackedParams._wrap(params.spec, weight_map.to_cudnn(cupy, data, idx, size), "cudnn")
 
     def to_canonical(self, params: PackedParams) -> PackedParams:
         data = self._checked_native(params)
         idx, _ = _index(params.spec, params.spec.dtype, device_id(data), _version())
-        return PackedParams._wrap(params.spec, cf.to_canonical(data, idx), "canonical")
+        return PackedParams._wrap(params.spec, weight_map.to_canonical(data, idx), "canonical")
 
     @staticmethod
     def _gpu(data: Any, what: str) -> Any:
@@ -205,7 +205,7 @@ class CudnnEngine(Engine):
 
     # -- plans ----------------------------------------------------------------------------------------
     def plan_for(self, params: PackedParams, x: Any, lengths: np.ndarray, batch_first: bool, training: bool,
-                 layered: bool = False, rows: cf.Rows | None = None) -> shape_plans.Plan:
+                 layered: bool = False, rows: padding.Rows | None = None) -> shape_plans.Plan:
         """The plan of a call (made on first use, then reused); ``.algo`` and each segment's ``.note`` say
         which cuDNN algorithm runs and why. ``rows``: the call's, if the caller has them."""
         device = device_id(x)
@@ -215,19 +215,19 @@ class CudnnEngine(Engine):
         return plan or self.plans.get(key, self._maker(rows or self._rows(x, lengths, batch_first)))
 
     @staticmethod
-    def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> cf.Rows:
+    def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> padding.Rows:
         return shape_plans.rows_for(cupy, lengths, x.shape[1] if batch_first else x.shape[0], batch_first,
                                    device_id(x))
 
     @staticmethod
-    def _maker(rows: cf.Rows) -> Callable[[shape_plans.PlanKey, str | None], shape_plans.Plan]:
+    def _maker(rows: padding.Rows) -> Callable[[shape_plans.PlanKey, str | None], shape_plans.Plan]:
         def make(key: shape_plans.PlanKey, refused: str | None) -> shape_plans.Plan:
             device = key.device
             return shape_plans.build(cb, key, rows, handle(device), _descriptor, _compute_major(device),
                                     refused)
         return make
 
-    def _attempt(self, plan: shape_plans.Plan, rows: cf.Rows, run: Callable[[shape_plans.Plan], Any]
+    def _attempt(self, plan: shape_plans.Plan, rows: padding.Rows, run: Callable[[shape_plans.Plan], Any]
                  ) -> tuple[shape_plans.Plan, Any]:
         """``(plan, run(plan))``; where cuDNN refuses a persistent algorithm at a compute call (a refusal its
         size query did not give), ``run`` again once on the STANDARD plan that replaces it for good."""
@@ -265,7 +265,7 @@ class CudnnEngine(Engine):
             stacked[maps.holes] = 0
         return [stacked[offset:offset + size] for offset, size in zip(maps.offsets, maps.sizes, strict=True)]
 
-    def _run(self, plan: shape_plans.Plan, rows: cf.Rows, params: PackedParams, x: Any, h0: Any, c0: Any,
+    def _run(self, plan: shape_plans.Plan, rows: padding.Rows, params: PackedParams, x: Any, h0: Any, c0: Any,
              masks: Any):
         h = handle(plan.key.device)
         h0, c0 = rows.states_in(cupy, h0, c0)
