@@ -17,6 +17,11 @@ data model never imports an engine).
 engine's reason. ``"auto"`` tries the engines that run on the call's arrays in rank order (CPU: numba,
 reference; GPU: cudnn, cupy, reference) and takes the first that accepts; if none does, the error lists
 every candidate with its reason.
+
+**The seam.** The layers above (frontend, adapters) reach the engines through this module and the data
+types of :mod:`.base`: :func:`select_engine`, :func:`probe_call`, and for one cell step
+:func:`~.step.step_engine` (the engine's own step engine, else the shared :class:`~.step.StepEngine`);
+``tests/test_import_graph.py`` pins it.
 """
 
 from __future__ import annotations
