@@ -12,9 +12,9 @@ from .core.layout import Layout, layout_of
 from .core.params import PackedParams
 from .core.spec import RNNSpec
 from .engines.determinism import is_deterministic, set_deterministic
-from .engines.numba.warmup import warmup
 from .engines.thread_count import get_num_threads, set_num_threads
 from .frontend.cell import CellGrads, CellResult, cell_step, cell_step_backward
+from .frontend.compile_ahead import warmup
 from .frontend.dropout import cell_masks
 from .frontend.rnn import RNNGrads, RNNResult, rnn_backward, rnn_forward
 

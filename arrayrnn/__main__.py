@@ -6,7 +6,7 @@ import argparse
 import pickle
 import sys
 
-from .engines.numba import warmup as _warmup
+from .frontend import compile_ahead
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -14,9 +14,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     warm = commands.add_parser("warmup", help="compile the numba engine's loops now (e.g. in a server or CI "
                                               "image), with a progress bar")
-    warm.add_argument("--modes", nargs="+", default=list(_warmup.KINDS),
+    warm.add_argument("--modes", nargs="+", default=list(compile_ahead.KINDS),
                       help="mode names (lstm, gru, rnn_tanh, rnn_relu); default: lstm gru rnn")
-    warm.add_argument("--dtypes", nargs="+", default=list(_warmup.DTYPES), help="float32 and/or float64")
+    warm.add_argument("--dtypes", nargs="+", default=list(compile_ahead.DTYPES),
+                      help="float32 and/or float64")
     warm.add_argument("--inference-only", action="store_true", help="skip the backward's loops")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")
     warm.add_argument("--family", help=argparse.SUPPRESS)       # the background compile's child process
@@ -28,8 +29,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.family is not None or args.path is not None:
-        signatures = (_warmup.compile_family(_warmup.Family.parse(args.family)) if args.family is not None
-                      else _warmup.compile_path(_warmup.Path.parse(args.path)))
+        if args.family is not None:
+            signatures = compile_ahead.compile_family(compile_ahead.Family.parse(args.family))
+        else:
+            signatures = compile_ahead.compile_path(compile_ahead.Path.parse(args.path))
         if args.signatures == "-":
             sys.stdout.buffer.write(pickle.dumps(signatures))
         elif args.signatures is not None:
@@ -37,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                 pickle.dump(signatures, file)
         return 0
     try:
-        _warmup.warmup(args.modes, args.dtypes, training=not args.inference_only, progress=not args.quiet)
+        compile_ahead.warmup(args.modes, args.dtypes, training=not args.inference_only,
+                             progress=not args.quiet)
     except ValueError as err:
         print(f"python -m arrayrnn warmup: {err}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ is told from a device-bound one; the traces are written beside ``--out`` as Chro
 
 Precision: the like-for-like rows ("fp32") pin ``torch.backends.cudnn.allow_tf32 = False`` (PyTorch's default
 is True) and ``torch.backends.cuda.matmul.allow_tf32 = False``, as arrayrnn's cuDNN engine runs float32 with
-CUDNN_FMA_MATH. The "tf32" rows allow TF32 on both sides (``arrayrnn.engines.cudnn_format.allow_tf32``);
+CUDNN_FMA_MATH. The "tf32" rows allow TF32 on both sides (``arrayrnn.engines.cudnn.config.allow_tf32``);
 they are reported separately, for the cudnn engine only (the cupy engine's cuBLAS GEMMs follow CuPy's own
 setting, ``CUPY_TF32``).
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import cudnn_format  # noqa: E402
+from arrayrnn.engines.cudnn import config as cudnn_config  # noqa: E402
 
 SHAPES = {  # name: (T, B, I, H, layers, bidirectional, variable lengths)
     "S1": (100, 64, 256, 256, 1, False, False),
@@ -77,14 +77,14 @@ def precision(tf32: bool) -> Iterator[None]:
     the flags are restored afterwards."""
     import torch
 
-    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn_format.allow_tf32)
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn_config.allow_tf32)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
-    cudnn_format.allow_tf32 = tf32
+    cudnn_config.allow_tf32 = tf32
     try:
         yield
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-         cudnn_format.allow_tf32) = saved
+         cudnn_config.allow_tf32) = saved
 
 
 def _timed(fn, sync) -> float:

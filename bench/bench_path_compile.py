@@ -3,7 +3,7 @@
     python bench/bench_path_compile.py --runs 3      # about 2.5 minutes per run on 2 cores
 
 Each measurement is a fresh child process with an empty ``NUMBA_CACHE_DIR`` that runs what the background
-compile's child runs (:mod:`arrayrnn.engines.numba.warmup`): ``compile_path`` of the demo's LSTM call
+compile's child runs (:mod:`arrayrnn.frontend.compile_ahead`): ``compile_path`` of the demo's LSTM call
 (float32, input 48, hidden 256, 32 rows, 2 threads; inference, then training) or ``compile_family`` of its
 training family (every probe). The three kinds alternate within a run; the table has the median wall time
 of each and its ratio to the family's. Only wall clocks: nothing here asserts a timing.
@@ -28,14 +28,15 @@ import json, sys, time
 import arrayrnn as ar
 from arrayrnn.engines import probe_call
 from arrayrnn.engines.numba import warmup as W
+from arrayrnn.frontend.compile_ahead import compile_family, compile_path
 
 kind = sys.argv[1]
 spec = ar.RNNSpec(mode="lstm", input_size=48, hidden_size=256, dtype="float32")
 start = time.perf_counter()
 if kind == "family":
-    W.compile_family(W.Family("lstm", "float32", True))
+    compile_family(W.Family("lstm", "float32", True))
 else:
-    W.compile_path(W.path_of(probe_call(spec, training=kind == "training path", seq_len=64, batch=32), 2))
+    compile_path(W.path_of(probe_call(spec, training=kind == "training path", seq_len=64, batch=32), 2))
 print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 

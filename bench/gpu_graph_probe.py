@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import cuda_graphs  # noqa: E402
-from arrayrnn.engines.cupy_engine import ENGINE  # noqa: E402
+from arrayrnn.engines.cupy import graphs as cuda_graphs  # noqa: E402
+from arrayrnn.engines.cupy.engine import ENGINE  # noqa: E402
 
 SHAPES = {"S1": (100, 64, 256, 256), "S3": (200, 1, 64, 128)}  # T, B, I, H (bench_gpu.py's)
 CELLS = {"plain": {}, "rdrop+zoneout": {"recurrent_dropout": 0.25, "zoneout": 0.1}}

@@ -45,8 +45,10 @@ import numpy as np  # noqa: E402
 from support import fake_cupy  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import cuda_graphs, cuda_launch, register_engine, unregister_engine  # noqa: E402
-from arrayrnn.engines.cupy_engine import ENGINE  # noqa: E402
+from arrayrnn.engines import register_engine, unregister_engine  # noqa: E402
+from arrayrnn.engines.cupy import graphs as cuda_graphs  # noqa: E402
+from arrayrnn.engines.cupy import launch as cuda_launch  # noqa: E402
+from arrayrnn.engines.cupy.engine import ENGINE  # noqa: E402
 
 SHAPES = {"S1": 100, "S3": 200}  # bench_gpu.py's S1 and S3 lengths; 1 layer, unidirectional
 B, I, H = 2, 8, 8
@@ -93,12 +95,14 @@ def _after(graphs: bool) -> Iterator[tuple[str, Any, Callable[[], int]]]:
 
 
 def _engine_at(rev: str) -> types.ModuleType:
-    """arrayrnn/engines/cupy_engine.py as it was at ``rev``, on this tree's other engine modules."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:arrayrnn/engines/cupy_engine.py"],
+    """arrayrnn/engines/cupy/engine.py as it was at ``rev``, on this tree's other engine modules (``rev`` from
+    after the GPU wings' move: before it the file was arrayrnn/engines/cupy_engine.py, beside siblings of
+    other names)."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:arrayrnn/engines/cupy/engine.py"],
                             capture_output=True, text=True, check=True).stdout
-    module = types.ModuleType("arrayrnn.engines._cupy_engine_before")
-    module.__package__ = "arrayrnn.engines"
-    exec(compile(source, f"cupy_engine.py@{rev}", "exec"), module.__dict__)
+    module = types.ModuleType("arrayrnn.engines.cupy._engine_before")
+    module.__package__ = "arrayrnn.engines.cupy"
+    exec(compile(source, f"cupy/engine.py@{rev}", "exec"), module.__dict__)
     return module
 
 

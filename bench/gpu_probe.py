@@ -4,7 +4,7 @@
 on its own (a failure is recorded and the next check runs) and its result is written to ``--out`` (JSON
 lines) as soon as it ends:
 
-- ``cudnn``: for LSTM and GRU, every algorithm of ``cudnn_format.ALGOS`` and ``"auto"``, an inference
+- ``cudnn``: for LSTM and GRU, every algorithm of ``cudnn_config.ALGOS`` and ``"auto"``, an inference
   forward and a training step (forward + backward) against the reference engine on the host, with the
   algorithm that ran and why (a persistent algorithm cuDNN refuses runs STANDARD and says so);
 - ``cupy``: LSTM and GRU (plain, and with recurrent dropout + zoneout) three calls of one shape with new
@@ -101,22 +101,22 @@ def _agrees(cp: Any, engine: str, mode: str, seed: int, params_of: Callable = la
 # -- cudnn ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _algo(name: str) -> Iterator[None]:
-    from arrayrnn.engines import cudnn_format
+    from arrayrnn.engines.cudnn import config as cudnn_config
 
-    saved = cudnn_format.algo
-    cudnn_format.algo = name
+    saved = cudnn_config.algo
+    cudnn_config.algo = name
     try:
         yield
     finally:
-        cudnn_format.algo = saved
+        cudnn_config.algo = saved
 
 
 def cudnn_checks(report: Report, cp: Any) -> None:
-    from arrayrnn.engines import cudnn_format
-    from arrayrnn.engines.cudnn_engine import ENGINE
+    from arrayrnn.engines.cudnn import config as cudnn_config
+    from arrayrnn.engines.cudnn.engine import ENGINE
 
     for mode in ("lstm", "gru"):
-        for algo in ("auto", *cudnn_format.ALGOS):
+        for algo in ("auto", *cudnn_config.ALGOS):
             def run(mode: str = mode, algo: str = algo) -> str:
                 with _algo(algo):
                     ENGINE.plans.clear()
@@ -136,7 +136,7 @@ def cudnn_checks(report: Report, cp: Any) -> None:
 
 # -- cupy -------------------------------------------------------------------------------------------
 def cupy_checks(report: Report, cp: Any) -> None:
-    from arrayrnn.engines.cupy_engine import ENGINE
+    from arrayrnn.engines.cupy.engine import ENGINE
 
     for mode in ("lstm", "gru"):
         for cell, options in CELLS.items():

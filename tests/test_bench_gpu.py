@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arrayrnn.engines import cudnn_format
+from arrayrnn.engines.cudnn import config as cudnn_config
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_gpu.py"
 
@@ -29,8 +29,8 @@ def test_like_for_like_rows_pin_tf32_off_on_both_sides_and_tf32_rows_allow_it(be
     for tf32 in (False, True):
         with bench.precision(tf32=tf32):
             assert torch.backends.cudnn.allow_tf32 is tf32 and torch.backends.cuda.matmul.allow_tf32 is tf32
-            assert cudnn_format.allow_tf32 is tf32
-    assert torch.backends.cudnn.allow_tf32 is True and cudnn_format.allow_tf32 is False  # restored
+            assert cudnn_config.allow_tf32 is tf32
+    assert torch.backends.cudnn.allow_tf32 is True and cudnn_config.allow_tf32 is False  # restored
 
 
 def test_tf32_rows_are_separate_and_cudnn_only(bench):

@@ -11,10 +11,9 @@ from support.rnn_cases import host, make_case, on_device, xp_of
 
 import arrayrnn as ar
 from arrayrnn import RNNSpec
-from arrayrnn.engines import load_engine
+from arrayrnn.engines import load_engine, step_engine
 from arrayrnn.engines.base import Engine
 from arrayrnn.engines.step import StepEngine
-from arrayrnn.frontend.cell import step_engine
 
 # conftest's engines that step (cuDNN runs whole sequences only: test_cell_step_on_cudnn_is_refused...)
 engine = engine_fixture([*(EngineOnDevice(name, np) for name in cpu_engines()),

@@ -20,7 +20,8 @@ from support.variant_checks import (
 
 import arrayrnn as ar
 from arrayrnn import RNNSpec, rnn_backward
-from arrayrnn.engines import cudnn_format, engine_unavailable_reason, engines_for, probe_call
+from arrayrnn.engines import engine_unavailable_reason, engines_for, probe_call
+from arrayrnn.engines.cudnn import config as cudnn_config
 
 _VARIANT_PROBE = RNNSpec("lstm", 2, 3, recurrent_dropout=0.5, weight_dropout=0.5, zoneout=0.5, peepholes=True,
                          dtype="float64")
@@ -129,7 +130,7 @@ def test_cudnn_declines_each_variant_with_its_reason_and_auto_takes_the_numba_en
                                          (dict(peepholes=True), False, False), ({}, False, True)]:
         call = probe_call(plain.replace(**fields), training=training, all_states=all_states)
         phrase = next(iter(fields), "return_all_states")
-        assert phrase in (cudnn_format.variant_refusal(call) or cudnn_format.refusal(call.spec))
+        assert phrase in (cudnn_config.variant_refusal(call) or cudnn_config.refusal(call.spec))
         assert engine_unavailable_reason("numba", call) is None
         case = make_case(call.spec, 3, 2)
         assert forward(case, "auto", training=training, return_all_states=all_states).engine == "numba"

@@ -1,5 +1,5 @@
 """The cupy engine's CUDA kernels compile to PTX for sm_90 (Hopper) without a GPU, in float32 and float64,
-through the engine's own path (:mod:`arrayrnn.engines.cuda_launch`: ``numba.cuda.compile_ptx`` with the
+through the engine's own path (:mod:`arrayrnn.engines.cupy.launch`: ``numba.cuda.compile_ptx`` with the
 parameter kinds a launch site packs, then cuda.core's Linker to a cubin).
 
 ``numba.cuda.compile_ptx`` needs numba-cuda with its NVVM (the ``numba-cuda[cu13]`` test extra), not a
@@ -18,8 +18,8 @@ import numba
 import numpy as np
 import pytest
 
-from arrayrnn.engines import cuda_kernels as ck
-from arrayrnn.engines import cuda_launch as cl
+from arrayrnn.engines.cupy import kernels as ck
+from arrayrnn.engines.cupy import launch as cl
 
 if numba.config.ENABLE_CUDASIM:  # pragma: no cover - this module belongs to the main (non-simulator) run
     pytest.skip("compile_ptx is not available under the CUDA simulator", allow_module_level=True)

@@ -1,4 +1,4 @@
-"""arrayrnn.engines.cuda_launch on CPU: the parameter block a launch site packs, what it refuses, and the GPU
+"""arrayrnn.engines.cupy.launch on CPU: the parameter block a launch site packs, what it refuses, and the GPU
 launcher's whole path up to the driver (compile, link, load, launch) with the CuPy stand-in and a driver
 that records its calls.
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from support import fake_cupy
 
-from arrayrnn.engines import cuda_kernels as ck
-from arrayrnn.engines import cuda_launch as cl
+from arrayrnn.engines.cupy import kernels as ck
+from arrayrnn.engines.cupy import launch as cl
 
 
 def _slots_at(address: int, count: int) -> list[int]:

@@ -26,8 +26,9 @@ from support.cudnn_cases import GRID, check
 
 import arrayrnn as ar
 import cudnn_bindings as cb
-from arrayrnn.engines import cudnn_format as cf
 from arrayrnn.engines import thresholds
+from arrayrnn.engines.cudnn import config as cf
+from arrayrnn.engines.cudnn import padding, weight_map
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
@@ -100,19 +101,19 @@ def _fake_query(spec: ar.RNNSpec, itemsize: int, **bad):
 def test_index_map_checks_every_region() -> None:
     spec = ar.RNNSpec(mode="gru", input_size=3, hidden_size=2)
     query, nbytes = _fake_query(spec, 4)
-    idx = cf.index_map(spec, 4, nbytes, query)
+    idx = weight_map.index_map(spec, 4, nbytes, query)
     assert sorted(idx.tolist()) == list(range(idx.size))
     wrong_dims = cb.WeightRegion(0, (1, 2, 5), (10, 5, 1), cb.DataType.FLOAT)
     with pytest.raises(ValueError, match=r"pseudo-layer 0, linLayerID 1, matrix \(l0.fwd.W_ih\) as dims"):
-        cf.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 1, "matrix"), wrong_dims))
+        weight_map.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 1, "matrix"), wrong_dims))
     overlapping = cb.WeightRegion(0, (1, 2, 3), (6, 3, 1), cb.DataType.FLOAT)
     with pytest.raises(ValueError, match="overlapping"):
-        cf.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 1, "matrix"), overlapping))
+        weight_map.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 1, "matrix"), overlapping))
     outside = cb.WeightRegion(nbytes, (1, 2, 3), (6, 3, 1), cb.DataType.FLOAT)
     with pytest.raises(ValueError, match="outside the"):
-        cf.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 1, "matrix"), outside))
+        weight_map.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 1, "matrix"), outside))
     with pytest.raises(ValueError, match=r"no region for pseudo-layer 0, linLayerID 3, bias \(l0.fwd.b_hh\)"):
-        cf.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 3, "bias"), None))
+        weight_map.index_map(spec, 4, nbytes, _fake_query_with(spec, (0, 3, "bias"), None))
 
 
 def _fake_query_with(spec, key, region):
@@ -164,11 +165,11 @@ def test_row_masks_give_the_contract_with_hostile_inputs(mode: str, batch_first:
     want = ar.rnn_forward(params, x, lengths, h0, c0, **kw)
     want_g = ar.rnn_backward(want, dy, dh_n, dc_n)
 
-    rows = cf.Rows.of(np, lengths, t, batch_first)
+    rows = padding.Rows.of(np, lengths, t, batch_first)
     h0_in, c0_in = rows.states_in(np, h0, c0)
     assert np.isfinite(h0_in).all() and (c0_in is None or np.isfinite(c0_in).all())
     x_in = np.where(valid, x, 0.0)  # the engine's input: zero at the padding of the true lengths
-    got = ar.rnn_forward(params, x_in, cf.stand_in_lengths(lengths), h0_in, c0_in, **kw)
+    got = ar.rnn_forward(params, x_in, padding.stand_in_lengths(lengths), h0_in, c0_in, **kw)
     assert not np.array_equal(got.h_n[:, lengths == 0], h0_in[:, lengths == 0])  # the stand-in step ran
     y, h_n, c_n = rows.forward_out(np, got.y, got.h_n, got.c_n, h0, c0)
     np.testing.assert_array_equal(y, want.y)
@@ -186,7 +187,7 @@ def test_row_masks_give_the_contract_with_hostile_inputs(mode: str, batch_first:
 
 
 def test_rows_without_padding_or_empty_rows_touch_nothing() -> None:
-    rows = cf.Rows.of(np, np.array([4, 4]), 4, batch_first=False)
+    rows = padding.Rows.of(np, np.array([4, 4]), 4, batch_first=False)
     assert rows.valid is None and rows.empty is None
     y, dy = np.full((4, 2, 3), np.nan), np.full((4, 2, 3), np.inf)
     assert rows.forward_out(np, y, y, None, y, None)[0] is y
@@ -194,7 +195,7 @@ def test_rows_without_padding_or_empty_rows_touch_nothing() -> None:
 
 
 def test_stand_in_lengths() -> None:
-    out = cf.stand_in_lengths(np.array([0, 3, 0, 1], np.int64))
+    out = padding.stand_in_lengths(np.array([0, 3, 0, 1], np.int64))
     assert out.dtype == np.int32 and out.tolist() == [1, 3, 1, 1]
 
 
@@ -204,22 +205,24 @@ def test_layer_maps_compose_the_whole_stacks_map_with_each_layers(mode: str, bid
     spec = ar.RNNSpec(mode=mode, input_size=3, hidden_size=2, num_layers=3, bidirectional=bidir,
                       dtype="float64")
     whole_query, whole_bytes = _fake_query(spec, 8)
-    whole_idx = cf.index_map(spec, 8, whole_bytes, whole_query)
+    whole_idx = weight_map.index_map(spec, 8, whole_bytes, whole_query)
     layers = []
     for layer in range(spec.num_layers):
         sub = cf.layer_spec(spec, layer)
         query, nbytes = _fake_query(sub, 8)
-        layers.append((cf.index_map(sub, 8, nbytes, query), nbytes // 8))
-    maps = cf.layer_maps(spec, whole_idx, whole_bytes // 8, [i for i, _ in layers], [n for _, n in layers], 8)
-    assert all(off * 8 % cf.WEIGHT_ALIGN_BYTES == 0 for off in maps.offsets)
+        layers.append((weight_map.index_map(sub, 8, nbytes, query), nbytes // 8))
+    maps = weight_map.layer_maps(spec, whole_idx, whole_bytes // 8, [i for i, _ in layers],
+                                 [n for _, n in layers], 8)
+    assert all(off * 8 % weight_map.WEIGHT_ALIGN_BYTES == 0 for off in maps.offsets)
     canonical = np.random.default_rng(0).standard_normal(whole_idx.size)
-    whole = cf.to_cudnn(np, canonical, whole_idx, whole_bytes // 8)
+    whole = weight_map.to_cudnn(np, canonical, whole_idx, whole_bytes // 8)
     stacked = whole[maps.gather]
     stacked[maps.holes] = 0
     layout, last = ar.layout_of(spec), spec.num_directions - 1
     for layer, ((idx, size), off) in enumerate(zip(layers, maps.offsets, strict=True)):
         start, stop = layout.layer_direction_span(layer, 0)[0], layout.layer_direction_span(layer, last)[1]
-        np.testing.assert_array_equal(cf.to_canonical(stacked[off:off + size], idx), canonical[start:stop])
+        np.testing.assert_array_equal(weight_map.to_canonical(stacked[off:off + size], idx),
+                                      canonical[start:stop])
     assert maps.holes.size and not stacked[maps.holes].any()  # alignment gaps between the layers
     grads = np.append(stacked, 0.0)  # the extra zero element the whole stack's holes read
     np.testing.assert_array_equal(grads[maps.back], whole)

@@ -18,7 +18,7 @@ from support.cudnn import requires_cudnn
 
 import arrayrnn as ar
 import cudnn_bindings as cb
-from arrayrnn.engines import cudnn_format as cf
+from arrayrnn.engines.cudnn import config as cf
 
 pytestmark = requires_cudnn
 
@@ -209,7 +209,7 @@ def test_a_named_algorithm_is_asked_for_and_a_bad_name_is_refused(monkeypatch):
     spec = ar.RNNSpec(mode="lstm", input_size=8, hidden_size=512)
     assert cf.choose_algo(spec, "float32", True, True, 9, "persist_dynamic")[0] == cb.RNNAlgo.PERSIST_DYNAMIC
     monkeypatch.setattr(cf, "algo", "fastest")
-    with pytest.raises(ValueError, match=r"cudnn_format.algo = 'fastest'; expected 'auto' or one of"):
+    with pytest.raises(ValueError, match=r"cudnn.config.algo = 'fastest'; expected 'auto' or one of"):
         cf.requested_algo()
 
 

@@ -18,9 +18,11 @@ from support.rnn_cases import assert_close, forward_backward, make_case, toleran
 
 from arrayrnn import EngineUnavailableError, RNNSpec
 from arrayrnn.core.backend import cupy_module
-from arrayrnn.engines import cuda_graphs, cuda_launch, probe_call, select_engine
-from arrayrnn.engines import cuda_kernels as ck
-from arrayrnn.engines.cupy_engine import ENGINE, Device
+from arrayrnn.engines import probe_call, select_engine
+from arrayrnn.engines.cupy import graphs as cuda_graphs
+from arrayrnn.engines.cupy import kernels as ck
+from arrayrnn.engines.cupy import launch as cuda_launch
+from arrayrnn.engines.cupy.engine import ENGINE, Device
 
 SPEC = RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
 

@@ -351,7 +351,7 @@ def test_float64_layer_norm_statistics_are_unchanged():
 # -- warmup's progress bar without a usable stderr (issue 45, item 7) ---------------------------------------
 
 _FAKE_COMPILE = '''
-from arrayrnn.engines.numba import warmup as W
+from arrayrnn.frontend import compile_ahead as W
 compiled = []
 
 def compile_family(family, progress=None):   # the probe calls stand for a 100-second compile

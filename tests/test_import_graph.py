@@ -90,8 +90,10 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 def _is_package_edge(module: str, target: str) -> bool:
-    """A module importing its own package's ``__init__`` (Python imports it first anyway)."""
-    return module.startswith(target + ".")
+    """A module importing its own parent package's ``__init__`` (Python imports it first anyway); not a
+    package further up, and not the package root: ``from ... import rnn_forward`` deep in an engine is an
+    arrow back up."""
+    return module.rpartition(".")[0] == target
 
 
 def test_every_module_imports_in_a_fresh_interpreter():
@@ -138,14 +140,54 @@ def test_the_graph_sees_imports_inside_functions_and_skips_type_checking():
     assert found == {"from typing import TYPE_CHECKING", "from ..engines import load_engine", "import mpi4py"}
 
 
-def test_the_numba_wing_stands_on_the_shared_driver_and_nothing_below_imports_it():
-    # arrayrnn/engines/numba/ may import the engines' shared modules; no other engine module imports the
-    # wing (the registry names it as a string), so the driver, the GPU engines and the data model never
-    # load numba's compiled code
+WINGS = ("arrayrnn.engines.numba", "arrayrnn.engines.cupy", "arrayrnn.engines.cudnn")
+
+
+def wing_of(module: str) -> str | None:
+    """The engine wing (a folder of engines/) that ``module`` belongs to, or None."""
+    return next((w for w in WINGS if module == w or module.startswith(w + ".")), None)
+
+
+def test_the_wings_are_the_engines_folders():
+    # every folder under engines/ is a wing listed here, so the checks below see each one
+    folders = {p.parent for p in (ROOT / "engines").glob("*/__init__.py")}
+    assert {"arrayrnn.engines." + f.name for f in folders} == set(WINGS)
     graph = import_graph()
-    wing = "arrayrnn.engines.numba"
-    members = {m for m in graph if m == wing or m.startswith(wing + ".")}
-    assert {f"{wing}.engine", f"{wing}.loops", f"{wing}.packed_gemm", f"{wing}.simd_ir"} <= members
-    for module, edges in graph.items():
-        if module.startswith("arrayrnn.engines") and module not in members:
-            assert not edges & members, f"{module} imports the numba wing: {sorted(edges & members)}"
+    assert {"arrayrnn.engines.numba.engine", "arrayrnn.engines.numba.loops", "arrayrnn.engines.cupy.engine",
+            "arrayrnn.engines.cupy.kernels", "arrayrnn.engines.cudnn.engine"} <= set(graph)
+
+
+def test_each_wing_stands_on_the_shared_driver_and_no_shared_module_imports_a_wing():
+    # an engine wing (arrayrnn/engines/numba/, cupy/, cudnn/) may import the engines' shared modules; no
+    # shared engine module imports a wing (the registry names each engine as a string), so the driver, the
+    # other engines and the data model never load an engine's compiled code or its GPU libraries
+    for module, edges in import_graph().items():
+        if not module.startswith("arrayrnn.engines") or wing_of(module) is not None:
+            continue
+        wings = {t for t in edges if wing_of(t) is not None}
+        assert not wings, f"{module}, a shared engines module, imports a wing: {sorted(wings)}"
+
+
+def test_no_wing_imports_another():
+    for module, edges in import_graph().items():
+        own = wing_of(module)
+        if own is None:
+            continue
+        others = {t for t in edges if wing_of(t) not in (None, own)}
+        assert not others, f"{module} ({own}) imports another wing: {sorted(others)}"
+
+
+# what the layers above the engines may take from them (docs/guide/layout.md): the seam, the data types,
+# two shared helpers, and, for compile_ahead alone, the numba engine's background-compile jobs it runs
+ENGINES_SEAM = {"arrayrnn.engines", "arrayrnn.engines.base", "arrayrnn.engines.thread_count",
+                "arrayrnn.engines.numba_cache", "arrayrnn.engines.pointwise", "arrayrnn.engines.determinism"}
+SEAM_EXCEPTIONS = {"arrayrnn.frontend.compile_ahead": {"arrayrnn.engines.numba.warmup"}}
+
+
+def test_the_layers_above_reach_the_engines_through_their_seam():
+    for module, edges in import_graph().items():
+        if layer(module) <= LAYERS.index("engines"):
+            continue
+        inside = {t for t in edges if t.startswith("arrayrnn.engines")}
+        allowed = ENGINES_SEAM | SEAM_EXCEPTIONS.get(module, set())
+        assert inside <= allowed, f"{module} reaches into the engines: {sorted(inside - allowed)}"

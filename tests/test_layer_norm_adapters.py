@@ -19,7 +19,7 @@ from support.layer_norm_oracle import run as run_torch_oracle
 import arrayrnn as ar
 from arrayrnn import demo, engines
 from arrayrnn import nn as arnn
-from arrayrnn.engines import cudnn_format
+from arrayrnn.engines.cudnn import config as cudnn_config
 from arrayrnn.torch import GRU, LSTM, RNN, ArrayRNN
 
 T, B, I, H = 4, 3, 3, 4
@@ -219,7 +219,7 @@ def test_auto_takes_the_numba_engine_on_cpu_and_cudnn_gives_its_reason(mode):
     spec = ar.RNNSpec(mode, I, H, layer_norm=True)
     call = engines.probe_call(spec, training=True)
     assert engines.select_engine("auto", call).name == "numba"  # the suites compile in place (conftest)
-    assert "layer_norm" in cudnn_format.refusal(spec)
+    assert "layer_norm" in cudnn_config.refusal(spec)
 
 
 # -- jax -----------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 numba-cuda (0.30.4 and earlier) registers an overload for ``np.row_stack`` the first time its target
 compiles a kernel; NumPy 2.5 removed that alias, and on a GPU machine with NumPy 2.5 every cupy-engine
-launch raised AttributeError. :mod:`arrayrnn.engines.cuda_kernels` loads those registries at import with a
+launch raised AttributeError. :mod:`arrayrnn.engines.cupy.kernels` loads those registries at import with a
 stand-in for the alias. Here, in a fresh interpreter whose NumPy lacks ``row_stack``, importing it first
 lets a kernel that uses its device functions compile, and leaves NumPy without the alias.
 """
@@ -53,7 +53,7 @@ def _run(prelude: str) -> str:
 
 
 def test_kernels_compile_with_a_numpy_that_lacks_row_stack():
-    assert _run("import arrayrnn.engines.cuda_kernels") == "compiled True\nrow_stack False\n"
+    assert _run("import arrayrnn.engines.cupy.kernels") == "compiled True\nrow_stack False\n"
 
 
 def test_without_the_stand_in_numba_cuda_fails_there():

@@ -22,6 +22,7 @@ import arrayrnn as ar
 from arrayrnn import __main__ as cli
 from arrayrnn.engines import forget_choices, probe_call, select_engine
 from arrayrnn.engines.numba import warmup as W
+from arrayrnn.frontend import compile_ahead
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,7 +134,7 @@ def _variety(kind: str, dtype: str):
 @pytest.mark.parametrize("kind, dtype", [("lstm", "float64"), ("gru", "float64"), ("rnn", "float64"),
                                          ("lstm", "float32")])
 def test_probes_cover_the_family(kind, dtype):
-    W.compile_family(W.Family(kind, dtype, True))
+    compile_ahead.compile_family(W.Family(kind, dtype, True))
     before = W.compiled_signatures()
     threads = ar.get_num_threads()
     try:
@@ -201,8 +202,8 @@ def test_a_call_runs_compiled_once_its_own_loops_are_loaded(tmp_path):
     from arrayrnn.engines import probe_call
 
     order = []
-    mark = W._mark_loaded
-    W._mark_loaded = lambda job: (order.append(job), mark(job))
+    mark = W.mark_loaded
+    W.mark_loaded = lambda job: (order.append(job), mark(job))
     first = ar.rnn_forward(params, x)
     assert first.engine == "reference", first.engine
     path = W.path_of(probe_call(spec, seq_len=4, batch=2), ar.get_num_threads())

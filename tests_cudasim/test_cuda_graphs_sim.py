@@ -18,8 +18,9 @@ from support.engine_cases import EngineOnDevice
 from support.rnn_cases import assert_close, forward_backward, make_case, tolerances
 
 from arrayrnn import RNNSpec
-from arrayrnn.engines import cuda_graphs, cupy_steps
-from arrayrnn.engines.cupy_engine import ENGINE
+from arrayrnn.engines.cupy import graphs as cuda_graphs
+from arrayrnn.engines.cupy import programs as cupy_steps
+from arrayrnn.engines.cupy.engine import ENGINE
 
 CUPY = EngineOnDevice("cupy", fake_cupy.MODULE)
 CONFIGS = {

@@ -2,7 +2,7 @@
 
 Both engines run the shared stack driver (:class:`~arrayrnn.engines.stack.StackEngine`) on the same
 length-sorted float64 NumPy inputs; only the direction kernel differs (the reference engine's xp loop
-vs :class:`~arrayrnn.engines.cupy_engine.GpuKernel`, whose fused kernels the simulator executes).
+vs :class:`~arrayrnn.engines.cupy.engine.GpuKernel`, whose fused kernels the simulator executes).
 Forward outputs and every gradient must agree to 1e-12. Shapes are tiny: the simulator runs each CUDA
 thread as a Python thread.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from arrayrnn import PackedParams, RNNSpec
-from arrayrnn.engines.cupy_engine import GpuKernel
+from arrayrnn.engines.cupy.engine import GpuKernel
 from arrayrnn.engines.reference import ENGINE as REFERENCE
 from arrayrnn.engines.stack import StackEngine
 from arrayrnn.frontend.dropout import dropout_masks
@@ -209,7 +209,7 @@ def test_step_product_splits_k_and_writes_only_active_rows(k: int, width: int, p
     """``product_step`` launched as the CuPy engine launches it on a GPU (a thread per output for K < 32,
     else a block per row and 32 columns whose warps split K: 2 and 8 of them here) equals ``a[:n] @ w`` and
     leaves rows ``n..`` and the other steps alone; float32 math in float32."""
-    from arrayrnn.engines import cuda_kernels as ck
+    from arrayrnn.engines.cupy import kernels as ck
 
     rng = np.random.default_rng(k)
     T, B, n, t = 3, 4, 3, 1
@@ -234,7 +234,7 @@ def test_the_engine_runs_the_split_product_as_on_a_gpu(monkeypatch) -> None:
     """The engine with the GPU's choice of warps (the simulator's default is a thread per output): H = 40, so
     the forward's products have K = 40 (2 warps a block, 5 blocks a row), the backward's K = 160 (8 warps,
     2 blocks a row)."""
-    from arrayrnn.engines import cuda_kernels as ck
+    from arrayrnn.engines.cupy import kernels as ck
 
     assert ck.product_slices(160) == 1 and ck.split_slices(160) == 8  # the simulator's choice, the GPU's
     monkeypatch.setattr(ck, "product_slices", ck.split_slices)

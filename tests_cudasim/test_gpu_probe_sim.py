@@ -8,7 +8,7 @@ from pathlib import Path
 from support import cupy_sim
 from support.bench_loader import load_bench
 
-from arrayrnn.engines.cupy_engine import ENGINE
+from arrayrnn.engines.cupy.engine import ENGINE
 
 PROBE = Path(__file__).resolve().parent.parent / "bench" / "gpu_probe.py"
 

@@ -1,6 +1,6 @@
 """Layer normalisation (issue 38) in the cupy engine's kernels, under numba's CUDA simulator.
 
-The block-per-row kernels (:func:`~arrayrnn.engines.cuda_kernels.norm_step`, ``norm_backward_step``, the
+The block-per-row kernels (:func:`~arrayrnn.engines.cupy.kernels.norm_step`, ``norm_backward_step``, the
 LSTM's ``lstm_norm_forward_step`` / ``lstm_norm_backward_step``) against the reference engine through the same
 stack driver, to 1e-12 in float64, for every mode and the options they combine with; then the public path on
 the CuPy stand-in (tests/test_layer_norm.py's bodies: the torch-ops oracle, central differences along random
@@ -20,7 +20,7 @@ from support.rnn_cases import _spread_norm_gains
 from test_cuda_kernels_sim import REFERENCE, SIM, TOL, _inputs, _run
 
 from arrayrnn import PackedParams, RNNSpec
-from arrayrnn.engines import cuda_kernels as ck
+from arrayrnn.engines.cupy import kernels as ck
 
 
 def check(spec_fields: dict, T: int, lengths: list[int], seed: int = 0) -> None:

@@ -21,9 +21,7 @@ from typing import Any
 import torch
 
 import arrayrnn as ar
-from arrayrnn.engines import choices_epoch, probe_call, select_engine
-from arrayrnn.engines.step import StepEngine, StepWeights
-from arrayrnn.frontend.cell import step_engine
+from arrayrnn.engines import StepEngine, StepWeights, choices_epoch, probe_call, select_engine, step_engine
 
 from . import torch_call
 from .torch_call import array_view, engine_stream, tensor_of

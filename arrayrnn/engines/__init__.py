@@ -17,6 +17,11 @@ data model never imports an engine).
 engine's reason. ``"auto"`` tries the engines that run on the call's arrays in rank order (CPU: numba,
 reference; GPU: cudnn, cupy, reference) and takes the first that accepts; if none does, the error lists
 every candidate with its reason.
+
+**The seam.** The layers above (frontend, adapters) reach the engines through this module and the data
+types of :mod:`.base`: :func:`select_engine`, :func:`probe_call`, and for one cell step
+:func:`~.step.step_engine` (the engine's own step engine, else the shared :class:`~.step.StepEngine`);
+``tests/test_import_graph.py`` pins it.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ import numpy as np
 from ..core import params as _params
 from ..core.errors import EngineUnavailableError
 from ..core.spec import RNNSpec
-from .base import Call, Engine
+from .base import Call, DirectionForward, Engine
 from .in_flight import engine_call
+from .step import StepEngine, StepWeights, check_cell_spec, step_engine
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,9 @@ _BUILTINS = (
                  auto_rank=90, builtin=True),
     EngineRecord("numba", "arrayrnn.engines.numba.engine", ("cpu",),
                  "the numba package (pip install numba)", auto_rank=20, builtin=True),
-    EngineRecord("cupy", "arrayrnn.engines.cupy_engine", ("gpu",),
+    EngineRecord("cupy", "arrayrnn.engines.cupy.engine", ("gpu",),
                  "a CUDA GPU and CuPy (pip install 'arrayrnn[gpu]')", auto_rank=20, builtin=True),
-    EngineRecord("cudnn", "arrayrnn.engines.cudnn_engine", ("gpu",),
+    EngineRecord("cudnn", "arrayrnn.engines.cudnn.engine", ("gpu",),
                  "a CUDA GPU, CuPy and libcudnn v9 (pip install 'arrayrnn[gpu]')", auto_rank=10,
                  builtin=True),
 )
@@ -254,6 +260,7 @@ def _check_name(name: object, allow_auto: bool) -> None:
 
 _params.set_format_lookup(engine_for_format)
 
-__all__ = ["REGISTRY", "Call", "Engine", "EngineRecord", "auto_order", "available_engines", "choices_epoch",
-           "engine_for_format", "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices",
-           "load_engine", "probe_call", "register_engine", "select_engine", "unregister_engine"]
+__all__ = ["REGISTRY", "Call", "DirectionForward", "Engine", "EngineRecord", "StepEngine", "StepWeights",
+           "auto_order", "available_engines", "check_cell_spec", "choices_epoch", "engine_for_format",
+           "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices", "load_engine",
+           "probe_call", "register_engine", "select_engine", "step_engine", "unregister_engine"]

@@ -233,6 +233,12 @@ class Engine(ABC):
         """BPTT. After an ``all_states`` forward it may also get the keywords ``dh_all`` / ``dc_all``
         (cotangents of ``h_all`` / ``c_all``), passed only when given."""
 
+    def own_step_engine(self) -> Any:
+        """The engine's own cell-step engine, where it has one (numba: the compiled loops on weights packed
+        once); ``None`` (the default): a stack engine steps through the shared
+        :class:`~arrayrnn.engines.step.StepEngine` (:func:`~arrayrnn.engines.step.step_engine` picks)."""
+        return None
+
     def __repr__(self) -> str:
         return f"<arrayrnn engine {self.name!r}>"
 

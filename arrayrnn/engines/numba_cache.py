@@ -172,3 +172,16 @@ def location() -> str | None:
     """The directory numba caches the engine's compiled loops in; ``None`` where none is writable."""
     cache = new_cache(_probe)
     return cache.cache_path if isinstance(cache, SafeFunctionCache) else None
+
+
+def background_enabled() -> bool:
+    """``ARRAYRNN_BACKGROUND_COMPILE``: unset or ``1`` (the default) compiles in the background; ``0`` off.
+
+    Read by the numba engine's background compile (:mod:`.numba.warmup`) and by the frontend's dropout
+    masks (which draw on NumPy rather than wait for a compile), so it lives below both.
+    """
+    value = os.environ.get("ARRAYRNN_BACKGROUND_COMPILE", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"ARRAYRNN_BACKGROUND_COMPILE={value!r}; expected '1' (compile in the background, "
+                         "the default) or '0' (calls of engine='auto' wait for numba's compile)")
+    return value == "1"

@@ -14,7 +14,8 @@ weight-gradient products (:func:`.stack._weight_grads`) for ``dparams``. Roughly
 :class:`StepEngine` works on any stack engine (reference, cupy, numba through its generic kernel);
 :class:`~.numba.step.NumbaStep` replaces the parts where per-call work dominates a step: it packs the
 weights once (:meth:`StepEngine.prepare`, which the caller keeps while the weights are unchanged) and
-calls the compiled loops directly. ``arrayrnn.frontend.cell.step_engine`` picks one.
+calls the compiled loops directly. :func:`step_engine` picks one: the engine's own
+(:meth:`~arrayrnn.engines.base.Engine.own_step_engine`), else a :class:`StepEngine` over a stack engine.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from ..core.backend import get_xp
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
-from .base import DirectionForward, DirectionGrads, DirectionWeights
+from .base import DirectionForward, DirectionGrads, DirectionWeights, Engine
 from .in_flight import engine_call
 from .stack import StackEngine, _weight_grads, direction_weights
 
@@ -189,3 +190,18 @@ class StepEngine:
 
 
 __all__ = ["StepEngine", "StepGrads", "StepWeights", "check_cell_spec"]
+
+
+@functools.cache
+def step_engine(engine: Engine) -> StepEngine:
+    """The step engine over ``engine`` (an engine :func:`~arrayrnn.engines.select_engine` chose): the
+    engine's own (:meth:`~arrayrnn.engines.base.Engine.own_step_engine`: numba's
+    :class:`~arrayrnn.engines.numba.step.NumbaStep`), else a :class:`StepEngine` over a stack engine;
+    ``ValueError`` for an engine that runs whole sequences only (cuDNN)."""
+    own = engine.own_step_engine()
+    if own is not None:
+        return own
+    if not isinstance(engine, StackEngine):
+        raise ValueError(f"engine = {engine.name!r} runs whole sequences only; a cell step runs on the "
+                         "numba, cupy or reference engine (or engine='auto')")
+    return StepEngine(engine)

@@ -20,7 +20,6 @@ the step first, and an in-place change of ``params.data`` between the two raises
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +28,15 @@ import numpy as np
 from ..core.backend import as_array, device_id, get_xp, on_device
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec, check_flag
-from ..engines import probe_call, select_engine
-from ..engines.base import DirectionForward, Engine
-from ..engines.stack import StackEngine
-from ..engines.step import StepEngine, StepWeights, check_cell_spec
+from ..engines import (
+    DirectionForward,
+    StepEngine,
+    StepWeights,
+    check_cell_spec,
+    probe_call,
+    select_engine,
+    step_engine,
+)
 from . import guard
 from .rnn import _check_cotangent, _check_params
 
@@ -188,22 +192,6 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
         fwd = saved.engine.forward(weights, saved.x, saved.h, saved.c, keep_cache=True)
     g = saved.engine.backward(weights, fwd, saved.x, saved.h, saved.c, dh, dc)
     return CellGrads(g.dx, g.dh, g.dc, PackedParams(spec, g.dflat))
-
-
-@functools.cache
-def step_engine(engine: Engine) -> StepEngine:
-    """The step engine over ``engine`` (an engine :func:`~arrayrnn.engines.select_engine` chose):
-    :class:`~arrayrnn.engines.numba.step.NumbaStep` for the numba engine, a
-    :class:`~arrayrnn.engines.step.StepEngine` for the other stack engines; ``ValueError`` for an engine
-    that runs whole sequences only (cuDNN)."""
-    if engine.name == "numba":
-        from ..engines.numba.step import NumbaStep  # numba is imported only where it is used
-
-        return NumbaStep(engine)
-    if not isinstance(engine, StackEngine):
-        raise ValueError(f"engine = {engine.name!r} runs whole sequences only; a cell step runs on the "
-                         "numba, cupy or reference engine (or engine='auto')")
-    return StepEngine(engine)
 
 
 def _check_x(spec: RNNSpec, params: PackedParams, x: Array) -> int:

@@ -32,8 +32,7 @@ import numpy as np
 
 from ..core.spec import RNNSpec, check_count, check_seed
 from ..engines.base import CellMasks
-from ..engines.numba.warmup import background_enabled
-from ..engines.numba_cache import njit
+from ..engines.numba_cache import background_enabled, njit
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

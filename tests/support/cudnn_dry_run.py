@@ -1,7 +1,7 @@
 """The cuDNN engine run end to end without a GPU: cuDNN validates every call, an emulator computes it.
 
 Inside :func:`installed`, ``import cupy`` gives the NumPy-backed stand-in (:mod:`support.fake_cupy`) and
-``arrayrnn.engines.cudnn_engine`` is a private copy of the engine module whose ``cudnn_bindings`` is
+``arrayrnn.engines.cudnn.engine`` is a private copy of the engine module whose ``cudnn_bindings`` is
 :class:`DryRunBindings`:
 
 - ``cb.Handle(device)`` is :class:`FakeHandle`: the address of a zero-filled host buffer standing in for a
@@ -59,7 +59,7 @@ from .cudnn_emulator import (
     tensor_config,
 )
 
-ENGINE_MODULE = "arrayrnn.engines.cudnn_engine"
+ENGINE_MODULE = "arrayrnn.engines.cudnn.engine"
 ACCEPTED = int(cb.Status.EXECUTION_FAILED_CUDART)  # 5003: the first CUDA runtime call, after every check
 _FAKE_HANDLE = np.zeros(1 << 20, np.uint8)
 STATS: Counter[str] = Counter()  # validations and emulations done, per cuDNN function (and "twin")

@@ -12,7 +12,8 @@ import numpy as np
 
 import cudnn_bindings as cb
 from arrayrnn.core.spec import RNNSpec
-from arrayrnn.engines import cudnn_format as cf
+from arrayrnn.engines.cudnn import config as cf
+from arrayrnn.engines.cudnn import weight_map
 
 
 def specs():
@@ -39,10 +40,10 @@ def main() -> None:
                                         weight_space_size=nbytes)
 
             itemsize = np.dtype(spec.dtype).itemsize
-            idx = cf.index_map(spec, itemsize, nbytes, query)
+            idx = weight_map.index_map(spec, itemsize, nbytes, query)
             canonical = rng.standard_normal(idx.size).astype(spec.dtype)
-            native = cf.to_cudnn(np, canonical, idx, nbytes // itemsize)
-            back = cf.to_canonical(native, idx)
+            native = weight_map.to_cudnn(np, canonical, idx, nbytes // itemsize)
+            back = weight_map.to_canonical(native, idx)
             assert back.tobytes() == canonical.tobytes(), spec
             untouched = np.ones(native.size, bool)
             untouched[idx] = False

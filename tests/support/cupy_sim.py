@@ -1,7 +1,7 @@
 """The cupy engine's CuPy branch on CPU: the CuPy stand-in (:mod:`support.fake_cupy`) under numba's CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``, the ``tests_cudasim`` run).
 
-The engine packs each kernel's arguments once (:mod:`arrayrnn.engines.cuda_launch`); under the simulator a
+The engine packs each kernel's arguments once (:mod:`arrayrnn.engines.cupy.launch`); under the simulator a
 launch decodes that block back into arrays and runs the simulator's kernel as a host function of CuPy's
 current stream, so the stand-in's stream capture records it like a kernel node. Inside :func:`installed`:
 
@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from arrayrnn.engines import cuda_graphs, cuda_launch
+from arrayrnn.engines.cupy import graphs as cuda_graphs
+from arrayrnn.engines.cupy import launch as cuda_launch
 
 from . import fake_cupy
 

@@ -68,6 +68,7 @@ from .loop_threads import (
 )
 from .packed_gemm import gemm, gemm_steps, new_scratch, pack_b
 from .plan import DIRECTIONS, LAYERS, NumbaPlan, backward_plan, forward_plan, loop_plan
+from .step import NumbaStep
 from .wavefront import Projector
 
 Array = Any
@@ -227,6 +228,9 @@ class NumbaEngine(StackEngine):
 
     def kernel_for(self, plan: NumbaPlan | None) -> NumbaKernel:
         return NumbaKernel(plan)
+
+    def own_step_engine(self) -> NumbaStep:
+        return NumbaStep(self)
 
     def matmul(self, a: Array, b: Array) -> Array:
         return split_matmul(a, b)

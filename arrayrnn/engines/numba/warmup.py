@@ -12,11 +12,13 @@ daemon thread works through the queue, one child process at a time, roughly::
             dispatcher.compile(signature)      # numba's on-disk cache: a load, not a compile
         loaded.add(job); forget_choices()      # the next call of the path (family) runs the compiled loops
 
-A path's child runs the call itself, on a few steps (:func:`path_probe_calls`), so the loops the caller
+A path's child runs the call itself, on a few steps
+(:func:`~arrayrnn.frontend.compile_ahead.path_probe_calls`), so the loops the caller
 needs are compiled first (a part of the family's work: a call without layer norm compiles the loops'
 signature whose norm branches numba pruned, bench/RESULTS.md); a family's child runs every probe
-(:func:`probe_calls`: every loop, split and variant the engine has, on small arrays) at a lower CPU
-priority (``nice``), so it takes what the caller leaves. A training family loads its inference calls too.
+(:func:`~arrayrnn.frontend.compile_ahead.probe_calls`: every loop, split and variant the engine has, on
+small arrays) at a lower CPU priority (``nice``), so it takes what the caller leaves. A training family
+loads its inference calls too.
 Each child runs its probes with ``engine="numba"``, so numba compiles each function into its on-disk
 cache, and writes the signatures that appeared to its stdout. The compile runs on other cores, holds no
 lock of this process (a ``fork`` here never waits for it; a forked child never inherits a compile in
@@ -25,9 +27,14 @@ whole, by rename).
 Loading holds numba's compiler lock for milliseconds; ``os.fork`` waits for the one load in flight.
 
 ``engine="numba"`` named by the caller never declines: it compiles on the calling thread where it must.
-:func:`warmup` (``arrayrnn.warmup``, ``python -m arrayrnn warmup``) compiles ahead in this process, with a
-progress bar. ``ARRAYRNN_BACKGROUND_COMPILE=0`` turns the background compile off (``"auto"`` then takes
-the numba engine and waits for its compile, as before).
+:func:`~arrayrnn.frontend.compile_ahead.warmup` (``arrayrnn.warmup``, ``python -m arrayrnn warmup``)
+compiles ahead in this process, with a progress bar. ``ARRAYRNN_BACKGROUND_COMPILE=0`` turns the
+background compile off (``"auto"`` then takes the numba engine and waits for its compile, as before).
+
+The probe calls run the public API, so they stand above the frontend
+(:mod:`arrayrnn.frontend.compile_ahead`); this module keeps what the engine needs: the jobs, the queue, the
+child process and the loading. The child names the probes' module on its command line
+(``python -m arrayrnn warmup``), not by an import.
 """
 
 from __future__ import annotations
@@ -41,14 +48,15 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...core.spec import RNNSpec
 from ..in_flight import engine_call
-from ..thread_count import get_num_threads, set_num_threads
+from ..numba_cache import background_enabled, location
+from ..thread_count import get_num_threads
 
 KINDS = ("lstm", "gru", "rnn")
 DTYPES = ("float32", "float64")
@@ -118,116 +126,6 @@ def path_of(call: Any, threads: int) -> Path:
                 int(call.batch), bool(call.has_zero_length), bool(call.all_states), int(threads))
 
 
-def background_enabled() -> bool:
-    """``ARRAYRNN_BACKGROUND_COMPILE``: unset or ``1`` (the default) compiles in the background; ``0`` off."""
-    value = os.environ.get("ARRAYRNN_BACKGROUND_COMPILE", "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"ARRAYRNN_BACKGROUND_COMPILE={value!r}; expected '1' (compile in the background, "
-                         "the default) or '0' (calls of engine='auto' wait for numba's compile)")
-    return value == "1"
-
-
-# -- the probe calls ----------------------------------------------------------------------------------
-def _lengths(*values: int) -> np.ndarray:
-    return np.array(values, dtype=np.int64)
-
-
-def _sequence(spec: RNNSpec, T: int, B: int, lengths: np.ndarray | None, training: bool,
-              **options: Any) -> Callable[[], None]:
-    """One ``rnn_forward`` (and, training, its ``rnn_backward``) on the numba engine."""
-    def run() -> None:
-        from ... import PackedParams, rnn_backward, rnn_forward
-
-        x = np.full((T, B, spec.input_size), 0.5, dtype=spec.dtype)
-        res = rnn_forward(PackedParams.init(spec, seed=0), x, lengths, training=training, seed=0,
-                          engine="numba", **options)
-        if training:
-            all_states = {"dh_all": np.ones_like(res.h_all)} if res.h_all is not None else {}
-            rnn_backward(res, dy=np.ones_like(res.y), **all_states)
-    return run
-
-
-def _cell(spec: RNNSpec, training: bool, batch: int = 2) -> Callable[[], None]:
-    def run() -> None:
-        from ... import PackedParams, cell_step, cell_step_backward
-
-        x = np.full((batch, spec.input_size), 0.5, dtype=spec.dtype)
-        res = cell_step(PackedParams.init(spec, seed=0), x, training=training, engine="numba")
-        if training:
-            cell_step_backward(res, dh=np.ones_like(res.h))
-    return run
-
-
-def _specs(family: Family) -> tuple[RNNSpec, RNNSpec, RNNSpec | None]:
-    """The family's plain stack, its variants' stack, and the one wide enough for the column-split loops."""
-    mode = "rnn_tanh" if family.kind == "rnn" else family.kind
-    plain = RNNSpec(mode=mode, input_size=4, hidden_size=8, num_layers=2, bidirectional=True,
-                    dtype=family.dtype)
-    lstm = family.kind == "lstm"
-    variants = plain.replace(
-        mode="rnn_relu" if family.kind == "rnn" else mode, dropout=0.25, recurrent_dropout=0.25,
-        weight_dropout=0.25, zoneout=0.1, zoneout_cell=0.1 if lstm else None, peepholes=lstm,
-        proj_size=4 if lstm else 0, cell_clip=3.0 if lstm else None,
-        reset_after=family.kind != "gru")  # GRU: the reset-before loops here, reset-after in `plain`
-    wide = None if family.kind == "rnn" else RNNSpec(mode=mode, input_size=4, hidden_size=384,
-                                                     dtype=family.dtype)
-    return plain, variants, wide
-
-
-def probe_calls(family: Family) -> list[Callable[[], None]]:
-    """Calls that run every compiled function the family's calls can reach (each loop, the row and
-    column splits, the wavefront, the step-by-step input projection, T = 1, the cell step, each variant,
-    layer norm)."""
-    plain, variants, wide = _specs(family)
-    training = family.training
-    calls = [
-        _sequence(plain, 4, 3, _lengths(4, 2, 0), training),
-        _sequence(plain, 4, 16, _lengths(*[4] * 8, *[1] * 8), training),   # mostly padding, 2 threads
-        _sequence(plain, 1, 2, None, training),
-        _sequence(variants, 4, 3, _lengths(3, 4, 1), training, return_all_states=True),
-        _sequence(variants, 4, 3, _lengths(3, 4, 1), False),
-        _sequence(variants.replace(layer_norm=True), 4, 3, _lengths(3, 4, 1), training),
-        _cell(plain.replace(num_layers=1, bidirectional=False), training),
-    ]
-    if wide is not None:
-        calls.append(_sequence(wide, 2, 8, None, training))                  # the column split
-    if family.kind == "lstm":                                                # ... and layer norm's
-        calls.append(_sequence(wide.replace(layer_norm=True), 2, 8, None, training))
-    return calls
-
-
-def _on_threads(threads: int, call: Callable[[], None]) -> Callable[[], None]:
-    def run() -> None:
-        before = get_num_threads()
-        set_num_threads(threads)
-        try:
-            call()
-        finally:
-            set_num_threads(before)
-    return run
-
-
-def path_probe_calls(path: Path) -> list[Callable[[], None]]:
-    """The call of ``path`` itself on a few steps, with its threads and with one (a call of several Python
-    threads may find the engine's workers busy), full lengths and uneven ones; at one step, the cell step
-    too where the spec has one."""
-    from ..step import check_cell_spec
-
-    spec = RNNSpec.from_dict(json.loads(path.spec))
-    T, B = (1, path.batch) if path.one_step else (3, path.batch)
-    uneven = _lengths(*[T] * (B - 1), 0 if path.zero_length else max(1, T - 1))
-    options = {"return_all_states": True} if path.all_states else {}
-    calls = [_on_threads(path.threads, _sequence(spec, T, B, uneven, path.training, **options)),
-             _on_threads(1, _sequence(spec, T, B, None, path.training, **options))]
-    if path.one_step:
-        try:
-            check_cell_spec(spec)
-        except ValueError:
-            return calls
-        calls += [_on_threads(n, _cell(spec, path.training, B)) for n in dict.fromkeys((path.threads, 1))]
-    return calls
-
-
 # -- the signatures compiled --------------------------------------------------------------------------
 Signatures = dict[tuple[str, str], set[tuple]]
 
@@ -261,26 +159,6 @@ def load_signatures(signatures: Signatures) -> None:
                 dispatcher.compile(sig)
 
 
-def compile_family(family: Family, progress: Any = None) -> Signatures:
-    """Run the family's probe calls here (numba compiles what they reach); the signatures that appeared."""
-    before = compiled_signatures()
-    for call in probe_calls(family):
-        call()
-        if progress is not None:
-            progress.update(1)
-    _mark_loaded(family)
-    return new_signatures(before, compiled_signatures())
-
-
-def compile_path(path: Path) -> Signatures:
-    """Run the path's probe calls here; the signatures that appeared."""
-    before = compiled_signatures()
-    for call in path_probe_calls(path):
-        call()
-    _mark_loaded(path)
-    return new_signatures(before, compiled_signatures())
-
-
 # -- the background thread ----------------------------------------------------------------------------
 Job = Family | Path
 _loaded: set[Job] = set()
@@ -288,7 +166,8 @@ MAX_PATHS = 8   # per family: beyond that, its calls wait for the whole family (
 _NICE = {Path: 0, Family: 10}   # a family's child takes the cores the caller leaves
 
 
-def _mark_loaded(job: Job) -> None:
+def mark_loaded(job: Job) -> None:
+    """Record ``job`` as loaded in this process (a training family loads its inference calls too)."""
     _loaded.update({job, job._replace(training=False)} if isinstance(job, Family) else {job})
 
 
@@ -306,7 +185,7 @@ class _Queue:
         self.done = threading.Condition(self.lock)
 
     def ask(self, job: Job) -> None:
-        with self.lock:  # a training family's probes run the inference calls too (compile_family)
+        with self.lock:  # a training family's probes run the inference calls too (mark_loaded)
             paths = sum(isinstance(j, Path) and j.family() == job.family() for j in self.asked)
             if isinstance(job, Path) and job not in self.asked and paths >= MAX_PATHS:
                 return
@@ -373,15 +252,13 @@ def _compile_elsewhere(job: Job, stop: threading.Event) -> None:
         _log.warning("arrayrnn: the background compile of the numba engine's %s loops failed (%s); "
                      "calls of engine='auto' will compile them when they run", what, err)
     if not stop.is_set():
-        _mark_loaded(job)
+        mark_loaded(job)
         forget_choices()
 
 
 def loaded(call: Any) -> bool:
     """Whether this process has the compiled loops of ``call`` (an engine
     :class:`~arrayrnn.engines.base.Call`): its family's, or its path's; if not, both are queued."""
-    from ..numba_cache import location
-
     family = family_of(call.spec, call.training)
     if family in _loaded or not background_enabled():
         return True
@@ -418,7 +295,7 @@ if hasattr(os, "register_at_fork"):  # the fork itself waits for a load in fligh
 atexit.register(_at_exit)
 
 
-# -- compiling ahead ----------------------------------------------------------------------------------
+# -- the families a warmup names ------------------------------------------------------------------
 def families(modes: RNNSpec | str | Iterable[RNNSpec | str], dtypes: str | Iterable[str],
              training: bool) -> list[Family]:
     """The families of ``modes`` (specs or mode names) x ``dtypes``; errors name the bad argument."""
@@ -442,66 +319,3 @@ def families(modes: RNNSpec | str | Iterable[RNNSpec | str], dtypes: str | Itera
     if not kinds or not names:
         raise ValueError(f"modes = {modes!r}, dtypes = {dtypes!r}; expected at least one of each")
     return [Family(k, d, training) for k in dict.fromkeys(kinds) for d in dict.fromkeys(names)]
-
-
-def _writable(stream: Any) -> bool:
-    """Whether ``stream`` (``sys.stderr``) can take a progress bar: not None, not closed, and its file
-    descriptor, where it has one, still open."""
-    if stream is None or getattr(stream, "closed", False):
-        return False
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # no descriptor (a StringIO, a notebook's stream): fine
-        return True
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
-
-
-def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str | Iterable[str] = DTYPES, *,
-           training: bool = True, progress: bool = True) -> None:
-    """Compile the numba engine's loops for ``modes`` x ``dtypes`` now, in this process.
-
-    Afterwards no call waits for numba and ``engine="auto"`` takes the numba engine from the first call. The
-    compiled code lands in numba's on-disk cache, so later processes load it (``python -m arrayrnn warmup``
-    in a server or CI image).
-
-    Parameters
-    ----------
-    modes : str, RNNSpec or iterable of them, optional
-        Mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ...) or :class:`RNNSpec` s.
-    dtypes : str or iterable of str, optional
-        ``"float32"``, ``"float64"``.
-    training : bool, optional
-        Compile the backward's loops too.
-    progress : bool, optional
-        A progress bar on stderr, skipped where there is none to write to (``sys.stderr`` None under
-        pythonw or with ``2>&-``, closed, or its descriptor gone).
-
-    Raises
-    ------
-    ValueError
-        An unknown mode or dtype.
-
-    Examples
-    --------
-    >>> import arrayrnn as ar
-    >>> ar.warmup("gru", "float32", training=False, progress=False)  # doctest: +SKIP
-    """
-    from tqdm.auto import tqdm
-
-    if not isinstance(training, bool):
-        raise TypeError(f"training = {training!r}; expected True or False")
-    todo = families(modes, dtypes, training)
-    total = sum(len(probe_calls(f)) for f in todo)
-    stream = sys.stderr
-    shown = progress and _writable(stream)
-    with tqdm(total=total, desc="arrayrnn warmup", unit="call", file=stream, disable=not shown) as bar:
-        for family in todo:
-            bar.set_postfix_str(family.text())
-            compile_family(family, bar)
-    from .. import forget_choices
-
-    forget_choices()

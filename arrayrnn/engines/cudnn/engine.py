@@ -3,14 +3,14 @@
 Every cuDNN call goes through ``cudnn_bindings``; memory (weight, work and reserve space) comes from
 CuPy's pool and every call runs on CuPy's current stream. Reads the ``"cudnn"`` weight format: a buffer of
 ``cudnnGetRNNWeightSpaceSize`` bytes, converted from canonical by one scatter through an int32 index map
-built from ``cudnnGetRNNWeightParams`` (see ``cudnn_format``). Semantics, roughly::
+built from ``cudnnGetRNNWeightParams`` (see :mod:`.weight_map`). Semantics, roughly::
 
     y, h_n, c_n = reference_engine(params.to_format("canonical"), x, lengths, h0, c0)
 
 Rows of length 0 run as length 1 (cuDNN has no empty sequences) from a zero state, and padding and empty
-rows are kept out of every result with ``where`` (``cudnn_format.Rows``). With inter-layer dropout active the
+rows are kept out of every result with ``where`` (``padding.Rows``). With inter-layer dropout active the
 stack runs layer by layer, multiplying by the shared masks in between; each layer's weight space is a slice
-of one buffer gathered from the whole stack's in one go (``cudnn_format.LayerMaps``).
+of one buffer gathered from the whole stack's in one go (``weight_map.LayerMaps``).
 
 CI runs this module end to end without a GPU (tests/test_cudnn_dry_run.py: CuPy stood in for by NumPy,
 cuDNN validating every call with a fake handle, the compute calls emulated); tests/test_cudnn_engine.py
@@ -29,12 +29,12 @@ import numpy as np
 
 import cudnn_bindings as cb
 
-from ..core.backend import device_id
-from ..core.params import PackedParams
-from ..core.spec import RNNSpec
-from . import cudnn_format as cf
-from . import cudnn_plan
-from .base import Call, Engine, StackForward, StackGrads
+from ...core.backend import device_id
+from ...core.params import PackedParams
+from ...core.spec import RNNSpec
+from ..base import Call, Engine, StackForward, StackGrads
+from . import config as cf
+from . import padding, shape_plans, weight_map
 
 try:
     import cupy
@@ -87,7 +87,7 @@ def _host_index(spec: RNNSpec, dtype: str, device: int, version: int) -> tuple[n
     def query(pseudo: int, lin: int) -> cb.WeightParams:
         return cb.weight_params(h, desc, pseudo, lin, weight_space=probe.data.ptr, weight_space_size=nbytes)
 
-    return cf.index_map(spec, itemsize, nbytes, query), nbytes // itemsize
+    return weight_map.index_map(spec, itemsize, nbytes, query), nbytes // itemsize
 
 
 @lru_cache(maxsize=32)
@@ -99,13 +99,13 @@ def _index(spec: RNNSpec, dtype: str, device: int, version: int) -> tuple[Any, i
 
 
 @lru_cache(maxsize=16)
-def _layer_maps(spec: RNNSpec, dtype: str, device: int, version: int) -> cf.LayerMaps:
+def _layer_maps(spec: RNNSpec, dtype: str, device: int, version: int) -> weight_map.LayerMaps:
     """The whole stack's weight space <-> every layer's own, on ``device`` (dropout: layer by layer)."""
     whole_idx, whole_size = _host_index(spec, dtype, device, version)
     layers = [_host_index(cf.layer_spec(spec, layer), dtype, device, version)
               for layer in range(spec.num_layers)]
-    maps = cf.layer_maps(spec, whole_idx, whole_size, [idx for idx, _ in layers], [n for _, n in layers],
-                         np.dtype(dtype).itemsize)
+    maps = weight_map.layer_maps(spec, whole_idx, whole_size, [idx for idx, _ in layers],
+                                 [n for _, n in layers], np.dtype(dtype).itemsize)
     with cupy.cuda.Device(device):
         return maps.to(cupy)
 
@@ -115,7 +115,7 @@ def _ptr(a: Any) -> int:
     return 0 if a is None else a.data.ptr
 
 
-def _part(seg: cudnn_plan.Segment, directions: int, whole: bool) -> Callable[[Any], Any]:
+def _part(seg: shape_plans.Segment, directions: int, whole: bool) -> Callable[[Any], Any]:
     """The segment's layers of a ``(L*D, B, .)`` state array (None stays None; the whole stack: itself)."""
     if whole:
         return lambda a: a
@@ -127,7 +127,7 @@ def _part(seg: cudnn_plan.Segment, directions: int, whole: bool) -> Callable[[An
 class _Run:
     """What one segment's forward leaves for its backward."""
 
-    segment: cudnn_plan.Segment
+    segment: shape_plans.Segment
     weights: Any
     x: Any
     y: Any
@@ -140,8 +140,8 @@ class _Run:
 @dataclass(eq=False)
 class _Cache:
     params: PackedParams
-    plan: cudnn_plan.Plan     # a training plan
-    rows: cf.Rows
+    plan: shape_plans.Plan     # a training plan
+    rows: padding.Rows
     x: Any
     h0: Any
     c0: Any
@@ -162,7 +162,7 @@ class CudnnEngine(Engine):
     zero_states_as_none = True  # h0/c0 and dh_n/dc_n of None go to cuDNN as NULL
 
     def __init__(self) -> None:
-        self.plans = cudnn_plan.PlanCache()
+        self.plans = shape_plans.PlanCache()
 
     def check(self, call: Call) -> str | None:
         return cf.check(call)
@@ -170,12 +170,12 @@ class CudnnEngine(Engine):
     def to_native(self, params: PackedParams) -> PackedParams:
         data = self._gpu(params.data, "to_format('cudnn')")
         idx, size = _index(params.spec, params.spec.dtype, device_id(data), _version())
-        return PackedParams._wrap(params.spec, cf.to_cudnn(cupy, data, idx, size), "cudnn")
+        return PackedParams._wrap(params.spec, weight_map.to_cudnn(cupy, data, idx, size), "cudnn")
 
     def to_canonical(self, params: PackedParams) -> PackedParams:
         data = self._checked_native(params)
         idx, _ = _index(params.spec, params.spec.dtype, device_id(data), _version())
-        return PackedParams._wrap(params.spec, cf.to_canonical(data, idx), "canonical")
+        return PackedParams._wrap(params.spec, weight_map.to_canonical(data, idx), "canonical")
 
     @staticmethod
     def _gpu(data: Any, what: str) -> Any:
@@ -205,30 +205,30 @@ class CudnnEngine(Engine):
 
     # -- plans ----------------------------------------------------------------------------------------
     def plan_for(self, params: PackedParams, x: Any, lengths: np.ndarray, batch_first: bool, training: bool,
-                 layered: bool = False, rows: cf.Rows | None = None) -> cudnn_plan.Plan:
+                 layered: bool = False, rows: padding.Rows | None = None) -> shape_plans.Plan:
         """The plan of a call (made on first use, then reused); ``.algo`` and each segment's ``.note`` say
         which cuDNN algorithm runs and why. ``rows``: the call's, if the caller has them."""
         device = device_id(x)
-        key = cudnn_plan.plan_key(params.spec, params.spec.dtype, device, lengths,
+        key = shape_plans.plan_key(params.spec, params.spec.dtype, device, lengths,
                                   x.shape[1] if batch_first else x.shape[0], batch_first, training, layered)
         plan = self.plans.get(key, None)  # a hit makes no closure and looks no rows up
         return plan or self.plans.get(key, self._maker(rows or self._rows(x, lengths, batch_first)))
 
     @staticmethod
-    def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> cf.Rows:
-        return cudnn_plan.rows_for(cupy, lengths, x.shape[1] if batch_first else x.shape[0], batch_first,
+    def _rows(x: Any, lengths: np.ndarray, batch_first: bool) -> padding.Rows:
+        return shape_plans.rows_for(cupy, lengths, x.shape[1] if batch_first else x.shape[0], batch_first,
                                    device_id(x))
 
     @staticmethod
-    def _maker(rows: cf.Rows) -> Callable[[cudnn_plan.PlanKey, str | None], cudnn_plan.Plan]:
-        def make(key: cudnn_plan.PlanKey, refused: str | None) -> cudnn_plan.Plan:
+    def _maker(rows: padding.Rows) -> Callable[[shape_plans.PlanKey, str | None], shape_plans.Plan]:
+        def make(key: shape_plans.PlanKey, refused: str | None) -> shape_plans.Plan:
             device = key.device
-            return cudnn_plan.build(cb, key, rows, handle(device), _descriptor, _compute_major(device),
+            return shape_plans.build(cb, key, rows, handle(device), _descriptor, _compute_major(device),
                                     refused)
         return make
 
-    def _attempt(self, plan: cudnn_plan.Plan, rows: cf.Rows, run: Callable[[cudnn_plan.Plan], Any]
-                 ) -> tuple[cudnn_plan.Plan, Any]:
+    def _attempt(self, plan: shape_plans.Plan, rows: padding.Rows, run: Callable[[shape_plans.Plan], Any]
+                 ) -> tuple[shape_plans.Plan, Any]:
         """``(plan, run(plan))``; where cuDNN refuses a persistent algorithm at a compute call (a refusal its
         size query did not give), ``run`` again once on the STANDARD plan that replaces it for good."""
         try:
@@ -249,7 +249,7 @@ class CudnnEngine(Engine):
         cache = _Cache(params, plan, rows, x, h0, c0, masks, runs) if keep_cache else None
         return StackForward(y, h_n, c_n, cache)
 
-    def _segment_weights(self, params: PackedParams, plan: cudnn_plan.Plan) -> list[Any]:
+    def _segment_weights(self, params: PackedParams, plan: shape_plans.Plan) -> list[Any]:
         """Each segment's weight space: the params' buffer, or (under dropout) one layer's slice of ONE
         gather of the whole stack's."""
         data = params.data
@@ -265,7 +265,7 @@ class CudnnEngine(Engine):
             stacked[maps.holes] = 0
         return [stacked[offset:offset + size] for offset, size in zip(maps.offsets, maps.sizes, strict=True)]
 
-    def _run(self, plan: cudnn_plan.Plan, rows: cf.Rows, params: PackedParams, x: Any, h0: Any, c0: Any,
+    def _run(self, plan: shape_plans.Plan, rows: padding.Rows, params: PackedParams, x: Any, h0: Any, c0: Any,
              masks: Any):
         h = handle(plan.key.device)
         h0, c0 = rows.states_in(cupy, h0, c0)
@@ -277,7 +277,7 @@ class CudnnEngine(Engine):
         return runs[-1].y, h_n, c_n, runs if plan.key.training else None
 
     @staticmethod
-    def _run_segments(plan: cudnn_plan.Plan, spaces: list[Any], h: int, x: Any, h0: Any, c0: Any, h_n: Any,
+    def _run_segments(plan: shape_plans.Plan, spaces: list[Any], h: int, x: Any, h0: Any, c0: Any, h_n: Any,
                       c_n: Any, masks: Any) -> list[_Run]:
         """Each segment's cudnnRNNForward, layer by layer under dropout (its masks applied in between)."""
         spec, key = plan.key.spec, plan.key
@@ -304,7 +304,7 @@ class CudnnEngine(Engine):
     def backward(self, cache: _Cache, dy, dh_n, dc_n) -> StackGrads:
         runs = cache.take_runs()
 
-        def attempt(plan: cudnn_plan.Plan) -> StackGrads:
+        def attempt(plan: shape_plans.Plan) -> StackGrads:
             nonlocal runs
             if runs is None or runs[0].segment is not plan.segments[0]:  # used, or the plan was replaced
                 runs = self._run(plan, cache.rows, cache.params, cache.x, cache.h0, cache.c0, cache.masks)[3]
@@ -313,7 +313,8 @@ class CudnnEngine(Engine):
         cache.plan, grads = self._attempt(cache.plan, cache.rows, attempt)
         return grads
 
-    def _backward(self, plan: cudnn_plan.Plan, cache: _Cache, runs: list[_Run], dy, dh_n, dc_n) -> StackGrads:
+    def _backward(self, plan: shape_plans.Plan, cache: _Cache, runs: list[_Run], dy, dh_n,
+                  dc_n) -> StackGrads:
         params, spec, rows = cache.params, cache.params.spec, cache.rows
         h, lstm = handle(plan.key.device), spec.mode == "lstm"
         g, dhy_all, dcy_all = rows.cotangents_in(cupy, dy, dh_n, dc_n)
@@ -328,7 +329,7 @@ class CudnnEngine(Engine):
         return StackGrads(dx, dh0, dc0, self._dparams(params, runs, grad_space))
 
     @staticmethod
-    def _backward_segment(plan: cudnn_plan.Plan, cache: _Cache, run: _Run, dw: Any, h: int, g: Any,
+    def _backward_segment(plan: shape_plans.Plan, cache: _Cache, run: _Run, dw: Any, h: int, g: Any,
                           dhy_all: Any, dcy_all: Any, dh0: Any, dc0: Any, whole: bool) -> Any:
         """One segment's BackwardData and BackwardWeights; returns the gradient of its input."""
         seg, key = run.segment, plan.key

@@ -1,6 +1,6 @@
 """Layer normalisation in the cupy engine's time loops (``RNNSpec(layer_norm=True)``, issue 38): what a
-program of :mod:`.cupy_steps` adds for it. The input product arrives normalised (the stack driver's
-:func:`.layer_norm.normalize_input`); per step, roughly::
+program of :mod:`.programs` adds for it. The input product arrives normalised (the stack driver's
+:func:`..layer_norm.normalize_input`); per step, roughly::
 
     hh[:n] = h[:n] @ W_hh.T                     # the GEMM, as without the norm
     norm_step(t, n, ..., hh, g_hh, stats)       # hh = g_hh * LN(hh), a block of threads per row
@@ -13,27 +13,49 @@ and backward, after ONE GEMM before the loop that computes every step's raw prod
     norm_backward_step(t, n, ...)               # -> dpre_rec[t], the raw product's cotangent
     dh[:n] = dpre_rec[t, :n] @ W_hh             # the GEMM reads the raw product's cotangent
 
-and after the loop one reduction per gain (:func:`.layer_norm.gain_grads`). The reset-before GRU has two such
+and after the loop one reduction per gain (:func:`..layer_norm.gain_grads`). The reset-before GRU has two such
 pairs (its r, z part and its n part, each normalised over its own row); the LSTM's forward and backward are
-each one kernel (:func:`.cuda_kernels.lstm_norm_forward_step`, ``lstm_norm_backward_step``).
+each one kernel (:func:`.kernels.lstm_norm_forward_step`, ``lstm_norm_backward_step``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any, Protocol
 
-from ..core.spec import RNNSpec
-from . import cuda_kernels as ck
-from .base import DirectionWeights
-from .cells import gate_slice
-from .layer_norm import gain_grads
-
-if TYPE_CHECKING:  # cupy_steps imports this module
-    from .cupy_steps import StepProgram, Variants
+from ...core.spec import RNNSpec
+from ..base import DirectionWeights
+from ..cells import gate_slice
+from ..layer_norm import gain_grads
+from . import kernels as ck
 
 Array = Any
 Launch = Callable[[int, int], None]  # (t, n)
+
+
+class NormProgram(Protocol):
+    """What a norm needs from the program it joins (a :class:`~.programs.StepProgram`, which imports this
+    module): its spec and shape, its buffers, its launch sites and its GEMM."""
+
+    spec: RNNSpec
+    shape: Any        # programs.Shape: T, B, dtype, keep
+    xp: ModuleType
+    one: Any          # 1 in the program's dtype
+
+    def input(self, name: str, shape: tuple[int, ...]) -> Array: ...
+    def zeros(self, shape: tuple[int, ...]) -> Array: ...
+    def empty(self, shape: tuple[int, ...]) -> Array: ...
+    def dummy(self, ndim: int) -> Array: ...
+    def site(self, kernel: Any, *args: Any, block: int | None = None) -> Any: ...
+    def product(self, a: Array, w: Array, out: Array) -> Launch: ...
+
+
+class RecurrentMask(Protocol):
+    """What a norm needs from a program's cell variants (a :class:`~.programs.Variants`): the recurrent
+    dropout mask on ``h_{t-1}``, or None."""
+
+    h_mask: Array | None
 
 
 ROW = ck.ROW_THREADS  # a row's block
@@ -71,9 +93,9 @@ def gain_inputs(spec: RNNSpec, w: DirectionWeights, shift: bool = True) -> dict[
 
 class ForwardNorm:
     """A forward program's statistics (``(T, B, S, 2)`` when kept for a backward) and its launches of
-    :func:`~.cuda_kernels.norm_step`; every launch is a no-op without layer norm."""
+    :func:`~.kernels.norm_step`; every launch is a no-op without layer norm."""
 
-    def __init__(self, p: StepProgram):
+    def __init__(self, p: NormProgram):
         self.p, self.on, self.keep = p, p.spec.layer_norm, p.shape.keep
         s = p.shape
         self.stats = p.zeros((s.T, s.B, p.spec.norms_per_step, 2)) if self.on and s.keep else p.dummy(4)
@@ -97,9 +119,9 @@ class ForwardNorm:
 class BackwardNorm:
     """A backward program's side of layer norm: the forward's statistics and ``h_{t-1}`` as inputs, every
     step's raw recurrent product(s) computed again before the loop (:meth:`recompute`), the launches of
-    :func:`~.cuda_kernels.norm_backward_step` and the gains' reductions after the loop."""
+    :func:`~.kernels.norm_backward_step` and the gains' reductions after the loop."""
 
-    def __init__(self, p: StepProgram, v: Variants, h_prev: Array):
+    def __init__(self, p: NormProgram, v: RecurrentMask, h_prev: Array):
         s = p.shape
         self.p, self.v, self.h_prev = p, v, h_prev
         self.stats = p.input("stats", (s.T, s.B, p.spec.norms_per_step, 2))

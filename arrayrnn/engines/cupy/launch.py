@@ -29,7 +29,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .cuda_kernels import launch_shape
+from .kernels import launch_shape
 
 Array = Any
 _BOOL, _INT64 = np.dtype(np.bool_), np.dtype(np.int64)

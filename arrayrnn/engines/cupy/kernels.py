@@ -1,7 +1,7 @@
 """Fused per-step gate kernels of the cupy engine, written with numba's CUDA target.
 
 One kernel launch per step (two for the reset-before GRU and the projected LSTM backward) does all the
-elementwise work of a step: activations, the gate formulas of :mod:`.gate_math` (shared with the numba
+elementwise work of a step: activations, the gate formulas of :mod:`..gate_math` (shared with the numba
 CPU engine), the new state, the output and the residuals. The per-step GEMMs are launches of their own
 (:func:`product_step`, not cuBLAS, which CuPy refuses inside the CUDA graph a time loop is captured into).
 One thread per ``(row b, unit j)`` of the ``B x H`` step; a kernel gets the whole
@@ -18,7 +18,7 @@ imported, under numba's CUDA simulator on NumPy arrays (that is how CI executes 
 ``one`` is 1 in the compute dtype (float32 math never promotes to float64). Every kernel takes ``t, n``
 first: the engine packs the other arguments once and rewrites only those two per launch. The engine
 compiles the kernels itself, per dtype and argument kinds on first use, once per process
-(:mod:`.cuda_launch`: ``numba.cuda.compile_ptx``, then a cubin), not through numba's dispatcher, whose
+(:mod:`.launch`: ``numba.cuda.compile_ptx``, then a cubin), not through numba's dispatcher, whose
 on-disk cache (``cache=True``) serves only direct launches.
 """
 
@@ -31,8 +31,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from . import gate_math as gm
-from .gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from .. import gate_math as gm
+from ..gate_math import GRU_N, GRU_R, GRU_RZ_FIRST, GRU_Z, LSTM_F, LSTM_G, LSTM_I, LSTM_O
 
 THREADS = 128  # threads per block of every kernel
 

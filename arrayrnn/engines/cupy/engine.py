@@ -2,12 +2,12 @@
 
 The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and every GEMM that can be hoisted
 out of the time loop (input projections, weight gradients, ``dx``) with CuPy, i.e. cuBLAS.
-:class:`GpuKernel` runs each direction's time loop as a program of :mod:`.cupy_steps` (per step one cuBLAS
-GEMM into a preallocated buffer and one fused kernel of :mod:`.cuda_kernels`, forward and backward), built
-once per shape on buffers of its own; :mod:`.cuda_graphs` runs it step by step on the first call of a shape
+:class:`GpuKernel` runs each direction's time loop as a program of :mod:`.programs` (per step one cuBLAS
+GEMM into a preallocated buffer and one fused kernel of :mod:`.kernels`, forward and backward), built
+once per shape on buffers of its own; :mod:`.graphs` runs it step by step on the first call of a shape
 and as ONE CUDA graph launch on every later one.
 
-The kernels are numba-cuda code, but not launched through numba's dispatcher: :mod:`.cuda_launch` packs each
+The kernels are numba-cuda code, but not launched through numba's dispatcher: :mod:`.launch` packs each
 launch's arguments once per program in numba's ABI and launches with ``cuLaunchKernel`` on CuPy's current
 stream (the stream CuPy's GEMMs run on), so nothing in the loop waits for the GPU.
 
@@ -25,13 +25,13 @@ from typing import Any
 import numba
 import numpy as np
 
-from ..core.backend import cupy_module, get_xp
-from ..core.spec import RNNSpec
-from . import cuda_launch
-from .base import Call, DirectionForward, DirectionGrads, DirectionWeights
-from .cuda_graphs import GraphCache
-from .cupy_steps import Shape, VariantFlags, backward_program, forward_program
-from .stack import StackEngine
+from ...core.backend import cupy_module, get_xp
+from ...core.spec import RNNSpec
+from ..base import Call, DirectionForward, DirectionGrads, DirectionWeights
+from ..stack import StackEngine
+from . import launch
+from .graphs import GraphCache
+from .programs import Shape, VariantFlags, backward_program, forward_program
 
 Array = Any
 
@@ -43,16 +43,16 @@ class Device:
     def __init__(self, xp: ModuleType):
         self.xp = xp
         if numba.config.ENABLE_CUDASIM:
-            self._launcher = cuda_launch.SimulatorLauncher(None if xp is np else xp)
+            self._launcher = launch.SimulatorLauncher(None if xp is np else xp)
         elif xp is np:
             raise TypeError("the GPU kernels got NumPy arrays; they run on CuPy arrays (NumPy only under "
                             "numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1)")
         else:
-            self._launcher = cuda_launch.DeviceLauncher(xp)
+            self._launcher = launch.DeviceLauncher(xp)
 
-    def site(self, kernel: Any, args: Sequence[Any], block: int | None = None) -> cuda_launch.LaunchSite:
+    def site(self, kernel: Any, args: Sequence[Any], block: int | None = None) -> launch.LaunchSite:
         """``kernel`` with ``args`` packed once (the first two, ``t`` and ``n``, set per launch); ``block``:
-        its blocks' fixed width (None: :func:`~.cuda_kernels.launch_shape`'s choice)."""
+        its blocks' fixed width (None: :func:`~.kernels.launch_shape`'s choice)."""
         return self._launcher.site(kernel, args, block)
 
 
@@ -61,8 +61,8 @@ def _contiguous(xp: ModuleType, a: Array) -> Array:
 
 
 class GpuKernel:
-    """:class:`~arrayrnn.engines.base.DirectionKernel`: the time loops of :mod:`.cupy_steps`, as CUDA graphs
-    from a shape's second call (``graphs``: this kernel's :class:`~.cuda_graphs.GraphCache`)."""
+    """:class:`~arrayrnn.engines.base.DirectionKernel`: the time loops of :mod:`.programs`, as CUDA graphs
+    from a shape's second call (``graphs``: this kernel's :class:`~.graphs.GraphCache`)."""
 
     def __init__(self) -> None:
         self.graphs = GraphCache()

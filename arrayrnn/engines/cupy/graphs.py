@@ -143,7 +143,7 @@ class GraphCache:
         except Exception as err:
             raise GraphCaptureError(
                 "capturing the cupy engine's time loop into a CUDA graph failed: "
-                f"{type(err).__name__}: {err}; set arrayrnn.engines.cuda_graphs.use_graphs = False to run it "
+                f"{type(err).__name__}: {err}; set arrayrnn.engines.cupy.graphs.use_graphs = False to run it "
                 "step by step") from err
         return graph
 

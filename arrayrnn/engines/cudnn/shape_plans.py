@@ -31,8 +31,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.spec import RNNSpec
-from . import cudnn_format as cf
+from ...core.spec import RNNSpec
+from . import config as cf
+from . import padding
 
 Array = Any
 log = logging.getLogger("arrayrnn.cudnn")
@@ -52,7 +53,7 @@ class PlanKey(NamedTuple):
     training: bool
     layered: bool   # inter-layer dropout: one cuDNN call per layer
     tf32: bool
-    algo: str       # "auto" or a name of cudnn_format.ALGOS
+    algo: str       # "auto" or a name of config.ALGOS
 
 
 def plan_key(spec: RNNSpec, dtype: str, device: int, lengths: np.ndarray, seq_len: int, batch_first: bool,
@@ -104,7 +105,7 @@ class Plan:
         return "/".join(dict.fromkeys(seg.algo.name for seg in self.segments))
 
     @contextlib.contextmanager
-    def bound(self, rows: cf.Rows, handle: Any) -> Iterator[None]:
+    def bound(self, rows: padding.Rows, handle: Any) -> Iterator[None]:
         """The segments' calls set to ``rows``' lengths for the block: no lock for an equal-lengths plan;
         for a padded one, the plan's lock held while its descriptors are set (if the lengths changed) and
         the calls run."""
@@ -170,7 +171,8 @@ class PlanCache:
             self._refused.clear()
 
 
-def rows_for(xp: ModuleType, lengths: np.ndarray, seq_len: int, batch_first: bool, device: int) -> cf.Rows:
+def rows_for(xp: ModuleType, lengths: np.ndarray, seq_len: int, batch_first: bool,
+             device: int) -> padding.Rows:
     """The padding / empty-row masks and device lengths of a call, made once per (lengths, T, layout,
     device)."""
     return _rows(xp, lengths.tobytes(), lengths.dtype.str, seq_len, batch_first, device)
@@ -178,12 +180,12 @@ def rows_for(xp: ModuleType, lengths: np.ndarray, seq_len: int, batch_first: boo
 
 @lru_cache(maxsize=64)
 def _rows(xp: ModuleType, lengths: bytes, dtype: str, seq_len: int, batch_first: bool,
-          device: int) -> cf.Rows:
+          device: int) -> padding.Rows:
     with xp.cuda.Device(device):
-        return cf.Rows.of(xp, np.frombuffer(lengths, dtype), seq_len, batch_first)
+        return padding.Rows.of(xp, np.frombuffer(lengths, dtype), seq_len, batch_first)
 
 
-def build(cb: ModuleType, key: PlanKey, rows: cf.Rows, handle: Any, descriptor: DescriptorFactory,
+def build(cb: ModuleType, key: PlanKey, rows: padding.Rows, handle: Any, descriptor: DescriptorFactory,
           compute_major: int, refused: str | None = None) -> Plan:
     """Make the plan of ``key`` for a call with ``rows``' lengths; ``refused``: why it must run STANDARD
     (cuDNN refused its persistent algorithm at a compute call)."""
@@ -201,7 +203,7 @@ def build(cb: ModuleType, key: PlanKey, rows: cf.Rows, handle: Any, descriptor: 
 
 
 def _segment(cb: ModuleType, key: PlanKey, handle: Any, descriptor: DescriptorFactory, compute_major: int,
-             first: int, count: int, rows: cf.Rows, refused: str | None) -> Segment:
+             first: int, count: int, rows: padding.Rows, refused: str | None) -> Segment:
     spec = cf.layer_spec(key.spec, first) if key.layered else key.spec
     descriptors = _data_descriptors(cb, key, spec, rows.host_lengths)
     mode = _mode(cb, key)

@@ -1,13 +1,13 @@
 """The cupy engine's time loops, one :class:`StepProgram` per mode and pass, each on buffers of its own.
 
-A program is built once per key (shape, lengths, options; :mod:`.cuda_graphs`): it allocates its buffers and
-packs its kernels' arguments (:mod:`.cuda_launch`) once. Per call, ``load`` copies the inputs into its input
+A program is built once per key (shape, lengths, options; :mod:`.graphs`): it allocates its buffers and
+packs its kernels' arguments (:mod:`.launch`) once. Per call, ``load`` copies the inputs into its input
 buffers, ``issue`` enqueues the loop and ``result`` copies the outputs out. ``issue`` only enqueues work on
 the current stream into buffers that never move, and never allocates or reads a value back, so its stream
 capture is a CUDA graph every later call replays. Per step, roughly (an LSTM forward)::
 
-    product_step(t, n, h, W_hh.T, hh)              # hh[:n] = h[:n] @ W_hh.T, a kernel (.cuda_kernels)
-    lstm_forward_step(t, n, xw, hh, c, h, y, ...)  # ONE fused kernel (.cuda_kernels): gates, state, y
+    product_step(t, n, h, W_hh.T, hh)              # hh[:n] = h[:n] @ W_hh.T, a kernel (.kernels)
+    lstm_forward_step(t, n, xw, hh, c, h, y, ...)  # ONE fused kernel (.kernels): gates, state, y
 
 The step's GEMMs are our own kernel, not ``cupy.matmul``: CuPy refuses every cuBLAS call while a stream
 captures (``cupy_backends/cuda/libs/cublas.pyx``, ``setStream``; cupy#6290), so a captured cuBLAS GEMM
@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import RNNSpec
-from . import cuda_kernels as ck
-from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
-from .cells import gate_slice
-from .cupy_norms import ROW, BackwardNorm, ForwardNorm, gain_inputs, no_launch, product_grads, rows
-from .layer_norm import gain_grads
+from ...core.spec import RNNSpec
+from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from ..cells import gate_slice
+from ..layer_norm import gain_grads
+from . import kernels as ck
+from .norms import ROW, BackwardNorm, ForwardNorm, gain_inputs, no_launch, product_grads, rows
 
 Array = Any
 Launch = Callable[[int, int], None]  # (t, n)
@@ -68,14 +68,14 @@ class Shape:
 
 class StepProgram:
     """Buffers, launch sites and the loop of one direction (see the module docstring). ``dev`` is the
-    engine's :class:`~.cupy_engine.Device` (its ``xp`` and ``site``)."""
+    engine's :class:`~.engine.Device` (its ``xp`` and ``site``)."""
 
     def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
         self.dev, self.xp, self.spec, self.shape = dev, dev.xp, spec, shape
         self.one = shape.dtype.type(1)
         self.batch_sizes = [int(n) for n in np.frombuffer(shape.batch_sizes, np.int64)]
         self._inputs: dict[str, Array] = {}
-        self.nbytes = 0  # device memory its buffers hold (what cuda_graphs.GraphCache budgets)
+        self.nbytes = 0  # device memory its buffers hold (what graphs.GraphCache budgets)
 
     # -- buffers and sites -------------------------------------------------------------------------
     def input(self, name: str, shape: tuple[int, ...]) -> Array:
@@ -121,7 +121,7 @@ class StepProgram:
         return ((t, n) for t, n in reversed(list(self.steps())) if n)
 
     def product(self, a: Array, w: Array, out: Array) -> Launch:
-        """``(t, n) -> None``: ``out[:n] = a[:n] @ w`` in one launch of :func:`~.cuda_kernels.product_step`
+        """``(t, n) -> None``: ``out[:n] = a[:n] @ w`` in one launch of :func:`~.kernels.product_step`
         (``a``, ``out``: a step buffer ``(B, .)``, or a stack ``(T, B, .)`` whose step ``t`` it takes)."""
         a_step, out_step = a.ndim == 3, out.ndim == 3
         slices, width = ck.product_slices(w.shape[0]), out.shape[-1]
