@@ -9,10 +9,11 @@ kernel's PTX); its execution in ``tests_cudasim/`` (the simulator decodes it and
 from __future__ import annotations
 
 import ctypes
+import json
 
 import numpy as np
 import pytest
-from support import fake_cupy
+from support import fake_cupy, launch_record
 
 from arrayrnn.engines import cuda_kernels as ck
 from arrayrnn.engines import cuda_launch as cl
@@ -163,3 +164,15 @@ def test_the_simulators_launcher_refuses_the_launch_shapes_the_driver_refuses(bl
         site._submit(site.packed, blocks, threads)
     assert [cl.launch_shape(e, b) for e, b in ((0, None), (1, None), (10**6, None), (0, 8))] == [
         (1, 1), (1, 1), (7813, 128), (1, 8)]  # what the engine's sites ask: always inside the driver's range
+
+
+# -- named arguments (issue 43) ------------------------------------------------------------------
+def test_every_program_hands_each_kernel_parameter_what_it_handed_by_position():
+    """Every program of every mode and cell variant gives every kernel parameter the buffer or scalar the
+    positional calls gave it (their record, ``support/launch_order.json``, made at d045e82): a swap of two
+    same-shaped arrays, which no type check sees, changes a digest. ``python tests/support/launch_record.py
+    "<group>"`` here and at d045e82 shows what changed."""
+    expected = json.loads(launch_record.GOLDEN.read_text())
+    got = launch_record.digests()
+    assert sorted(got) == sorted(expected)
+    assert [name for name in sorted(got) if got[name] != expected[name]] == []
