@@ -352,11 +352,15 @@ def bind(kernel: Any, values: Mapping[str, Any]) -> tuple:
         raise TypeError(f"kernel {kernel_name(kernel)}: its first two parameters must be the step t and the "
                         f"row count n, not {names[:2]}")
     wanted = names[2:]
-    missing, extra = [k for k in wanted if k not in values], [k for k in values if k not in wanted]
-    if missing or extra:
-        raise TypeError(f"kernel {kernel_name(kernel)}: missing arguments {missing}, unexpected arguments "
-                        f"{extra} (its parameters after t, n: {', '.join(wanted)})")
+    if len(values) != len(wanted) or not all(k in values for k in wanted):  # (equal counts: none extra)
+        _refuse_names(kernel, wanted, values)
     return (0, 0, *(values[k] for k in wanted))
+
+
+def _refuse_names(kernel: Any, wanted: tuple[str, ...], values: Mapping[str, Any]) -> None:
+    missing, extra = [k for k in wanted if k not in values], [k for k in values if k not in wanted]
+    raise TypeError(f"kernel {kernel_name(kernel)}: missing arguments {missing}, unexpected arguments "
+                    f"{extra} (its parameters after t, n: {', '.join(wanted)})")
 
 
 class LaunchSite:
