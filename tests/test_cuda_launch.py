@@ -9,13 +9,16 @@ kernel's PTX); its execution in ``tests_cudasim/`` (the simulator decodes it and
 from __future__ import annotations
 
 import ctypes
+import json
 
 import numpy as np
 import pytest
-from support import fake_cupy
+from support import fake_cupy, launch_record
 
+from arrayrnn import RNNSpec
 from arrayrnn.engines.cupy import kernels as ck
 from arrayrnn.engines.cupy import launch as cl
+from arrayrnn.engines.cupy.programs import RnnForward, Shape, VariantFlags
 
 
 def _slots_at(address: int, count: int) -> list[int]:
@@ -163,3 +166,52 @@ def test_the_simulators_launcher_refuses_the_launch_shapes_the_driver_refuses(bl
         site._submit(site.packed, blocks, threads)
     assert [cl.launch_shape(e, b) for e, b in ((0, None), (1, None), (10**6, None), (0, 8))] == [
         (1, 1), (1, 1), (7813, 128), (1, 8)]  # what the engine's sites ask: always inside the driver's range
+
+
+# -- named arguments (issue 43) ------------------------------------------------------------------
+def test_every_program_hands_each_kernel_parameter_what_it_handed_by_position():
+    """Every program of every mode and cell variant gives every kernel parameter the buffer or scalar the
+    positional calls gave it (their record, ``support/launch_order.json``, made at d045e82): a swap of two
+    same-shaped arrays, which no type check sees, changes a digest. ``python tests/support/launch_record.py
+    "<group>"`` here and at d045e82 shows what changed."""
+    expected = json.loads(launch_record.GOLDEN.read_text())
+    got = launch_record.digests()
+    assert sorted(got) == sorted(expected)
+    assert [name for name in sorted(got) if got[name] != expected[name]] == []
+
+
+def test_named_values_are_laid_out_in_the_kernels_parameter_order_after_t_and_n() -> None:
+    dy, dh, d_h = np.zeros((2, 1, 3)), np.ones((1, 3)), np.full((2, 1, 3), 2.0)
+    assert cl.parameter_names(ck.add_carry_step) == ("t", "n", "dy", "dh", "d_h")
+    bound = cl.bind(ck.add_carry_step, {"d_h": d_h, "dy": dy, "dh": dh})
+    assert bound[:2] == (0, 0) and all(a is b for a, b in zip(bound[2:], (dy, dh, d_h), strict=True))
+
+
+def test_a_missing_or_an_extra_name_is_refused_naming_the_kernel_and_the_names() -> None:
+    a = np.zeros((2, 1, 3))
+    with pytest.raises(TypeError, match=r"kernel add_carry_step: missing arguments \['dh'\], unexpected "
+                                        r"arguments \['d_hh'\] \(its parameters after t, n: dy, dh, d_h\)"):
+        cl.bind(ck.add_carry_step, {"dy": a, "d_hh": a, "d_h": a})
+    with pytest.raises(TypeError, match=r"unexpected arguments \['t'\]"):  # t and n are the launch's
+        cl.bind(ck.add_carry_step, {"t": 3, "dy": a, "dh": a[0], "d_h": a})
+
+
+def test_a_kernel_whose_first_parameters_are_not_t_and_n_is_refused() -> None:
+    def kernel(n, t, a):
+        pass
+
+    with pytest.raises(TypeError, match=r"kernel kernel: its first two parameters must be the step t and the "
+                                        r"row count n, not \('n', 't'\)"):
+        cl.bind(kernel, {"a": 1})
+
+
+def test_a_program_names_a_wrong_argument_and_the_kernel_when_it_is_built() -> None:
+    """The check happens where a program binds a site (once per program), not at a launch."""
+    spec = RNNSpec(mode="rnn_tanh", input_size=3, hidden_size=4, dtype="float64")
+    flags = VariantFlags(False, False, False)
+    shape = Shape(2, 1, np.array([1, 1], np.int64).tobytes(), False, flags, np.dtype(np.float64))
+    program = RnnForward(launch_record.RecordingDevice(), spec, shape)
+    with pytest.raises(TypeError, match=r"kernel rnn_forward_step: missing arguments \['y'\], unexpected "
+                                        r"arguments \['out'\]"):
+        program.site(ck.rnn_forward_step, one=program.one, relu=False, xw=program.xw, hh=program.hh,
+                     h=program.h, out=program.y)

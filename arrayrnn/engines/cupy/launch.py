@@ -9,6 +9,11 @@ and the active row count ``n`` (the first two arguments of every step kernel) an
 GPU. ``tests/test_cuda_kernels_ptx.py`` checks this layout against the ``.param`` list of every kernel's
 PTX, so a change of numba's ABI fails CI.
 
+A program names a kernel's arguments (issue 43): :func:`bind` lays ``{name: value}`` out in the order of the
+kernel's own parameters (read once per kernel from its Python signature) when the site is built, and refuses
+a missing or an extra name there, so that two same-typed arrays cannot trade places unseen and a launch
+costs what it did.
+
 The kernels stay numba-cuda code: :func:`numba.cuda.compile_ptx` for the device's compute capability,
 linked to a cubin with cuda.core's ``Linker`` (nvJitLink; numba-cuda's own path, so the PTX version never
 has to be one the driver can JIT), loaded with ``cuModuleLoadData`` and launched with ``cuLaunchKernel``
@@ -20,9 +25,11 @@ function of that stream (``Stream.launch_host_func``), so stream capture records
 from __future__ import annotations
 
 import ctypes
+import functools
+import inspect
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,6 +325,42 @@ KERNELS = KernelCache()
 # -- launching ------------------------------------------------------------------------------------
 def kernel_name(kernel: Any) -> str:
     return getattr(getattr(kernel, "py_func", kernel), "__name__", repr(kernel))
+
+
+# -- named arguments --------------------------------------------------------------------------------
+STEP_PARAMETERS = ("t", "n")  # every step kernel's first two, written per launch (PackedArgs.set_step)
+
+
+@functools.cache
+def _python_parameters(function: Callable) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+def parameter_names(kernel: Any) -> tuple[str, ...]:
+    """``kernel``'s parameter names in order (its Python function's: ``py_func`` of a numba-cuda dispatcher
+    or of the simulator's kernel), read once per kernel."""
+    return _python_parameters(getattr(kernel, "py_func", kernel))
+
+
+def bind(kernel: Any, values: Mapping[str, Any]) -> tuple:
+    """``values``, named by ``kernel``'s parameters, as the positional arguments its launch site packs once:
+    ``t`` and ``n`` first (zeros here; every launch writes them into those two slots), then every other
+    parameter's value in the kernel's order. A missing or an extra name is a ``TypeError`` naming the kernel
+    and the names (``t`` and ``n`` are the launch's, never given)."""
+    names = parameter_names(kernel)
+    if names[:2] != STEP_PARAMETERS:
+        raise TypeError(f"kernel {kernel_name(kernel)}: its first two parameters must be the step t and the "
+                        f"row count n, not {names[:2]}")
+    wanted = names[2:]
+    if len(values) != len(wanted) or not all(k in values for k in wanted):  # (equal counts: none extra)
+        _refuse_names(kernel, wanted, values)
+    return (0, 0, *(values[k] for k in wanted))
+
+
+def _refuse_names(kernel: Any, wanted: tuple[str, ...], values: Mapping[str, Any]) -> None:
+    missing, extra = [k for k in wanted if k not in values], [k for k in values if k not in wanted]
+    raise TypeError(f"kernel {kernel_name(kernel)}: missing arguments {missing}, unexpected arguments "
+                    f"{extra} (its parameters after t, n: {', '.join(wanted)})")
 
 
 class LaunchSite:

@@ -107,8 +107,8 @@ class ForwardNorm:
         if not self.on:
             return no_launch
         g = self.p.input(gain, (v.shape[1],))
-        site = self.p.site(ck.norm_step, self.p.one, self.eps, v, g, self.keep,
-                           self.stats, slot, block=ROW)
+        site = self.p.site(ck.norm_step, one=self.p.one, eps=self.eps, v=v, g=g, keep=self.keep,
+                           stats=self.stats, slot=slot, block=ROW)
         return lambda t, n: site(rows(n), t, n) if n else None
 
     def kept(self) -> Array | None:
@@ -156,8 +156,8 @@ class BackwardNorm:
         ``src[t]`` (``per_step``) or ``src[0]``, that of the result."""
         p = self.p
         inverse = p.shape.dtype.type(1.0 / raw.shape[2])
-        site = p.site(ck.norm_backward_step, p.one, inverse, src, per_step, gain, raw, self.stats, slot, dst,
-                      block=ROW)
+        site = p.site(ck.norm_backward_step, one=p.one, inv_width=inverse, src=src, per_step=per_step, g=gain,
+                      raw=raw, stats=self.stats, slot=slot, dst=dst, block=ROW)
         return lambda t, n: site(rows(n), t, n)
 
 

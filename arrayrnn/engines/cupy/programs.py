@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWe
 from ..cells import gate_slice
 from ..layer_norm import gain_grads
 from . import kernels as ck
+from . import launch as cuda_launch
 from .norms import ROW, BackwardNorm, ForwardNorm, gain_inputs, no_launch, product_grads, rows
 
 Array = Any
@@ -97,10 +98,11 @@ class StepProgram:
         """Stand-in for an absent array argument (same ndim, so one compiled signature per dtype)."""
         return self.zeros((1,) * ndim)
 
-    def site(self, kernel: Any, *args: Any, block: int | None = None) -> Any:
-        """``kernel`` with ``args`` (after ``t, n``) packed once: ``site(elements, t, n)`` launches it (in
+    def site(self, kernel: Any, /, *, block: int | None = None, **values: Any) -> Any:
+        """``kernel`` with its arguments named by its parameters (every one but ``t, n``; a missing or extra
+        name is an error, :func:`.launch.bind`) packed once: ``site(elements, t, n)`` launches it (in
         blocks of ``block`` threads if given)."""
-        return self.dev.site(kernel, (0, 0, *args), block=block)
+        return self.dev.site(kernel, cuda_launch.bind(kernel, values), block=block)
 
     # -- per call -----------------------------------------------------------------------------------
     def copy_in(self, **arrays: Array | float) -> None:
@@ -126,8 +128,9 @@ class StepProgram:
         a_step, out_step = a.ndim == 3, out.ndim == 3
         slices, width = ck.product_slices(w.shape[0]), out.shape[-1]
         block = ck.PRODUCT_COLUMNS * slices if slices > 1 else None  # None: a thread per output
-        site = self.site(ck.product_step, self.one, a if a_step else a[None], a_step, w,
-                         out if out_step else out[None], out_step, slices, block=block)
+        site = self.site(ck.product_step, one=self.one, a=a if a_step else a[None], a_per_step=a_step, w=w,
+                         out=out if out_step else out[None], out_per_step=out_step, slices=slices,
+                         block=block)
         per_row = -(-width // ck.PRODUCT_COLUMNS) * block if block else width  # threads a row takes
         return lambda t, n: site(n * per_row, t, n) if n else None
 
@@ -160,6 +163,13 @@ class Variants:
         self.h_old = p.empty((s.B, H_out)) if self.zone_h else None
         self.c_old = p.empty((s.B, H)) if self.zone_c else None
 
+    def zoneout(self, new: Array, y: Array, h: Array) -> Any:
+        """The site of zoneout of ``h`` (None without it): ``y[t]`` and ``h`` become the mix of the state kept
+        before the step and the step's own output ``new[t]``."""
+        if not self.zone_h:
+            return None
+        return self.p.site(ck.zoneout_step, m=self.m_h, prev=self.h_old, new=new, y=y, h=h)
+
     @staticmethod
     def inputs(w: DirectionWeights) -> dict[str, Array]:
         named = {"h_mask": w.h_mask, "m_h": w.zoneout_h, "m_c": w.zoneout_c}
@@ -189,6 +199,48 @@ class Variants:
             self.p.multiply(d[:n], self.h_mask[:n])
 
 
+# -- the LSTM step kernels' shared arguments ----------------------------------------------------------
+class LstmForwardArgs(NamedTuple):
+    """What every LSTM forward step kernel takes (plain, peephole, layer-normalised), by the kernels'
+    parameter names: built once per program, bound by name at its one site (``c_all``: the step's own cell,
+    ``c_cand`` under zoneout of ``c``)."""
+
+    one: Any
+    xw: Array
+    hh: Array
+    c: Array
+    h: Array
+    y: Array
+    m: Array
+    project: bool
+    keep: bool
+    c_all: Array
+    tanh_c_all: Array
+    lo: Any
+    hi: Any
+
+
+class LstmBackwardArgs(NamedTuple):
+    """What every LSTM backward step kernel takes (plain, peephole, layer-normalised), by the kernels'
+    parameter names: built once per program, bound by name at its one site (``c_all``: the step's own cell;
+    ``dy``: the step's share of the cotangent, zoneout's split)."""
+
+    one: Any
+    gates: Array
+    c_all: Array
+    tanh_c_all: Array
+    c_prev: Array
+    dy: Array
+    dh: Array
+    dm: Array
+    project: bool
+    dc: Array
+    dpre_in: Array
+    use_clip: bool
+    lo: Any
+    hi: Any
+
+
 # -- forward ------------------------------------------------------------------------------------------
 class RnnForward(StepProgram):
     def __init__(self, dev: Any, spec: RNNSpec, shape: Shape):
@@ -202,9 +254,9 @@ class RnnForward(StepProgram):
         self.norm_hh = self.norm.product(self.hh, "g_hh", 0)
         self.cand = self.zeros((T, B, H)) if self.v.zone_h else self.y  # zoneout: the step's own output
         relu = spec.mode == "rnn_relu"
-        self.step = self.site(ck.rnn_forward_step, self.one, relu, self.xw, self.hh, self.h, self.cand)
-        self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.cand, self.y, self.h)
-                     if self.v.zone_h else None)
+        self.step = self.site(ck.rnn_forward_step, one=self.one, relu=relu, xw=self.xw, hh=self.hh, h=self.h,
+                              y=self.cand)
+        self.zone = self.v.zoneout(self.cand, self.y, self.h)
         self.rec = self.v.recurrent_product(self.h, None, self.W_hhT, self.hh)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
@@ -242,31 +294,30 @@ class LstmForward(StepProgram):
         self.tanh_c = self.zeros((T, B, H)) if keep else self.dummy(3)
         self.c_cand = self.zeros((T, B, H)) if keep and self.v.zone_c else self.c_all  # the step's own cell
         lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
-        tail = (self.c, self.h, self.y, self.m, self.project, keep, self.c_cand, self.tanh_c,
-                shape.dtype.type(lo), shape.dtype.type(hi))
+        args = LstmForwardArgs(one=self.one, xw=self.xw, hh=self.hh, c=self.c, h=self.h, y=self.y, m=self.m,
+                               project=self.project, keep=keep, c_all=self.c_cand, tanh_c_all=self.tanh_c,
+                               lo=shape.dtype.type(lo), hi=shape.dtype.type(hi))
         self.P = self.input("P", (3, H)) if self.peep else self.dummy(2)
         self.norm = ForwardNorm(self)
         self.step_threads = rows(B) if spec.layer_norm else B * H  # every row: inactive ones get zero gates
         if spec.layer_norm:  # one kernel: the product's norm, the gates, the cell's norm (a block per row)
-            self.step = self._norm_step(tail)
+            self.step = self._norm_step(args)
         elif self.peep:
-            self.step = self.site(ck.lstm_peephole_forward_step, self.one, self.xw, self.hh, self.P, *tail)
+            self.step = self.site(ck.lstm_peephole_forward_step, P=self.P, **args._asdict())
         else:
-            self.step = self.site(ck.lstm_forward_step, self.one, self.xw, self.hh, *tail)
+            self.step = self.site(ck.lstm_forward_step, **args._asdict())
         v = self.v
-        self.zone_h = self.site(ck.zoneout_step, v.m_h, v.h_old, self.y, self.y, self.h) if v.zone_h else None
-        self.zone_c = (self.site(ck.zoneout_cell_step, v.m_c, v.c_old, self.c, keep, self.c_all) if v.zone_c
-                       else None)
+        self.zone_h = v.zoneout(self.y, self.y, self.h)
+        self.zone_c = (self.site(ck.zoneout_cell_step, m=v.m_c, prev=v.c_old, c=self.c, keep=keep,
+                                 c_all=self.c_all) if v.zone_c else None)
         self.rec = v.recurrent_product(self.h, self.c, self.W_hhT, self.hh)
         self.out_proj = self.product(self.m, self.W_hrT, self.y) if self.project else None
 
-    def _norm_step(self, tail: tuple) -> Any:
-        c, h, y, m, project, keep, c_cand, tanh_c, lo, hi = tail
+    def _norm_step(self, args: LstmForwardArgs) -> Any:
         H, G, norm = self.spec.hidden_size, self.spec.gate_size, self.norm
         g_hh, g_c, b_c = self.input("g_hh", (G,)), self.input("g_c", (H,)), self.input("b_c", (H,))
-        return self.site(ck.lstm_norm_forward_step, self.one, norm.eps, self.xw, self.hh, g_hh, self.P,
-                         self.peep, g_c, b_c, c, h, y, m, project, keep, c_cand, tanh_c, norm.stats, lo, hi,
-                         block=ROW)
+        return self.site(ck.lstm_norm_forward_step, eps=norm.eps, g_hh=g_hh, P=self.P, peep=self.peep,
+                         g_c=g_c, b_c=b_c, stats=norm.stats, **args._asdict(), block=ROW)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
         extra = {"W_hrT": w.W_hr.T} if self.project else {}
@@ -312,10 +363,9 @@ class GruForward(StepProgram):
         self.v = Variants(self, H, H)
         self.norm = ForwardNorm(self)
         self.norm_hh = self.norm.product(self.hh, "g_hh", 0)
-        self.step = self.site(ck.gru_forward_step, self.one, self.xw, self.hh, self.b_hn, self.h, self.y,
-                              keep, self.hn_all)
-        self.zone = (self.site(ck.zoneout_step, self.v.m_h, self.v.h_old, self.y, self.y, self.h)
-                     if self.v.zone_h else None)
+        self.step = self.site(ck.gru_forward_step, one=self.one, xw=self.xw, hh=self.hh, b_hn=self.b_hn,
+                              h=self.h, y=self.y, keep=keep, hn_all=self.hn_all)
+        self.zone = self.v.zoneout(self.y, self.y, self.h)
         self.rec = self.v.recurrent_product(self.h, None, self.W_hhT, self.hh)
 
     def load(self, w: DirectionWeights, xw: Array, h0: Array, c0: Array | None) -> None:
@@ -356,9 +406,9 @@ class GruResetBeforeForward(StepProgram):
         self.norm_rz = self.norm.product(self.hrz, "g_rz", 0)
         self.norm_n = self.norm.product(self.hn, "g_n", 1)
         h_seen = v.h_rec if v.h_rec is not None else self.h  # r * (h * mask) with recurrent dropout
-        self.rz = self.site(ck.gru_rz_step, self.one, self.xw, self.hrz, h_seen, self.rh)
-        self.n_step = self.site(ck.gru_n_step, self.xw, self.hn, self.h, self.y)
-        self.zone = self.site(ck.zoneout_step, v.m_h, v.h_old, self.y, self.y, self.h) if v.zone_h else None
+        self.rz = self.site(ck.gru_rz_step, one=self.one, xw=self.xw, hrz=self.hrz, h=h_seen, rh=self.rh)
+        self.n_step = self.site(ck.gru_n_step, xw=self.xw, hn=self.hn, h=self.h, y=self.y)
+        self.zone = v.zoneout(self.y, self.y, self.h)
         self.rec_rz = v.recurrent_product(self.h, None, self.W_rzT, self.hrz)
         self.rec_n = self.product(self.rh, self.W_nT, self.hn)
 
@@ -399,7 +449,8 @@ class ZoneoutSplit:
         self.p, self.zone, self.dy = p, v.zone_h, dy
         if self.zone:
             self.direct, self.dy = p.empty(carry.shape), p.empty(dy.shape)
-            self.site = p.site(ck.zoneout_split_step, p.one, v.m_h, dy, carry, self.dy, self.direct)
+            self.site = p.site(ck.zoneout_split_step, one=p.one, m=v.m_h, dy=dy, dh=carry, dy_new=self.dy,
+                               direct=self.direct)
 
     def before(self, t: int, n: int) -> None:
         if self.zone:
@@ -420,8 +471,8 @@ class RnnBackward(StepProgram):
         self.v = Variants(self, H, H)
         self.split = ZoneoutSplit(self, self.v, self.dy, self.dh)
         relu = spec.mode == "rnn_relu"
-        self.step = self.site(ck.rnn_backward_step, self.one, relu, self.own, self.split.dy, self.dh,
-                              self.d_pre)
+        self.step = self.site(ck.rnn_backward_step, one=self.one, relu=relu, y=self.own, dy=self.split.dy,
+                              dh=self.dh, d_pre=self.d_pre)
         self.d_rec = self.d_pre  # the GEMM's operand: with layer norm the raw product's cotangent
         if spec.layer_norm:
             self.norm = BackwardNorm(self, self.v, self.input("h_prev", (T, B, H)))
@@ -476,27 +527,32 @@ class LstmBackward(StepProgram):
         v = self.v = Variants(self, P, H)
         self.split = ZoneoutSplit(self, v, self.dy, self.dh)
         self.dc_direct = self.empty((B, H)) if v.zone_c else self.dummy(2)
-        self.carry = (self.site(ck.cell_carry_step, self.one, v.zone_c, v.m_c, shape.dc_seq, self.dc_seq,
-                                self.dc, self.dc_direct) if v.zone_c or shape.dc_seq else None)
-        self.add_carry = (self.site(ck.add_carry_step, self.split.dy, self.dh, self.d_h) if self.project
-                          else None)
-        use_clip = spec.cell_clip is not None
-        lo, hi = spec.cell_clip if use_clip else (-np.inf, np.inf)
-        clip = (use_clip, shape.dtype.type(lo), shape.dtype.type(hi))
+        self.carry = (self.site(ck.cell_carry_step, one=self.one, zone=v.zone_c, m=v.m_c,
+                                has_seq=shape.dc_seq, dc_seq=self.dc_seq, dc=self.dc, direct=self.dc_direct)
+                      if v.zone_c or shape.dc_seq else None)
+        self.add_carry = (self.site(ck.add_carry_step, dy=self.split.dy, dh=self.dh, d_h=self.d_h)
+                          if self.project else None)
         self.P = self.input("P", (3, H)) if self.peep else self.dummy(2)
         self.d_rec = self.dpre_in  # the GEMM's operand: with layer norm the raw product's cotangent
-        head = (self.one, self.gates, self.c_own, self.tanh_c, self.c_prev)
-        tail = (self.split.dy, self.dh, self.dm, self.project, self.dc, self.dpre_in, *clip)
+        args = self._step_args()
         if spec.layer_norm:  # one kernel: the cell's norm, the gates, the product's norm (a block per row)
-            self.step = self._norm_step(clip)
+            self.step = self._norm_step(args)
         elif self.peep:
-            self.step = self.site(ck.lstm_peephole_backward_step, *head, self.P, *tail)
+            self.step = self.site(ck.lstm_peephole_backward_step, P=self.P, **args._asdict())
         else:
-            self.step = self.site(ck.lstm_backward_step, *head, *tail)
+            self.step = self.site(ck.lstm_backward_step, **args._asdict())
         self.rec = self.product(self.d_rec, self.W_hh, self.dh)
         self.out_proj = self.product(self.d_h, self.W_hr, self.dm) if self.project else None
 
-    def _norm_step(self, clip: tuple) -> Any:
+    def _step_args(self) -> LstmBackwardArgs:
+        use_clip, dtype = self.spec.cell_clip is not None, self.shape.dtype
+        lo, hi = self.spec.cell_clip if use_clip else (-np.inf, np.inf)
+        return LstmBackwardArgs(one=self.one, gates=self.gates, c_all=self.c_own, tanh_c_all=self.tanh_c,
+                                c_prev=self.c_prev, dy=self.split.dy, dh=self.dh, dm=self.dm,
+                                project=self.project, dc=self.dc, dpre_in=self.dpre_in, use_clip=use_clip,
+                                lo=dtype.type(lo), hi=dtype.type(hi))
+
+    def _norm_step(self, args: LstmBackwardArgs) -> Any:
         T, B, spec = self.shape.T, self.shape.B, self.spec
         H, P, G = spec.hidden_size, spec.output_size, spec.gate_size
         self.norm = BackwardNorm(self, self.v, self.input("h_prev", (T, B, P)))
@@ -504,10 +560,9 @@ class LstmBackward(StepProgram):
         self.d_u, self.d_rec = self.zeros((T, B, H)), self.zeros((T, B, G))
         g_hh, g_c = self.input("g_hh", (G,)), self.input("g_c", (H,))
         inv = self.shape.dtype.type
-        site = self.site(ck.lstm_norm_backward_step, self.one, inv(1.0 / G), inv(1.0 / H), self.gates,
-                         self.c_own, self.tanh_c, self.c_prev, self.raw, self.norm.stats, g_hh, g_c, self.P,
-                         self.peep, self.split.dy, self.dh, self.dm, self.project, self.dc, self.dpre_in,
-                         self.d_u, self.d_rec, *clip, block=ROW)
+        site = self.site(ck.lstm_norm_backward_step, inv_gates=inv(1.0 / G), inv_hidden=inv(1.0 / H),
+                         hh_all=self.raw, stats=self.norm.stats, g_hh=g_hh, g_c=g_c, P=self.P, peep=self.peep,
+                         d_u=self.d_u, dpre_rec=self.d_rec, **args._asdict(), block=ROW)
         return lambda elements, t, n: site(rows(n), t, n)
 
     def load(self, w: DirectionWeights, fwd: DirectionForward, h_prev: Array, c_prev: Array | None, dy: Array,
@@ -576,11 +631,13 @@ class GruBackward(StepProgram):
             self.hn_all, self.dn_rec, self.rec = self.dummy(3), self.dummy(3), self.dummy(2)
         v = self.v = Variants(self, H, H)
         self.split = ZoneoutSplit(self, v, self.dy, self.dh_gemm)
-        self.step = self.site(ck.gru_backward_step, self.one, after, self.gates, self.hn_all, self.h_prev,
-                              self.split.dy, self.dh_gemm, self.dh_carry, self.dpre_in, self.dn_rec, self.rec,
-                              self.dn, self.drz)
-        self.r_step = (None if after else self.site(ck.gru_r_backward_step, self.one, self.gates, self.h_prev,
-                                                    self.drh, self.dpre_in, self.dh_carry, self.drz))
+        self.step = self.site(ck.gru_backward_step, one=self.one, reset_after=after, gates=self.gates,
+                              hn_all=self.hn_all, h_prev=self.h_prev, dy=self.split.dy, dh_gemm=self.dh_gemm,
+                              dh_carry=self.dh_carry, dpre_in=self.dpre_in, dn_rec=self.dn_rec, rec=self.rec,
+                              dn_buf=self.dn, drz=self.drz)
+        self.r_step = (None if after else
+                       self.site(ck.gru_r_backward_step, one=self.one, gates=self.gates, h_prev=self.h_prev,
+                                 drh=self.drh, dpre_in=self.dpre_in, dh_carry=self.dh_carry, drz=self.drz))
         self.d_rec = self.d_rz = self.d_n = None  # with layer norm: the raw products' cotangents, every step
         self.norm_rec = self.norm_rz = self.norm_n = no_launch
         if spec.layer_norm:
