@@ -36,6 +36,7 @@ from ..core import params as _params
 from ..core.errors import EngineUnavailableError
 from ..core.spec import RNNSpec
 from .base import Call, DirectionForward, Engine
+from .derived import freeze as freeze_weights
 from .in_flight import engine_call
 from .step import StepEngine, StepWeights, check_cell_spec, step_engine
 
@@ -262,5 +263,6 @@ _params.set_format_lookup(engine_for_format)
 
 __all__ = ["REGISTRY", "Call", "DirectionForward", "Engine", "EngineRecord", "StepEngine", "StepWeights",
            "auto_order", "available_engines", "check_cell_spec", "choices_epoch", "engine_for_format",
-           "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices", "load_engine",
+           "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices", "freeze_weights",
+           "load_engine",
            "probe_call", "register_engine", "select_engine", "step_engine", "unregister_engine"]

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..core import fingerprint
-from ..engines import derived
+from ..engines import freeze_weights
 
 _MESSAGE = ("params.data was modified in place between rnn_forward and rnn_backward (for example an "
             "optimizer step before the backward); the gradient would match neither the old nor the new "
@@ -55,7 +55,7 @@ class HostSnapshot:
     def __init__(self, data: Any):
         self.copy = np.array(data, copy=True)
         self._wrapped: Any = None
-        derived.freeze(self.copy)
+        freeze_weights(self.copy)
 
     def params(self, params: Any) -> Any:
         """``params`` (a :class:`~arrayrnn.PackedParams` whose data this copies) over the copy."""
