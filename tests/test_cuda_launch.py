@@ -16,9 +16,10 @@ import pytest
 from support import fake_cupy, launch_record
 
 from arrayrnn import RNNSpec
+from arrayrnn.engines.base import VariantFlags
 from arrayrnn.engines.cupy import kernels as ck
 from arrayrnn.engines.cupy import launch as cl
-from arrayrnn.engines.cupy.programs import RnnForward, Shape, VariantFlags
+from arrayrnn.engines.cupy.programs import RnnForward, Shape
 
 
 def _slots_at(address: int, count: int) -> list[int]:

@@ -159,6 +159,11 @@ class CellMasks:
     def __iter__(self):
         return iter((self.recurrent, self.weight, self.zoneout_h, self.zoneout_c))
 
+    def applied(self) -> tuple[str, ...]:
+        """The masks in use, by field name (``()`` for none)."""
+        names = ("recurrent", "weight", "zoneout_h", "zoneout_c")
+        return tuple(name for name, m in zip(names, self, strict=True) if m is not None)
+
 
 @dataclass(frozen=True, eq=False)
 class StackForward:
@@ -287,6 +292,27 @@ class DirectionWeights:
     zoneout_c: Array | None = None  # (T, B, H): c_t = m*c_{t-1} + (1-m)*c~_t (LSTM)
     norm: LayerNormWeights | None = None  # layer_norm=True: xw arrives normalised; the kernel normalises
                                           # the recurrent product (and the LSTM's cell) itself
+
+    @property
+    def variants(self) -> VariantFlags:
+        """Which cell-variant masks this direction carries."""
+        return VariantFlags(self.h_mask is not None, self.zoneout_h is not None, self.zoneout_c is not None)
+
+
+@dataclass(frozen=True)
+class VariantFlags:
+    """Which per-call cell-variant masks one layer-direction carries (:attr:`DirectionWeights.variants`):
+    the one place every engine reads them from (the CuPy engine's program key, the numba engine's loop
+    arguments and plan). DropConnect is not among them: it reaches a kernel as ``W_hh`` already masked."""
+
+    recurrent: bool
+    zoneout_h: bool
+    zoneout_c: bool
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The variants on, by :class:`CellMasks` field name."""
+        return tuple(name for name in ("recurrent", "zoneout_h", "zoneout_c") if getattr(self, name))
 
 
 @dataclass(frozen=True, eq=False)

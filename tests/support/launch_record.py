@@ -32,8 +32,9 @@ if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
 from arrayrnn import RNNSpec  # noqa: E402
+from arrayrnn.engines.base import VariantFlags  # noqa: E402
 from arrayrnn.engines.cupy import launch as cuda_launch  # noqa: E402
-from arrayrnn.engines.cupy.programs import Shape, VariantFlags, backward_program, forward_program  # noqa: E402
+from arrayrnn.engines.cupy.programs import Shape, backward_program, forward_program  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("launch_order.json")
 T, B, I, H, P = 3, 2, 3, 4, 2

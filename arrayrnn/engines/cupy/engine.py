@@ -31,7 +31,7 @@ from ..base import Call, DirectionForward, DirectionGrads, DirectionWeights
 from ..stack import StackEngine
 from . import launch
 from .graphs import GraphCache
-from .programs import Shape, VariantFlags, backward_program, forward_program
+from .programs import Shape, backward_program, forward_program
 
 Array = Any
 
@@ -93,7 +93,7 @@ class GpuKernel:
 def _shape(a: Array, batch_sizes: np.ndarray, reverse: bool, w: DirectionWeights, **options: bool) -> Shape:
     T, B = a.shape[:2]
     lengths = np.ascontiguousarray(batch_sizes, dtype=np.int64).tobytes()
-    return Shape(T, B, lengths, reverse, VariantFlags.of(w), a.dtype, **options)
+    return Shape(T, B, lengths, reverse, w.variants, a.dtype, **options)
 
 
 class CupyEngine(StackEngine):

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...core.spec import RNNSpec
-from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
+from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, VariantFlags
 from ..cells import gate_slice
 from ..layer_norm import gain_grads
 from . import kernels as ck
@@ -38,19 +38,6 @@ from .norms import ROW, BackwardNorm, ForwardNorm, gain_inputs, no_launch, produ
 
 Array = Any
 Launch = Callable[[int, int], None]  # (t, n)
-
-
-@dataclass(frozen=True)
-class VariantFlags:
-    """Which per-call cell-variant masks a direction has (part of a program's key)."""
-
-    recurrent: bool
-    zoneout_h: bool
-    zoneout_c: bool
-
-    @classmethod
-    def of(cls, w: DirectionWeights) -> VariantFlags:
-        return cls(w.h_mask is not None, w.zoneout_h is not None, w.zoneout_c is not None)
 
 
 @dataclass(frozen=True)

@@ -95,14 +95,15 @@ def cell_of(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = Fal
 
 def variants_of(w: DirectionWeights, dtype: Any) -> bd.Variants:
     """``w``'s cell-variant masks (recurrent dropout, zoneout), zero-size where off."""
-    if w.h_mask is None and w.zoneout_h is None and w.zoneout_c is None:
+    on = w.variants
+    if not on.names:
         return bd.no_variants(dtype)
 
     def mask(m: Array | None, ndim: int) -> np.ndarray:
         return absent(dtype, ndim) if m is None else _c(m).astype(dtype, copy=False)
 
-    return bd.Variants(w.h_mask is not None, mask(w.h_mask, 2), w.zoneout_h is not None, mask(w.zoneout_h, 3),
-                       w.zoneout_c is not None, mask(w.zoneout_c, 3))
+    return bd.Variants(on.recurrent, mask(w.h_mask, 2), on.zoneout_h, mask(w.zoneout_h, 3), on.zoneout_c,
+                       mask(w.zoneout_c, 3))
 
 
 def _rows_if(on: bool, B: int, width: int, dtype: Any) -> np.ndarray:

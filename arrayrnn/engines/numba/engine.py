@@ -133,9 +133,7 @@ class NumbaKernel:
     def _plan(self, spec: RNNSpec, w: DirectionWeights, rows: int, dtype: Any) -> NumbaPlan:
         if self.plan is not None:
             return self.plan
-        variants = tuple(name for name, m in (("recurrent", w.h_mask), ("zoneout_h", w.zoneout_h),
-                                              ("zoneout_c", w.zoneout_c)) if m is not None)
-        return loop_plan(spec, rows, dtype, variants, available_threads())
+        return loop_plan(spec, rows, dtype, w.variants.names, available_threads())
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, spec: RNNSpec, w: DirectionWeights, xw: Array, batch_sizes: np.ndarray, h0: Array,

@@ -53,21 +53,13 @@ class NumbaPlan:
         return 1 if self.schedule else self.threads
 
 
-def applied(masks: CellMasks | None) -> tuple[str, ...]:
-    """The masks of ``masks`` in use, by field name (``()`` for none)."""
-    if masks is None:
-        return ()
-    names = ("recurrent", "weight", "zoneout_h", "zoneout_c")
-    return tuple(name for name, m in zip(names, masks, strict=True) if m is not None)
-
-
 def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: CellMasks | None = None,
                  threads: int | None = None) -> NumbaPlan:
     """The plan of a forward over ``x (T, B, I)`` (rows sorted by length) with the cell variants ``masks``
     on ``threads`` threads (``None``: :func:`.loop_threads.available_threads`)."""
     T, B = x.shape[:2]
     threads = available_threads() if threads is None else threads
-    variants = applied(masks)
+    variants = masks.applied() if masks is not None else ()
     schedule = wavefront_schedule(spec, B, threads, column_loop(spec, variants))
     loops = loop_plan(spec, B, x.dtype, variants, 1 if schedule else threads)
     packed = tuple(packed_projection(T, B, spec.layer_input_size(layer), spec.gate_size, x.dtype)
