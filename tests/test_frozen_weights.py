@@ -107,7 +107,8 @@ def test_weight_dropout_is_never_served_from_the_kept_packs(packs):
 def test_the_copy_and_its_forms_go_with_the_buffer():
     params = ar.PackedParams.init(SPEC, seed=0)
     ar.rnn_forward(params, _x(), engine="numba")
-    key, copy_key = id(params.data), id(guard.frozen_copy(params.data).copy)
+    key = (params.data.ctypes.data, params.data.nbytes, params.data.dtype.str)
+    copy_key = id(guard.frozen_copy(params.data).copy)
     assert key in guard._LATEST and copy_key in derived._FORMS
     del params
     gc.collect()
@@ -137,3 +138,19 @@ def test_nan_and_signed_zero_writes_count_as_writes():
     assert guard.frozen_copy(data) is not snap
     snap = guard.frozen_copy(data)
     assert guard.frozen_copy(data) is snap
+
+
+def test_a_new_view_of_the_same_memory_reuses_the_copy(packs):
+    """An adapter wraps the same weight memory in a new NumPy view at every call (``Tensor.numpy()``)."""
+    memory = ar.PackedParams.init(SPEC, seed=0).data
+    first = ar.rnn_forward(ar.PackedParams(SPEC, memory[:]), _x(), engine="numba")
+    again = ar.rnn_forward(ar.PackedParams(SPEC, memory[:]), _x(), engine="numba")
+    assert len(packs) == 4
+    np.testing.assert_array_equal(again.y, first.y)
+
+
+def test_only_the_last_buffers_copies_are_kept():
+    buffers = [ar.PackedParams.init(SPEC, seed=k) for k in range(guard._KEEP + 3)]
+    for params in buffers:
+        ar.rnn_forward(params, _x(), engine="numba")
+    assert len(guard._LATEST) <= guard._KEEP

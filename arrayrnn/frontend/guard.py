@@ -15,7 +15,7 @@ which records nothing.
   raises there. Exact. The copy is also what the NumPy engines run on (:func:`frozen_copy`): nothing writes
   it, so an engine keeps what it derives from it (:mod:`arrayrnn.engines.derived`: the numba engine's packed
   weights), and a later call on a buffer that still holds the same bits reuses the copy and those forms
-  (one comparison instead of a copy and the packing). The last copy of each live buffer is kept with it.
+  (one comparison instead of a copy and the packing). The last copies of the 8 buffers used last are kept.
 - **CuPy** (:class:`DeviceFingerprint`): no copy and no waiting for the GPU. The forward adds a 64-bit
   fingerprint of the buffer (:mod:`arrayrnn.core.fingerprint`: one kernel, 16 bytes) into a device slot,
   the backward adds the buffer's fingerprint at that point of the stream into a second slot and copies both
@@ -34,7 +34,7 @@ import contextvars
 import os
 import threading
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,19 +78,26 @@ class HostSnapshot:
             raise ValueError(_MESSAGE)
 
 
-_LATEST: dict[int, HostSnapshot] = {}  # id(a live NumPy buffer) -> the last copy made of it
+_LATEST: OrderedDict[tuple[int, int, str], HostSnapshot] = OrderedDict()  # (address, bytes, dtype) -> copy
+_KEEP = 8  # buffers whose last copy is kept (an adapter wraps the same memory in a new view every call)
 
 
 def frozen_copy(data: np.ndarray) -> HostSnapshot:
-    """The private copy of ``data`` that the NumPy engines run on: the last one made of ``data`` while
-    ``data`` still holds its bits (one comparison), else a new one (one copy)."""
-    last = _LATEST.get(id(data))
+    """The private copy of ``data`` that the NumPy engines run on: the last one made of the memory
+    ``data`` views while it still holds the same bits (one comparison), else a new one (one copy). The
+    last copies of the :data:`_KEEP` buffers used last are kept; an owning buffer's goes when it is freed."""
+    place = (data.ctypes.data, data.nbytes, data.dtype.str)
+    last = _LATEST.get(place)
     if last is not None and last.holds(data):
+        _LATEST.move_to_end(place)
         return last
     snap = HostSnapshot(data)
-    if last is None:
-        weakref.finalize(data, _LATEST.pop, id(data), None)
-    _LATEST[id(data)] = snap
+    if last is None and data.base is None:
+        weakref.finalize(data, _LATEST.pop, place, None)
+    _LATEST[place] = snap
+    _LATEST.move_to_end(place)
+    while len(_LATEST) > _KEEP:
+        _LATEST.popitem(last=False)
     return snap
 
 
