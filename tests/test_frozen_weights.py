@@ -154,3 +154,11 @@ def test_only_the_last_buffers_copies_are_kept():
     for params in buffers:
         ar.rnn_forward(params, _x(), engine="numba")
     assert len(guard._LATEST) <= guard._KEEP
+
+
+def test_params_in_an_engines_own_format_keep_it_on_the_copy():
+    params = ar.PackedParams.init(SPEC, seed=0)
+    snap = guard.frozen_copy(params.data)
+    native = ar.PackedParams._wrap(SPEC, params.data, "permuted")
+    assert snap.params(native).format == "permuted" and snap.params(params).format == "canonical"
+    assert snap.params(params).data is snap.copy

@@ -60,8 +60,8 @@ class HostSnapshot:
     def params(self, params: Any) -> Any:
         """``params`` (a :class:`~arrayrnn.PackedParams` whose data this copies) over the copy."""
         wrapped = self._wrapped
-        if wrapped is None or wrapped.spec != params.spec:
-            wrapped = self._wrapped = type(params)(params.spec, self.copy)
+        if wrapped is None or wrapped.spec != params.spec or wrapped.format != params.format:
+            wrapped = self._wrapped = type(params)._wrap(params.spec, self.copy, params.format)
         return wrapped
 
     def holds(self, data: Any) -> bool:
