@@ -1,7 +1,7 @@
 """The scalar gate formulas, written once, shared by the numba CPU kernels and the CUDA kernels.
 
 Every function here is a plain ``@numba.njit`` scalar function on already-activated gate values: the
-numba CPU loops (:mod:`.numba.loops`) call them per element, and the ``@cuda.jit`` kernels
+numba CPU loops (:mod:`.numba.loop_parts`) call them per element, and the ``@cuda.jit`` kernels
 (:mod:`.cuda_kernels`) call them as device functions (numba compiles an ``@njit`` function for the
 CUDA target when a kernel calls it; the CUDA simulator calls it as is). The activations themselves
 (sigmoid, tanh) stay per target: vectorisable polynomials on the CPU, the CUDA math library on the GPU.
