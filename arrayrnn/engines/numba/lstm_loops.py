@@ -354,13 +354,14 @@ def lstm_norm_forward_columns(part, parts, sync, steps, state, cell, cache, work
 @simd_jit(**JIT)
 def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, norm, scratch):
     """The LSTM backward of rows ``r0 .. r1``, steps in reverse order of the forward (bundles:
-    :class:`.LSTMResiduals`; :class:`.BackSteps`, ``dpre (T,B,4H)`` out; :class:`.Cotangents` ``dh``,
-    ``dc``, carried in and out; :class:`.LSTMCell` packed for the backward; :class:`.Variants`;
-    :class:`.BackwardWork`). Per step: the carried cotangents' shares (:func:`_lstm_carried_in`), the
-    gate gradients (peepholes: :func:`_lstm_peephole_grads`), ``dh = dpre @ W_hh`` (times ``h_mask``
-    under recurrent dropout), the carried shares of zoneout added back. Layer norm (:class:`.NormBackward`):
-    the gate gradients through the cell's norm (:func:`_lstm_norm_grads`), then the product's norm
-    (:func:`norm_rows_grad`: ``d_raw[t]``, the raw product's cotangent, is the GEMM's operand)."""
+    :class:`.LSTMResiduals`; :class:`.BackSteps`, ``dpre (T,B,4H)`` out; :class:`.Cotangents` ``dh``, ``dc``,
+    carried in and out; :class:`.LSTMCell` packed for the backward; :class:`.Variants`;
+    :class:`.BackwardWork`). Per step: the carried cotangents' shares (:func:`_lstm_carried_in`), the gate
+    gradients (:func:`_lstm_gate_grads`; peepholes: :func:`_lstm_peephole_grads`), ``dh = dpre @ W_hh`` (times
+    ``h_mask`` under recurrent dropout), the carried shares of zoneout added back. Layer norm
+    (:class:`.NormBackward`): the gate gradients through the cell's norm (:func:`_lstm_norm_grads`), then the
+    product's norm (:func:`norm_rows_grad`: ``d_raw[t]``, the raw product's cotangent, is the GEMM's
+    operand)."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -369,7 +370,6 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
     T, H = gates.shape[0], dc.shape[1]
-    one = one_of(gates)
     for s in range(T):
         t = step_time(T - 1 - s, T, reverse)
         n = min(bs[t], r1)
@@ -380,19 +380,8 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
             elif peep:
                 _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work)
             else:
-                for b in range(r0, n):
-                    g, d = gates[t, b], dpre[t, b]
-                    cb, cp, dcb = c_all[t, b], c_prev[t, b], dc[b]
-                    dyb, dhb, dmb = dy[t, b], dh[b], rows[b]
-                    tcb = tanh_c_all[t, b] if project else cb
-                    for j in range(H):
-                        gi, gf = g[LSTM_I * H + j], g[LSTM_F * H + j]
-                        gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
-                        tc = tcb[j] if project else tanh(cb[j])
-                        dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-                        di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj,
-                                                                 dcb[j], use_clip, clip_lo, clip_hi)
-                        _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
+                _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project,
+                                 zone_h, use_clip, clip_lo, clip_hi, False, P)
             if zone_c:
                 add_rows(carry_c, dc, r0, n)
             if norm is not None:
@@ -501,8 +490,7 @@ def _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch):
 
 @simd_jit(**JIT)
 def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work):
-    """The gate gradients of step ``t``, rows ``r0 .. n``, with peepholes
-    (:func:`.gate_math.lstm_peephole_cell_grads`); compiled apart like :func:`_lstm_peephole_tile`."""
+    """:func:`_lstm_gate_grads` with peepholes; compiled apart like :func:`_lstm_peephole_tile`."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -510,6 +498,17 @@ def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project, zone_h,
+                     use_clip, clip_lo, clip_hi, True, P)
+
+
+@register_jitable(inline="always")
+def _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project, zone_h,
+                     use_clip, clip_lo, clip_hi, peep, P):
+    """The gate gradients of step ``t``, rows ``r0 .. n`` (:func:`.gate_math.lstm_cell_grads`; with ``peep``,
+    a constant at each call, :func:`.gate_math.lstm_peephole_cell_grads` with the peepholes ``P``): into
+    ``dpre[t]``, the entering cell's cotangent into ``dc``. The output's cotangent: ``rows`` (``d_h @ W_hr``)
+    with projection, else ``dy[t] + dh`` (``dh`` alone under zoneout: it holds the step's share)."""
     H = dc.shape[1]
     one = one_of(dy)
     for b in range(r0, n):
@@ -522,7 +521,11 @@ def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work
             gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
             tc = tcb[j] if project else tanh(cb[j])
             dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-            di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
-                one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi, P[0, j],
-                P[1, j], P[2, j])
+            if peep:
+                di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
+                    one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi, P[0, j],
+                    P[1, j], P[2, j])
+            else:
+                di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j],
+                                                         use_clip, clip_lo, clip_hi)
             _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
