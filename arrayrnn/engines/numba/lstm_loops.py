@@ -433,7 +433,7 @@ def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
         mean, rstd = stats[t, b, 1, 0], stats[t, b, 1, 1]
         sum_d, sum_dx = one - one, one - one
         for j in range(H):
-            du = dm[j] * go_[j] * (one - tcb[j] * tcb[j])  # the cotangent of g_c * LN(c) + b_c
+            du = gm.lstm_output_grad(one, go_[j], tcb[j], dm[j])  # the cotangent of g_c * LN(c) + b_c
             x = gm.layer_normalized(cb[j], mean, rstd)
             d_gain[j] += du * x
             d_shift[j] += du
@@ -442,7 +442,7 @@ def _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, no
             sum_dx += dd * x
         mean_d, mean_dx = sum_d * inv, sum_dx * inv
         for j in range(H):  # dc: the carry, then the cell's whole cotangent (the output's part joins)
-            du = dm[j] * go_[j] * (one - tcb[j] * tcb[j])
+            du = gm.lstm_output_grad(one, go_[j], tcb[j], dm[j])
             x = gm.layer_normalized(cb[j], mean, rstd)
             dcb[j] += gm.layer_norm_grad(rstd, du * g_c[j], x, mean_d, mean_dx)
         for j in range(H):
