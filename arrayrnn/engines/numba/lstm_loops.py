@@ -7,10 +7,10 @@ per active row of step ``t``, roughly::
     i, f, g, o = sig(xw_i), sig(xw_f), tanh(xw_g), sig(xw_o)   # stored over xw[t] (the cache)
     c = clip(f * c + i * g);  h = o * tanh(c)        # h = (o * tanh(c)) @ W_hr.T with projection
 
-Peepholes have their own tile and backward pass (:func:`_lstm_peephole_tile`, :func:`_lstm_peephole_grads`);
+Peepholes have their own tile (:func:`_lstm_peephole_tile`) and gate gradients (:func:`_lstm_gate_grads`);
 layer norm adds the cell's norm ``tanh(g_c * LN(c) + b_c)`` (:func:`_lstm_norm_tile`, its column split
-:func:`lstm_norm_forward_columns`; backward :func:`_lstm_norm_grads`). :func:`lstm_forward_columns`
-splits the units instead of the rows.
+:func:`lstm_norm_forward_columns`; backward :func:`_lstm_norm_grads`). :func:`lstm_forward_columns` splits the
+units instead of the rows.
 """
 
 from __future__ import annotations
@@ -357,11 +357,10 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
     :class:`.LSTMResiduals`; :class:`.BackSteps`, ``dpre (T,B,4H)`` out; :class:`.Cotangents` ``dh``, ``dc``,
     carried in and out; :class:`.LSTMCell` packed for the backward; :class:`.Variants`;
     :class:`.BackwardWork`). Per step: the carried cotangents' shares (:func:`_lstm_carried_in`), the gate
-    gradients (:func:`_lstm_gate_grads`; peepholes: :func:`_lstm_peephole_grads`), ``dh = dpre @ W_hh`` (times
-    ``h_mask`` under recurrent dropout), the carried shares of zoneout added back. Layer norm
-    (:class:`.NormBackward`): the gate gradients through the cell's norm (:func:`_lstm_norm_grads`), then the
-    product's norm (:func:`norm_rows_grad`: ``d_raw[t]``, the raw product's cotangent, is the GEMM's
-    operand)."""
+    gradients (:func:`_lstm_gate_grads`), ``dh = dpre @ W_hh`` (times ``h_mask`` under recurrent dropout), the
+    carried shares of zoneout added back. Layer norm (:class:`.NormBackward`): the gate gradients through the
+    cell's norm (:func:`_lstm_norm_grads`), then the product's norm (:func:`norm_rows_grad`: ``d_raw[t]``, the
+    raw product's cotangent, is the GEMM's operand)."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -378,10 +377,9 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
             if norm is not None:
                 _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm)
             elif peep:
-                _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work)
+                _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, P)
             else:
-                _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project,
-                                 zone_h, use_clip, clip_lo, clip_hi, False, P)
+                _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, None)
             if zone_c:
                 add_rows(carry_c, dc, r0, n)
             if norm is not None:
@@ -489,8 +487,13 @@ def _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch):
 
 
 @simd_jit(**JIT)
-def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work):
-    """:func:`_lstm_gate_grads` with peepholes; compiled apart like :func:`_lstm_peephole_tile`."""
+def _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, peepholes):
+    """The gate gradients of step ``t``, rows ``r0 .. n`` (:func:`.gate_math.lstm_cell_grads`; with
+    ``peepholes``, the cell's ``P``, :func:`.gate_math.lstm_peephole_cell_grads`): into ``dpre[t]``, the
+    entering cell's cotangent into ``dc``. The output's cotangent: ``rows`` (``d_h @ W_hr``) with projection,
+    else ``dy[t] + dh`` (``dh`` alone under zoneout: it holds the step's share). Compiled apart, once with
+    ``peepholes`` None (numba prunes the other branch before typing, like the loops' ``norm``) and once with
+    the array."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -498,17 +501,6 @@ def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
-    _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project, zone_h,
-                     use_clip, clip_lo, clip_hi, True, P)
-
-
-@register_jitable(inline="always")
-def _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project, zone_h,
-                     use_clip, clip_lo, clip_hi, peep, P):
-    """The gate gradients of step ``t``, rows ``r0 .. n`` (:func:`.gate_math.lstm_cell_grads`; with ``peep``,
-    a constant at each call, :func:`.gate_math.lstm_peephole_cell_grads` with the peepholes ``P``): into
-    ``dpre[t]``, the entering cell's cotangent into ``dc``. The output's cotangent: ``rows`` (``d_h @ W_hr``)
-    with projection, else ``dy[t] + dh`` (``dh`` alone under zoneout: it holds the step's share)."""
     H = dc.shape[1]
     one = one_of(dy)
     for b in range(r0, n):
@@ -521,11 +513,11 @@ def _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, row
             gg, go = g[LSTM_G * H + j], g[LSTM_O * H + j]
             tc = tcb[j] if project else tanh(cb[j])
             dmj = dmb[j] if project else (dhb[j] if zone_h else dyb[j] + dhb[j])
-            if peep:
-                di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
-                    one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi, P[0, j],
-                    P[1, j], P[2, j])
-            else:
+            if peepholes is None:
                 di, df, dg, do, dcp = gm.lstm_cell_grads(one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j],
                                                          use_clip, clip_lo, clip_hi)
+            else:
+                di, df, dg, do, dcp = gm.lstm_peephole_cell_grads(
+                    one, gi, gf, gg, go, cb[j], tc, cp[j], dmj, dcb[j], use_clip, clip_lo, clip_hi,
+                    peepholes[0, j], peepholes[1, j], peepholes[2, j])
             _store_lstm_grads(d, dcb, j, H, di, df, dg, do, dcp)
