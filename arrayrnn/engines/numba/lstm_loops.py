@@ -7,7 +7,7 @@ per active row of step ``t``, roughly::
     i, f, g, o = sig(xw_i), sig(xw_f), tanh(xw_g), sig(xw_o)   # stored over xw[t] (the cache)
     c = clip(f * c + i * g);  h = o * tanh(c)        # h = (o * tanh(c)) @ W_hr.T with projection
 
-Peepholes have their own tile (:func:`_lstm_peephole_tile`) and gate gradients (:func:`_lstm_gate_grads`);
+Peepholes have their own tile (:func:`_lstm_peephole_tile`) and gate gradients (:func:`_lstm_peephole_grads`);
 layer norm adds the cell's norm ``tanh(g_c * LN(c) + b_c)`` (:func:`_lstm_norm_tile`, its column split
 :func:`lstm_norm_forward_columns`; backward :func:`_lstm_norm_grads`). :func:`lstm_forward_columns` splits the
 units instead of the rows.
@@ -20,6 +20,7 @@ from numba.extending import register_jitable
 
 from .. import gate_math as gm
 from ..gate_math import LSTM_F, LSTM_G, LSTM_I, LSTM_O
+from ..numba_cache import njit
 from .loop_parts import (
     JIT,
     JIT_SUMS,
@@ -357,10 +358,11 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
     :class:`.LSTMResiduals`; :class:`.BackSteps`, ``dpre (T,B,4H)`` out; :class:`.Cotangents` ``dh``, ``dc``,
     carried in and out; :class:`.LSTMCell` packed for the backward; :class:`.Variants`;
     :class:`.BackwardWork`). Per step: the carried cotangents' shares (:func:`_lstm_carried_in`), the gate
-    gradients (:func:`_lstm_gate_grads`), ``dh = dpre @ W_hh`` (times ``h_mask`` under recurrent dropout), the
-    carried shares of zoneout added back. Layer norm (:class:`.NormBackward`): the gate gradients through the
-    cell's norm (:func:`_lstm_norm_grads`), then the product's norm (:func:`norm_rows_grad`: ``d_raw[t]``, the
-    raw product's cotangent, is the GEMM's operand)."""
+    gradients (:func:`_lstm_gate_grads`; peepholes: :func:`_lstm_peephole_grads`), ``dh = dpre @ W_hh`` (times
+    ``h_mask`` under recurrent dropout), the carried shares of zoneout added back. Layer norm
+    (:class:`.NormBackward`): the gate gradients through the cell's norm (:func:`_lstm_norm_grads`), then the
+    product's norm (:func:`norm_rows_grad`: ``d_raw[t]``, the raw product's cotangent, is the GEMM's
+    operand)."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -377,9 +379,10 @@ def lstm_backward_loop(r0, r1, residuals, grads, carry, cell, variants, work, no
             if norm is not None:
                 _lstm_norm_grads(t, r0, n, residuals, grads, carry, cell, variants, work, norm)
             elif peep:
-                _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, P)
+                _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work)
             else:
-                _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, None)
+                _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project,
+                                 zone_h, use_clip, clip_lo, clip_hi, None)
             if zone_c:
                 add_rows(carry_c, dc, r0, n)
             if norm is not None:
@@ -487,13 +490,8 @@ def _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch):
 
 
 @simd_jit(**JIT)
-def _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, peepholes):
-    """The gate gradients of step ``t``, rows ``r0 .. n`` (:func:`.gate_math.lstm_cell_grads`; with
-    ``peepholes``, the cell's ``P``, :func:`.gate_math.lstm_peephole_cell_grads`): into ``dpre[t]``, the
-    entering cell's cotangent into ``dc``. The output's cotangent: ``rows`` (``d_h @ W_hr``) with projection,
-    else ``dy[t] + dh`` (``dh`` alone under zoneout: it holds the step's share). Compiled apart, once with
-    ``peepholes`` None (numba prunes the other branch before typing, like the loops' ``norm``) and once with
-    the array."""
+def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work):
+    """:func:`_lstm_gate_grads` with the peepholes; compiled apart like :func:`_lstm_peephole_tile`."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads
@@ -501,6 +499,17 @@ def _lstm_gate_grads(t, r0, n, residuals, grads, carry, cell, variants, work, pe
     W_hh_p, W_hr_p, project, use_clip, clip_lo, clip_hi, peep, P = cell
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, drh, carry_h, carry_c = work
+    _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project, zone_h,
+                     use_clip, clip_lo, clip_hi, P)
+
+
+@njit(inline="always")  # numba inlines it before typing: the plain call's None prunes the peephole branch
+def _lstm_gate_grads(t, r0, n, gates, c_all, c_prev, tanh_c_all, dy, dh, dc, rows, dpre, project, zone_h,
+                     use_clip, clip_lo, clip_hi, peepholes):
+    """The gate gradients of step ``t``, rows ``r0 .. n`` (:func:`.gate_math.lstm_cell_grads`; with
+    ``peepholes``, the cell's ``P``, :func:`.gate_math.lstm_peephole_cell_grads`): into ``dpre[t]``, the
+    entering cell's cotangent into ``dc``. The output's cotangent: ``rows`` (``d_h @ W_hr``) with projection,
+    else ``dy[t] + dh`` (``dh`` alone under zoneout: it holds the step's share)."""
     H = dc.shape[1]
     one = one_of(dy)
     for b in range(r0, n):
