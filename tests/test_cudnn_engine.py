@@ -410,7 +410,7 @@ def test_check_answers_each_call() -> None:
 
     def call(**over):
         fields = dict(spec=spec, xp=fake_cupy, device=0, seq_len=thresholds.AUTO_MIN_SEQ_LEN, batch=2,
-                      training=True, dropout=False, params_format="canonical", has_zero_length=True,
+                      training=True, params_format="canonical", has_zero_length=True,
                       explicit=False)
         return Call(**{**fields, **over})
 
@@ -438,7 +438,7 @@ def test_check_asks_the_bindings_whether_libcudnn_loads(monkeypatch: pytest.Monk
     spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4)
     for explicit in (False, True):
         call = Call(spec=spec, xp=types.ModuleType("cupy"), device=0, seq_len=64, batch=2, training=False,
-                    dropout=False, params_format="cudnn", has_zero_length=False, explicit=explicit)
+                    params_format="cudnn", has_zero_length=False, explicit=explicit)
         assert cf.check(call) == ("libcudnn cannot be loaded (no libcudnn.so.9; searched: $CUDNN_PATH "
                                   "(unset), the wheel (absent))")
 

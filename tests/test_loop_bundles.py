@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from arrayrnn.engines.numba import bundles, loops
+from arrayrnn.engines.numba import bundles, gru_loops, loop_parts, lstm_loops, rnn_loops
 
 # a loop's parameter name -> the bundles it may carry
 PARAMETERS = {
@@ -25,9 +25,12 @@ PARAMETERS = {
 
 
 def _unpacks() -> list[tuple[str, str, tuple[str, ...]]]:
-    """(function, parameter, the names it is unpacked into) for every ``a, b = parameter`` in loops.py."""
+    """(function, parameter, the names it is unpacked into) for every ``a, b = parameter`` in the loops'
+    modules."""
     found = []
-    for node in ast.walk(ast.parse(inspect.getsource(loops))):
+    nodes = [node for module in (loop_parts, lstm_loops, gru_loops, rnn_loops)
+             for node in ast.walk(ast.parse(inspect.getsource(module)))]
+    for node in nodes:
         if not isinstance(node, ast.FunctionDef):
             continue
         params = {a.arg for a in node.args.args}

@@ -16,14 +16,14 @@ from numba.core.runtime import _nrt_python, rtsys
 from support.fresh_process import run_fresh
 
 import arrayrnn as ar
-from arrayrnn.engines.numba import loops as nk
+from arrayrnn.engines.numba import gru_loops, loop_parts, lstm_loops, rnn_loops
 
 SIGMOID, TANH = 0, 1
 
 
 def _activate(kind: int, x: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)
-    nk.activate(kind, x, out)
+    loop_parts.activate(kind, x, out)
     return out
 
 
@@ -133,7 +133,7 @@ def test_the_micro_kernel_has_one_signature(tmp_path):
 _ACTIVATION_IR = r"""
 import re
 import numpy as np
-from arrayrnn.engines.numba import loops
+from arrayrnn.engines.numba import loop_parts as loops
 x = np.linspace(-3.0, 3.0, 64).astype("float32")
 loops.activate(0, x, np.empty_like(x))
 ir = loops.activate.inspect_llvm(loops.activate.signatures[0])
@@ -151,14 +151,15 @@ def test_the_activations_are_compiled_apart_and_inlined_by_llvm(tmp_path):
 _NORM_HELPERS = """
 import numpy as np
 import arrayrnn as ar
-from arrayrnn.engines.numba import loops
+from arrayrnn.engines.numba import loop_parts, lstm_loops
 for mode in ("lstm", "gru", "rnn_tanh"):
     spec = ar.RNNSpec(mode, 3, 4, dtype="float32")
     x = np.ones((3, 2, 3), "float32")
     ar.rnn_backward(ar.rnn_forward(ar.PackedParams.init(spec), x, training=True, engine="numba"))
-helpers = [loops._norm_rows, loops._norm_input, loops._norm_rows_grad, loops._lstm_norm_tile,
-           loops._lstm_norm_grads, loops._zero_idle_raw_grads, loops.row_stats, loops._rescaled_rstd]
-print(sum(len(f.signatures) for f in helpers), len(loops.lstm_backward_loop.signatures))
+helpers = [loop_parts.norm_rows, loop_parts.norm_input, loop_parts.norm_rows_grad, lstm_loops._lstm_norm_tile,
+           lstm_loops._lstm_norm_grads, loop_parts.zero_idle_raw_grads, loop_parts.row_stats,
+           loop_parts._rescaled_rstd]
+print(sum(len(f.signatures) for f in helpers), len(lstm_loops.lstm_backward_loop.signatures))
 """
 
 
@@ -177,8 +178,8 @@ def test_one_compiled_signature_per_dtype_and_on_disk_cache():
             x = rng.standard_normal((4, 2, 3)).astype(dtype)
             ar.rnn_forward(ar.PackedParams.init(spec), x, engine="numba")
             ar.rnn_backward(ar.rnn_forward(ar.PackedParams.init(spec), x, training=True, engine="numba"))
-    loops = [nk.lstm_forward_loop, nk.lstm_backward_loop, nk.gru_forward_loop, nk.gru_backward_loop,
-             nk.rnn_forward_loop, nk.rnn_backward_loop]
+    loops = [lstm_loops.lstm_forward_loop, lstm_loops.lstm_backward_loop, gru_loops.gru_forward_loop,
+             gru_loops.gru_backward_loop, rnn_loops.rnn_forward_loop, rnn_loops.rnn_backward_loop]
     for loop in loops:
         # one per dtype and per layer norm off (its bundle None: numba prunes its branches) or on
         norm_at = list(inspect.signature(loop.py_func).parameters).index("norm")

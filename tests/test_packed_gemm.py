@@ -176,16 +176,17 @@ def test_cache_key_covers_every_engine_module_the_time_loops_call_into():
     import ast
     from pathlib import Path
 
-    from arrayrnn.engines.numba import loops
+    from arrayrnn.engines.numba import gru_loops, loop_parts, lstm_loops, rnn_loops
 
-    callees = set()
-    for node in ast.walk(ast.parse(Path(loops.__file__).read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level in (1, 2):
-            folder = "numba/" if node.level == 1 else ""
-            names = [node.module] if node.module else [alias.name for alias in node.names]
-            callees |= {f"{folder}{name}.py" for name in names}
-    callees.discard("numba_cache.py")  # the decorator (numba's cache made safe to fail): no code called into
-    assert {"gate_math.py", "numba/packed_gemm.py"} <= callees <= set(simd_ir.KERNEL_SOURCES)
+    for loops in (loop_parts, lstm_loops, gru_loops, rnn_loops):
+        callees = set()
+        for node in ast.walk(ast.parse(Path(loops.__file__).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level in (1, 2):
+                folder = "numba/" if node.level == 1 else ""
+                names = [node.module] if node.module else [alias.name for alias in node.names]
+                callees |= {f"{folder}{name}.py" for name in names}
+        callees.discard("numba_cache.py")  # the decorator (numba's cache made safe to fail): no code called
+        assert {"gate_math.py", "numba/packed_gemm.py"} <= callees <= set(simd_ir.KERNEL_SOURCES), loops
 
 
 @pytest.mark.skipif(simd_ir.VARIANT != "avx512", reason=f"the SIMD variant here is {simd_ir.VARIANT}")
@@ -194,18 +195,18 @@ def test_time_loops_let_llvm_vectorise_at_512_bits():
 
     import numba
 
-    from arrayrnn.engines.numba import loops as numba_kernels
+    from arrayrnn.engines.numba import gru_loops, lstm_loops, rnn_loops
 
     # every time loop asks for it ...
-    loops = [name for name, fn in vars(numba_kernels).items()
-             if name.endswith(("_loop", "_columns")) and hasattr(fn, "py_func")]
+    loops = {name: fn for module in (lstm_loops, gru_loops, rnn_loops) for name, fn in vars(module).items()
+             if name.endswith(("_loop", "_columns")) and hasattr(fn, "py_func")}
     assert {"lstm_forward_loop", "lstm_forward_columns", "lstm_backward_loop", "gru_forward_loop",
             "gru_forward_columns", "gru_backward_loop", "rnn_forward_loop", "rnn_backward_loop"} <= set(loops)
-    for name in loops:
-        assert "prefer_full_vectors()" in inspect.getsource(getattr(numba_kernels, name).py_func), name
+    for name, fn in loops.items():
+        assert "prefer_full_vectors()" in inspect.getsource(fn.py_func), name
     # ... and asking puts the attribute on the function (compiled here: a function loaded from numba's
     # disk cache shows no IR)
-    tile = numba.njit(nogil=True)(numba_kernels._lstm_peephole_tile.py_func)
+    tile = numba.njit(nogil=True)(lstm_loops._lstm_peephole_tile.py_func)
     xw, y = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 2), np.float32)   # 1 step, 1 row, H = 2
     c, m, peepholes = np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32), np.zeros((3, 2), np.float32)
     tile(xw, 0, 0, 1, 2, c, y, m, False, False, y, np.float32(-1), np.float32(1), peepholes)

@@ -10,7 +10,7 @@ import torch
 from arrayrnn import RNNSpec, activations, ops
 from arrayrnn.core.params import PackedParams
 from arrayrnn.engines import cells
-from arrayrnn.engines.numba import loops as nk
+from arrayrnn.engines.numba import loop_parts
 from arrayrnn.engines.pointwise import POINTWISE
 
 TORCH = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
@@ -67,7 +67,7 @@ def test_the_fused_bias_op_the_ops_and_the_cells_use_the_table(name):
 def test_numba_activations_match_the_table(kind, name, dtype, ulps):
     x = inputs(dtype)
     out = np.empty_like(x)
-    nk.activate(kind, x, out)
+    loop_parts.activate(kind, x, out)
     expected = POINTWISE[name](np, x)
     np.testing.assert_allclose(out, expected, rtol=ulps * np.finfo(dtype).eps, atol=16 * np.finfo(dtype).tiny)
 

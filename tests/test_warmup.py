@@ -287,7 +287,7 @@ def test_a_corrupt_cache_file_is_compiled_again_and_overwritten(filled_cache, tm
     """Before, a truncated index or data file made every call that reached it raise UnpicklingError."""
     shutil.copytree(filled_cache, tmp_path / "cache")
     # the loop's every entry (one signature per layer norm on or off): the call reaches one of them
-    pattern = "loops.rnn_forward_loop-*.nbi" if damage == "index" else "loops.rnn_forward_loop-*.nbc"
+    pattern = f"rnn_loops.rnn_forward_loop-*.{'nbi' if damage == 'index' else 'nbc'}"
     targets = sorted((tmp_path / "cache").rglob(pattern))
     assert targets, pattern
     truncated = {}

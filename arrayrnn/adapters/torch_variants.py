@@ -53,11 +53,6 @@ def extra_name(block: str, layer: int, direction: int) -> str:
     return f"{EXTRA_NAMES[block]}_l{layer}{'_reverse' if direction else ''}"
 
 
-def peephole_name(layer: int, direction: int) -> str:
-    """The key of a layer-direction's peephole weights (``nn.LSTM``'s naming; it has none of its own)."""
-    return extra_name("P", layer, direction)
-
-
 def _extra_shapes(module: torch.nn.RNNBase) -> dict[str, tuple[int, ...]]:
     """The extra blocks of ``module`` (its ``peepholes`` and ``layer_norm``), in arrayrnn's layout order."""
     H = module.hidden_size

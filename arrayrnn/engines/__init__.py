@@ -166,8 +166,8 @@ def engine_for_format(format: str) -> Engine:
 
 def probe_call(spec: RNNSpec, xp: ModuleType = np, **fields) -> Call:
     """A :class:`Call` for ``spec`` on ``xp`` with small defaults (T = B = 1, inference), for probing."""
-    base = Call(spec=spec, xp=xp, device=None, seq_len=1, batch=1, training=False, dropout=False,
-                params_format="canonical", has_zero_length=False, explicit=True)
+    base = Call(spec=spec, xp=xp, device=None, seq_len=1, batch=1, training=False, params_format="canonical",
+                has_zero_length=False, explicit=True)
     return replace(base, **fields)
 
 

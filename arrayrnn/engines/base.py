@@ -3,7 +3,7 @@
 Two levels, so that an engine replaces exactly as much as it needs to:
 
 **Selection** (:class:`Call`, :meth:`Engine.check`): the frontend describes the whole call once (spec,
-array module and device, ``T``, batch, training, dropout, the params' format, zero-length rows, whether
+array module and device, ``T``, batch, training, the params' format, zero-length rows, whether
 the user named the engine) and asks each candidate ``check(call)``: ``None`` means "I run this call",
 anything else is the reason it does not, a phrase ready to print.
 
@@ -114,7 +114,6 @@ class Call:
     seq_len: int              # T
     batch: int                # B
     training: bool            # keep_cache: a backward will follow
-    dropout: bool             # inter-layer dropout active (training, spec.dropout > 0, num_layers > 1)
     params_format: str        # params.format
     has_zero_length: bool     # some row has length 0
     explicit: bool = False    # True: the user named this engine; False: "auto" asks (set by select_engine)

@@ -1,8 +1,8 @@
 """The scalar gate formulas, written once, shared by the numba CPU kernels and the CUDA kernels.
 
 Every function here is a plain ``@numba.njit`` scalar function on already-activated gate values: the
-numba CPU loops (:mod:`.numba.loops`) call them per element, and the ``@cuda.jit`` kernels
-(:mod:`.cupy.kernels`) call them as device functions (numba compiles an ``@njit`` function for the
+numba CPU loops (:mod:`.numba.loop_parts` and the cells' loops) call them per element, and the ``@cuda.jit``
+kernels (:mod:`.cupy.kernels`) call them as device functions (numba compiles an ``@njit`` function for the
 CUDA target when a kernel calls it; the CUDA simulator calls it as is). The activations themselves
 (sigmoid, tanh) stay per target: vectorisable polynomials on the CPU, the CUDA math library on the GPU.
 
@@ -53,10 +53,17 @@ def lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi
     ``dm``: d loss / d (o * tanh(c)); ``dc``: the carry from the next step. A clipped cell passes no
     gradient (``use_clip`` and ``c`` outside the open interval ``(lo, hi)``).
     """
-    d = dc + dm * o * (one - tanh_c * tanh_c)
+    d = dc + lstm_output_grad(one, o, tanh_c, dm)
     di, df, dg, dc_prev = lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi)
     do = dm * tanh_c * o * (one - o)
     return di, df, dg, do, dc_prev
+
+
+@njit(**_JIT)
+def lstm_output_grad(one, o, tanh_c, dm):
+    """The cotangent of ``u`` in ``h = o * tanh(u)`` from ``dm``, that of ``h``: ``dm * o * (1 - tanh(u)**2)``
+    (``u``: the cell, or with layer norm its normalised form ``g_c * LN(c) + b_c``)."""
+    return dm * o * (one - tanh_c * tanh_c)
 
 
 @njit(**_JIT)

@@ -176,10 +176,9 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     _check_state("h0", h0, spec.state_shape(B), params)
     _check_c0(spec, c0, B, params)
     host_lengths = _lengths(lengths, T, B)
-    dropout = "dropout" in spec.call_masks(training)
     call = Call(spec=spec, xp=xp, device=device_id(params.data), seq_len=T, batch=B, training=training,
-                dropout=dropout, params_format=params.format,
-                has_zero_length=lengths is not None and not host_lengths.all(), all_states=return_all_states)
+                params_format=params.format, has_zero_length=lengths is not None and not host_lengths.all(),
+                all_states=return_all_states)
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
     weights = guard.snapshot(params.data, xp)

@@ -1,15 +1,16 @@
 """The compiled loops' arguments, in named bundles: one named tuple per role, its fields written once.
 
-A loop of :mod:`.loops` takes its row range (or its part of a column split), a few bundles and the thread's
-scratch tile, e.g. ``lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch)``. The
-Python side builds the bundles by name (:mod:`.direction`); a bundle crosses the call as a plain tuple
-(:func:`plain`: numba's dispatcher types a plain tuple of arrays in C, a named tuple in Python, element by
-element, ~10 us more per call, as much as a batch-1 cell step's loop), and the loop unpacks it on entry
-into locals of the same names as the fields, in the fields' order (``xw, bs, y, reverse = steps``; a test
-holds every unpack of :mod:`.loops` to a class below). Unpacked there, not rebuilt: numba's alias analysis
-loses the writes made through the arrays of a named tuple built in compiled code, or of a tuple unpacked
-inside an inlined helper, and drops them as dead code; helpers take the arrays. This module is part of the
-loops' cache key (:data:`.simd_ir.KERNEL_SOURCES`): a change of fields recompiles them.
+A loop of :mod:`.lstm_loops`, :mod:`.gru_loops` or :mod:`.rnn_loops` takes its row range (or its part of a
+column split), a few bundles and the thread's scratch tile, e.g. ``lstm_forward_loop(r0, r1, steps, state,
+cell, cache, variants, work, scratch)``. The Python side builds the bundles by name (:mod:`.direction`); a
+bundle crosses the call as a plain tuple (:func:`plain`: numba's dispatcher types a plain tuple of arrays in
+C, a named tuple in Python, element by element, ~10 us more per call, as much as a batch-1 cell step's loop),
+and the loop unpacks it on entry into locals of the same names as the fields, in the fields' order (``xw, bs,
+y, reverse = steps``; a test holds every unpack in those modules and :mod:`.loop_parts` to a class below).
+Unpacked there, not rebuilt: numba's alias analysis loses the writes made through the arrays of a named tuple
+built in compiled code, or of a tuple unpacked inside an inlined helper, and drops them as dead code; helpers
+take the arrays. This module is part of the loops' cache key (:data:`.simd_ir.KERNEL_SOURCES`): a change of
+fields recompiles them.
 
 Conventions: every array is C-contiguous; an absent array is zero-size (:func:`absent`) and a flag says
 whether its feature is on, so a loop keeps one compiled signature per dtype for them. Layer norm is the

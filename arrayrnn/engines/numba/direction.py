@@ -23,7 +23,7 @@ from ...core.spec import RNNSpec
 from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, LayerNormWeights
 from ..cells import gate_slice
 from . import bundles as bd
-from . import loops
+from . import gru_loops, lstm_loops, rnn_loops
 from .bundles import absent
 from .packed_gemm import pack_b, vector_lanes
 from .simd_ir import ROWS_BY_NV
@@ -180,13 +180,13 @@ def forward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, xw: np.ndarray,
         work = bd.ForwardWork(np.empty((B, 3 * H), dtype), masked_h, absent(dtype, 2))
         args = (steps, bd.State(h, absent(dtype, 2)), cell, bd.GRUCache(keep, hn), variants, work, ln)
         cache = DirectionCache(gates=xw, hn=hn if keep and cell.reset_after else None, **kept)
-        return (LoopCall(loops.gru_forward_loop, args, ROWS_BY_NV[3]),
+        return (LoopCall(gru_loops.gru_forward_loop, args, ROWS_BY_NV[3]),
                 DirectionForward(steps.y, h, None, cache if keep else None))
     work = bd.ForwardWork(absent(dtype, 2), masked_h, absent(dtype, 2))
     args = (steps, bd.State(h, absent(dtype, 2)), cell, variants, work, ln)
     # with zoneout, xw keeps each step's own output
     cache = DirectionCache(gates=xw if variants.zone_h else None, **kept)
-    return (LoopCall(loops.rnn_forward_loop, args, ROWS_BY_NV[1]),
+    return (LoopCall(rnn_loops.rnn_forward_loop, args, ROWS_BY_NV[1]),
             DirectionForward(steps.y, h, None, cache if keep else None))
 
 
@@ -217,17 +217,18 @@ def _lstm_forward(spec: RNNSpec, cell: bd.LSTMCell, variants: bd.Variants, steps
     args = (steps, bd.State(h, c), cell, kept, variants, work, ln)
     cache = DirectionCache(gates=steps.xw, c=kept.c_all, tanh_c=tanh_c if with_tanh_c else None,
                            c_cand=kept.c_cand_all if variants.zone_c else None, **_kept_norm(ln))
-    return (LoopCall(loops.lstm_forward_loop, args, ROWS_BY_NV[4]),
+    return (LoopCall(lstm_loops.lstm_forward_loop, args, ROWS_BY_NV[4]),
             DirectionForward(steps.y, h, c, cache if keep else None))
 
 
 def columns_forward(spec: RNNSpec, cell: bd.LSTMCell | bd.GRUCell, xw: np.ndarray, batch_sizes: np.ndarray,
                     h0: Array, c0: Array | None, reverse: bool, keep: bool,
                     norm: LayerNormWeights | None = None) -> tuple[LoopCall, DirectionForward]:
-    """The column-split forward (:func:`.loops.lstm_forward_columns`, :func:`.loops.gru_forward_columns`,
-    with layer ``norm`` :func:`.loops.lstm_norm_forward_columns`, which normalises the input side; no
-    projection, peepholes, recurrent dropout or zoneout). The state is double-buffered, ``(2, B, H)``: the
-    result's ``h_n`` is its first half, where :class:`.engine.ColumnsLoop` leaves it after a chunk."""
+    """The column-split forward (:func:`.lstm_loops.lstm_forward_columns`,
+    :func:`.gru_loops.gru_forward_columns`, with layer ``norm`` :func:`.lstm_loops.lstm_norm_forward_columns`,
+    which normalises the input side; no projection, peepholes, recurrent dropout or zoneout). The state is
+    double-buffered, ``(2, B, H)``: the result's ``h_n`` is its first half, where :class:`.engine.ColumnsLoop`
+    leaves it after a chunk."""
     T, B, _ = xw.shape
     dtype, H = xw.dtype, spec.hidden_size
     steps = bd.Steps(xw, batch_sizes, np.empty((T, B, H), dtype), reverse)
@@ -241,13 +242,13 @@ def columns_forward(spec: RNNSpec, cell: bd.LSTMCell | bd.GRUCell, xw: np.ndarra
         work = bd.ForwardWork(np.empty((B, H), dtype), absent(dtype, 2), absent(dtype, 2))
         args = (steps, bd.ColumnState(h_buf, c), cell, kept, work)
         cache = DirectionCache(gates=xw, c=kept.c_all)
-        return LoopCall(loops.lstm_forward_columns, args), DirectionForward(steps.y, h_buf[0], c,
+        return LoopCall(lstm_loops.lstm_forward_columns, args), DirectionForward(steps.y, h_buf[0], c,
                                                                              cache if keep else None)
     hn = np.empty((T if keep else 1, B, H), dtype)
     args = (steps, bd.ColumnState(h_buf, absent(dtype, 2)), cell, bd.GRUCache(keep, hn),
             bd.ForwardWork(np.empty((B, 3 * H), dtype), absent(dtype, 2), absent(dtype, 2)))
     cache = DirectionCache(gates=xw, hn=hn if keep else None)
-    return LoopCall(loops.gru_forward_columns, args), DirectionForward(steps.y, h_buf[0], None,
+    return LoopCall(gru_loops.gru_forward_columns, args), DirectionForward(steps.y, h_buf[0], None,
                                                                         cache if keep else None)
 
 
@@ -261,7 +262,7 @@ def _lstm_norm_columns(spec: RNNSpec, cell: bd.LSTMCell, steps: bd.Steps, h_buf:
     work = bd.ForwardWork(absent(dtype, 2), absent(dtype, 2), absent(dtype, 2))
     args = (steps, bd.ColumnState(h_buf, c), cell, kept, work, ln)
     cache = DirectionCache(gates=steps.xw, c=kept.c_all, tanh_c=kept.tanh_c_all, **_kept_norm(ln))
-    return (LoopCall(loops.lstm_norm_forward_columns, args),
+    return (LoopCall(lstm_loops.lstm_norm_forward_columns, args),
             DirectionForward(steps.y, h_buf[0], c, cache if keep else None))
 
 
@@ -293,12 +294,12 @@ def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: Direction
                                absent(dtype, 2))
         args = (residuals, grads, bd.Cotangents(dh, absent(dtype, 2)), cell, variants, work, norm)
         dn = dn_rec if after and norm is None else None
-        return (LoopCall(loops.gru_backward_loop, args),
+        return (LoopCall(gru_loops.gru_backward_loop, args),
                 DirectionGrads(grads.dpre, dpre_rec, None, dh, None, dn))
     own_output = fwd.cache.gates if variants.zone_h else fwd.y  # with zoneout y is not the step's own output
     work = bd.BackwardWork(absent(dtype, 2), absent(dtype, 2), carry_h, absent(dtype, 2))
     args = (_c(own_output), grads, bd.Cotangents(dh, absent(dtype, 2)), cell, variants, work, norm)
-    return LoopCall(loops.rnn_backward_loop, args), DirectionGrads(grads.dpre, dpre_rec, None, dh, None)
+    return LoopCall(rnn_loops.rnn_backward_loop, args), DirectionGrads(grads.dpre, dpre_rec, None, dh, None)
 
 
 def _lstm_backward(cell: bd.LSTMCell, variants: bd.Variants, cache: DirectionCache, c_prev: Array,
@@ -312,7 +313,7 @@ def _lstm_backward(cell: bd.LSTMCell, variants: bd.Variants, cache: DirectionCac
     work = bd.BackwardWork(np.empty((B, H), dtype), _rows_if(norm is not None, B, H, dtype), carry_h,
                            _rows_if(variants.zone_c, B, H, dtype))
     args = (residuals, grads, bd.Cotangents(dh, dc), cell, variants, work, norm)
-    return (LoopCall(loops.lstm_backward_loop, args),
+    return (LoopCall(lstm_loops.lstm_backward_loop, args),
             DirectionGrads(grads.dpre, norm.d_raw if norm is not None else grads.dpre,
                            grads.d_h if cell.project else None, dh, dc))
 

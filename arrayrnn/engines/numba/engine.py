@@ -4,7 +4,8 @@ The driver (:mod:`arrayrnn.engines.stack`) runs layers x directions and the GEMM
 time loop (input projections, weight gradients, ``dx``, through NumPy's BLAS; a small input
 projection on the packed kernel, :meth:`NumbaEngine.projector`). :class:`NumbaKernel`
 replaces the per-direction time loop: the loop itself, the per-step recurrent products and the fused
-gate math run in compiled code (:mod:`.loops`, its arguments built by :mod:`.direction`) on the engine's
+gate math run in compiled code (:mod:`.lstm_loops`, :mod:`.gru_loops`, :mod:`.rnn_loops`, built from
+:mod:`.loop_parts`; their arguments built by :mod:`.direction`) on the engine's
 own packed SIMD GEMM (:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and
 ``W_hr`` with projection) is packed once per call, in compiled code: gate-grouped for the forward (one
 GEMM tile computes every gate of a group of hidden units; each group's weights are read once per step
@@ -23,7 +24,7 @@ loops may split, NumPy's BLAS is held to one thread and the hoisted GEMMs split 
 workers (:meth:`NumbaEngine.matmul`).
 
 Layer norm (``layer_norm=True``): the loops normalise the input side, the recurrent product and the LSTM's
-cell per step and row (:mod:`.loops`), the input projection writes the raw product for them; the LSTM's
+cell per step and row (:mod:`.loop_parts`), the input projection writes the raw product for them; the LSTM's
 column split takes whole rows' statistics in each part (three barriers a step), the GRU's does not run; the
 backward reads the raw products the forward kept and runs the input side's norm in one compiled pass
 (:mod:`.input_norm`).
@@ -99,9 +100,9 @@ class ForwardLoop:
 
 
 class ColumnsLoop(ForwardLoop):
-    """:class:`ForwardLoop` of a column-split loop (:func:`.loops.lstm_forward_columns`,
-    :func:`.loops.gru_forward_columns`) over ``parts`` threads: the state lives in ``h[0]`` of its ``(2, B,
-    H)`` buffer between chunks."""
+    """:class:`ForwardLoop` of a column-split loop (:func:`.lstm_loops.lstm_forward_columns`,
+    :func:`.gru_loops.gru_forward_columns`) over ``parts`` threads: the state lives in ``h[0]`` of its ``(2,
+    B, H)`` buffer between chunks."""
 
     def run(self, t0: int, t1: int) -> None:
         chunk = self._call.chunk(t0, t1)

@@ -21,8 +21,8 @@ import numpy as np
 
 from .. import gate_math as gm
 from ..base import LayerNormWeights
+from .loop_parts import one_of, row_stats
 from .loop_threads import in_parallel_split, split_rows
-from .loops import one_of, row_stats
 from .simd_ir import prefer_full_vectors, simd_jit
 
 

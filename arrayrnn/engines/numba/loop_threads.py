@@ -2,7 +2,7 @@
 worker threads. How many, and which split, a call's plan decides (:mod:`.plan`); this module runs them.
 
 Rows split (:func:`run_split`, every loop). Rows of a direction's batch never interact inside its time loop
-(each row's state feeds only its own next step), so every compiled loop of :mod:`.loops` takes a row range
+(each row's state feeds only its own next step), so every compiled loop (:mod:`.loop_parts`) takes a row range
 ``[r0, r1)`` and runs the whole sequence for it, with no barrier at all: the threads meet once, when the
 call returns. The loops release the GIL (``nogil=True``) and write disjoint rows of the shared buffers;
 each thread gets its own scratch tile. Semantics roughly equal to this Python loop, run concurrently::

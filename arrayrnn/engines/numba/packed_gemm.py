@@ -9,7 +9,7 @@ are broadcast from memory (:func:`.simd_ir.tile`).
 Gate-grouped packing (``gates=G``, ``N = G * H``): the vectors are ordered unit group by unit group,
 ``packed[u * G + g]`` holding columns ``g * H + u * W ... + W - 1`` (gate ``g`` of units ``u * W ...``).
 One tile of ``G`` vectors then computes every gate of ``W`` hidden units, which is what the fused
-time loops (:mod:`.loops`) need to apply the gate nonlinearities to a tile while it is in L1.
+time loops (:mod:`.loop_parts`) need to apply the gate nonlinearities to a tile while it is in L1.
 ``C`` keeps its ordinary column order either way (the tile stores gate ``g`` at column ``g * H + ...``).
 
 Edges: rows past a multiple of the tile height run a shorter tile (every ``mr`` has its own loop); a
@@ -215,7 +215,7 @@ def gemm_steps(v0, v1, a, bp, c, bias, batch_sizes, scratch):
             continue
         if bias.size:
             for row in range(n):
-                for col in range(c0, c1):  # not a slice assignment: see loops._copy_row
+                for col in range(c0, c1):  # not a slice assignment: see loop_parts.copy_row
                     c[t, row, col] = bias[col]
         gemm(a[t, :n], part, 1, c[t, :n, c0:c1], bias.size > 0, scratch)
 

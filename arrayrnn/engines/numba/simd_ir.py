@@ -109,7 +109,7 @@ SMALL_TILE_SETS = 4 if _REGISTERS[VARIANT] == 32 else 2
 
 # -- numba cache keyed on the variant -------------------------------------------------------------
 KERNEL_SOURCES = ("numba/simd_ir.py", "numba/packed_gemm.py", "gate_math.py", "step_order.py",
-                  "numba/spin_barrier.py", "numba/bundles.py")
+                  "numba/spin_barrier.py", "numba/bundles.py", "numba/loop_parts.py")
 """The modules whose compiled code the time loops call into, relative to ``arrayrnn/engines/`` (their
 digest keys the cache)."""
 
@@ -117,9 +117,9 @@ digest keys the cache)."""
 def _kernel_sources_digest() -> str:
     """A digest of the source of this module and of the other modules the time loops call into
     (:mod:`.packed_gemm`, :mod:`arrayrnn.engines.gate_math`, :mod:`arrayrnn.engines.step_order`,
-    :mod:`.spin_barrier`) or read their arguments with (:mod:`.bundles`): numba's cache of a caller does
-    not notice a change in a callee's module (nor in a named tuple's fields), so the key of every function
-    compiled with :func:`simd_jit` carries it."""
+    :mod:`.spin_barrier`, the cells' common parts :mod:`.loop_parts`) or read their arguments with
+    (:mod:`.bundles`): numba's cache of a caller does not notice a change in a callee's module (nor in a named
+    tuple's fields), so the key of every function compiled with :func:`simd_jit` carries it."""
     engines = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for name in KERNEL_SOURCES:
