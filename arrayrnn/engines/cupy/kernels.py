@@ -641,8 +641,8 @@ def lstm_norm_forward_step(t, n, one, eps, xw, hh, g_hh, P, peep, g_c, b_c, c, h
 def _lstm_norm_output_grad(one, gates, tanh_c_all, dy, dh, dm, project, t, b, j):
     """``(dmj, du)``: the cotangents of unit ``j``'s output ``o * tanh(u)`` and of ``u = g_c*LN(c) + b_c``."""
     dmj = _lstm_output_cotangent(dy, dh, dm, project, t, b, j)
-    tc = tanh_c_all[t, b, j]
-    return dmj, dmj * gates[t, b, LSTM_O * tanh_c_all.shape[2] + j] * (one - tc * tc)
+    o = gates[t, b, LSTM_O * tanh_c_all.shape[2] + j]
+    return dmj, gm.lstm_output_grad(one, o, tanh_c_all[t, b, j], dmj)
 
 
 @cuda.jit(device=True, inline=True)
