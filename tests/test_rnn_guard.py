@@ -174,8 +174,9 @@ def test_after_inference_a_write_no_output_shows_is_found_and_a_restored_one_pas
 
 
 def test_a_forward_under_no_backward_keeps_nothing_and_its_backward_says_why(engine, monkeypatch):
-    """The adapters' inference calls (no gradient will follow) keep no record for a backward; the engines
-    run on the buffer's private copy, made once while the weights stay as they are (guard.frozen_copy)."""
+    """The adapters' inference calls (no gradient will follow) keep no record for a backward; the numba
+    engine runs on the buffer's private copy, made once while the weights stay as they are
+    (guard.frozen_copy), the reference engine on the buffer itself."""
     from arrayrnn.frontend import guard
 
     made = []
@@ -185,11 +186,11 @@ def test_a_forward_under_no_backward_keeps_nothing_and_its_backward_says_why(eng
     with guard.no_backward():
         res = ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine)
         ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine)
-    assert made == [1]
+    assert made == ([1] if engine == "numba" else [])
     with pytest.raises(ValueError, match=r"ran inside arrayrnn.frontend.guard.no_backward\(\)"):
         ar.rnn_backward(res)
     ar.rnn_backward(ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine))  # outside it: recorded
-    assert made == [1]  # the same copy: the weights did not change
+    assert made == [1]  # numba: the same copy, the weights did not change
     params.data[0] += 1.0
     ar.rnn_backward(ar.rnn_forward(params, np.ones((5, 2, 3)), engine=engine))
     assert made == [1, 1]

@@ -194,6 +194,9 @@ class Engine(ABC):
     # True: ``forward`` takes h0 / c0 of None (zeros) and ``backward`` dh_n / dc_n of None (zeros), so the
     # frontend allocates no zero states for it (cuDNN reads NULL as zeros); False: they are never None
     zero_states_as_none: bool = False
+    # True: the engine keeps what it derives from the weights (:mod:`.derived`), so the frontend hands it a
+    # private frozen copy of a NumPy params buffer (reused while the buffer keeps its bits) instead of it
+    keeps_derived_weights: bool = False
 
     @abstractmethod
     def check(self, call: Call) -> str | None:

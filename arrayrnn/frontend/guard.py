@@ -12,7 +12,7 @@ caller that knows no backward will follow (the adapters' inference calls) runs i
 which records nothing.
 
 - **NumPy** (:class:`HostSnapshot`): a private copy of the flat buffer, compared at the backward, which
-  raises there. Exact. The copy is also what the NumPy engines run on (:func:`frozen_copy`): nothing writes
+  raises there. Exact. The copy is also what the numba engine runs on (:func:`frozen_copy`): nothing writes
   it, so an engine keeps what it derives from it (:mod:`arrayrnn.engines.derived`: the numba engine's packed
   weights), and a later call on a buffer that still holds the same bits reuses the copy and those forms
   (one comparison instead of a copy and the packing). The last copies of the 8 buffers used last are kept.
@@ -83,9 +83,10 @@ _KEEP = 8  # buffers whose last copy is kept (an adapter wraps the same memory i
 
 
 def frozen_copy(data: np.ndarray) -> HostSnapshot:
-    """The private copy of ``data`` that the NumPy engines run on: the last one made of the memory
-    ``data`` views while it still holds the same bits (one comparison), else a new one (one copy). The
-    last copies of the :data:`_KEEP` buffers used last are kept; an owning buffer's goes when it is freed."""
+    """The private copy of ``data`` that an engine keeping derived weights runs on: the last one made of
+    the memory ``data`` views while it still holds the same bits (one comparison), else a new one (one
+    copy). The last copies of the :data:`_KEEP` buffers used last are kept; an owning buffer's goes when
+    it is freed."""
     place = (data.ctypes.data, data.nbytes, data.dtype.str)
     last = _LATEST.get(place)
     if last is not None and last.holds(data):

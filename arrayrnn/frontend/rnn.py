@@ -182,7 +182,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     chosen = select_engine(engine, call)
     run_params = _in_format(params, chosen)
     weights = guard.snapshot(params.data, xp)
-    if run_params is params and xp is np:  # the engines run on the private copy: it keeps their packed forms
+    if run_params is params and xp is np and chosen.keeps_derived_weights:  # packed once per frozen copy
         frozen = weights if weights is not None else guard.frozen_copy(params.data)
         run_params = frozen.params(params)
 

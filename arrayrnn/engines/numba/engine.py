@@ -211,6 +211,8 @@ def packed_projector(w: DirectionWeights, rows: int) -> Projector:
 class NumbaEngine(StackEngine):
     """The shared stack driver over :class:`NumbaKernel`; NumPy arrays (CPU) only."""
 
+    keeps_derived_weights = True  # its packed weights (_cell, _packed_input_weights)
+
     def __init__(self) -> None:
         super().__init__("numba", NumbaKernel())
 
