@@ -141,3 +141,13 @@ def _small_case(T, B, I, H):
 
     spec = ar.RNNSpec(mode="lstm", input_size=I, hidden_size=H, dtype="float32")
     return ar.PackedParams.init(spec, seed=0), np.ones((T, B, I), np.float32)
+
+
+def test_the_streaming_bench_runs_every_row_and_the_two_sides_agree(capsys, monkeypatch):
+    bench = _load_bench(monkeypatch, BENCH.parent / "bench_streaming.py")
+    monkeypatch.setattr(sys, "argv", ["bench_streaming", "--rounds", "1", "--batch-ms", "1"])
+    bench.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if "forward, T = 1" in line]
+    assert len(rows) == 8
+    for line in rows:
+        assert float(line.strip("|").split("|")[-1]) < 1e-5  # the same weights on both sides
