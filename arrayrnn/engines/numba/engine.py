@@ -7,8 +7,10 @@ replaces the per-direction time loop: the loop itself, the per-step recurrent pr
 gate math run in compiled code (:mod:`.lstm_loops`, :mod:`.gru_loops`, :mod:`.rnn_loops`, built from
 :mod:`.loop_parts`; their arguments built by :mod:`.direction`) on the engine's
 own packed SIMD GEMM (:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent weight (``W_hh``, and
-``W_hr`` with projection) is packed once per call, in compiled code: gate-grouped for the forward (one
-GEMM tile computes every gate of a group of hidden units; each group's weights are read once per step
+``W_hr`` with projection) is packed in compiled code, once per frozen copy of the weights (:mod:`..derived`:
+the frontend runs this engine on one while the weights keep their bits; otherwise once per call):
+gate-grouped for the forward (one GEMM tile computes every gate of a group of hidden units; each group's
+weights are read once per step
 for all the rows, then the gate math runs over the step's rows while they are in L2), plain for the
 backward's ``dgates @ W_hh``. Buffers are allocated once per call.
 
