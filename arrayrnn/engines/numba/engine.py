@@ -10,9 +10,8 @@ own packed SIMD GEMM (:mod:`.packed_gemm`, :mod:`.simd_ir`). Every recurrent wei
 ``W_hr`` with projection) is packed in compiled code, once per frozen copy of the weights (:mod:`..derived`:
 the frontend runs this engine on one while the weights keep their bits; otherwise once per call):
 gate-grouped for the forward (one GEMM tile computes every gate of a group of hidden units; each group's
-weights are read once per step
-for all the rows, then the gate math runs over the step's rows while they are in L2), plain for the
-backward's ``dgates @ W_hh``. Buffers are allocated once per call.
+weights are read once per step for all the rows, then the gate math runs over the step's rows while they
+are in L2), plain for the backward's ``dgates @ W_hh``. Buffers are allocated once per call.
 
 Each call is planned once (:mod:`.plan`: threads, schedule, each loop's split, the projection's path),
 and the plan travels on the driver's run objects. Threads (:mod:`.loop_threads`, count from
