@@ -189,9 +189,6 @@ class StepEngine:
         return f"{type(self).__name__}({self.name!r})"
 
 
-__all__ = ["StepEngine", "StepGrads", "StepWeights", "check_cell_spec"]
-
-
 @functools.cache
 def step_engine(engine: Engine) -> StepEngine:
     """The step engine over ``engine`` (an engine :func:`~arrayrnn.engines.select_engine` chose): the
@@ -205,3 +202,6 @@ def step_engine(engine: Engine) -> StepEngine:
         raise ValueError(f"engine = {engine.name!r} runs whole sequences only; a cell step runs on the "
                          "numba, cupy or reference engine (or engine='auto')")
     return StepEngine(engine)
+
+
+__all__ = ["StepEngine", "StepGrads", "StepWeights", "check_cell_spec", "step_engine"]
