@@ -146,7 +146,16 @@ def _small_case(T, B, I, H):
 def test_the_streaming_bench_runs_every_row_and_the_two_sides_agree(capsys, monkeypatch):
     bench = _load_bench(monkeypatch, BENCH.parent / "bench_streaming.py")
     monkeypatch.setattr(sys, "argv", ["bench_streaming", "--rounds", "1", "--batch-ms", "1"])
-    bench.main()
+    import torch
+
+    import arrayrnn as ar
+
+    threads = (ar.get_num_threads(), torch.get_num_threads())
+    try:
+        bench.main()  # sets one thread for both sides
+    finally:
+        ar.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
     rows = [line for line in capsys.readouterr().out.splitlines() if "forward, T = 1" in line]
     assert len(rows) == 8
     for line in rows:
