@@ -33,17 +33,21 @@ def freeze(buffer: np.ndarray) -> None:
         weakref.finalize(buffer, _FORMS.pop, id(buffer), None)
 
 
+def _forms_of(a: Any) -> dict[Hashable, Any] | None:
+    """The derived forms of the frozen buffer ``a`` is or views, else None."""
+    owner = a.base if isinstance(a, np.ndarray) and a.base is not None else a
+    return _FORMS.get(id(owner)) if isinstance(owner, np.ndarray) else None
+
+
 def is_frozen(a: Any) -> bool:
     """Whether ``a`` is a frozen buffer or a view into one."""
-    owner = a.base if isinstance(a, np.ndarray) and a.base is not None else a
-    return isinstance(owner, np.ndarray) and id(owner) in _FORMS
+    return _forms_of(a) is not None
 
 
 def cached(view: Any, key: Hashable, make: Callable[[], Form]) -> Form:
     """``make()``, kept under ``key`` and ``view``'s place in its buffer when ``view`` lies in a frozen
     buffer (and made once there); made anew otherwise."""
-    owner = view.base if isinstance(view, np.ndarray) and view.base is not None else view
-    forms = _FORMS.get(id(owner)) if isinstance(owner, np.ndarray) else None
+    forms = _forms_of(view)
     if forms is None:
         return make()
     place = (view.__array_interface__["data"][0], view.shape, view.strides, key)
