@@ -162,3 +162,15 @@ def test_params_in_an_engines_own_format_keep_it_on_the_copy():
     native = ar.PackedParams._wrap(SPEC, params.data, "permuted")
     assert snap.params(native).format == "permuted" and snap.params(params).format == "canonical"
     assert snap.params(params).data is snap.copy
+
+
+def test_two_caller_threads_on_the_same_weights_get_the_single_thread_results():
+    from concurrent.futures import ThreadPoolExecutor
+
+    params = ar.PackedParams.init(SPEC, seed=0)
+    xs = [np.random.default_rng(k).standard_normal((5, 2, SPEC.input_size)) for k in range(8)]
+    alone = [ar.rnn_forward(ar.PackedParams(SPEC, params.data.copy()), x, engine="numba").y for x in xs]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda x: ar.rnn_forward(params, x, engine="numba").y, xs))
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(a, b)
