@@ -29,6 +29,7 @@ MODULES = {
     "arrayrnn": ("arrayrnn.rst", None),
     "arrayrnn.ops": ("ops.rst", None),
     "arrayrnn.activations": ("activations.rst", None),
+    "arrayrnn.cellmath": ("cellmath.rst", None),
     "arrayrnn.nn": ("nn.rst", None),
     "arrayrnn.optim": ("optim.rst", None),
     "arrayrnn.distributed": ("distributed.rst", None),

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
-GATES_PER_MODE = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}
+from .cell_registry import BUILTIN_MODES, Cell, cell_of, registered_cells
+
+MODES = BUILTIN_MODES
 GATE_NAMES = {"rnn_tanh": ("h",), "rnn_relu": ("h",), "lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
 BIAS_MODES = ("double", "single_inp", "single_rec", "none")
 DTYPES = ("float16", "float32", "float64")
@@ -132,7 +133,9 @@ class RNNSpec:
     Parameters
     ----------
     mode : str
-        ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"`` (gates ``i, f, g, o``) or ``"gru"`` (gates ``r, z, n``).
+        ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"`` (gates ``i, f, g, o``), ``"gru"`` (gates ``r, z, n``), or
+        the name of a custom cell registered with :func:`arrayrnn.register_cell` (``"cifg"`` and
+        ``"slstm"`` once :mod:`arrayrnn.cells` is imported).
     input_size : int
         Features of ``x`` (its last axis), at least 1.
     hidden_size : int
@@ -203,8 +206,9 @@ class RNNSpec:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode = {self.mode!r}; expected one of {MODES}")
+        if self.mode not in MODES and cell_of(self.mode) is None:
+            raise ValueError(f"mode = {self.mode!r}; expected one of {MODES} or the name of a cell "
+                             f"registered with arrayrnn.register_cell (registered: {registered_cells()})")
         for field, minimum in (("input_size", 1), ("hidden_size", 1), ("num_layers", 1), ("proj_size", 0)):
             object.__setattr__(self, field, check_positive_int(field, getattr(self, field), minimum))
         for flag in ("bidirectional", "reset_after"):
@@ -222,6 +226,10 @@ class RNNSpec:
             raise ValueError(f"reset_after = False with mode = {self.mode!r}; only GRU has a reset variant")
         for field in ("dropout", "recurrent_dropout", "weight_dropout", "zoneout"):
             object.__setattr__(self, field, _check_probability(field, getattr(self, field)))
+        if self.zoneout and self.custom_cell is not None:
+            raise ValueError(f"zoneout = {self.zoneout} with the custom cell mode = {self.mode!r}; zoneout "
+                             "runs on the built-in cells only (use zoneout=0.0; recurrent_dropout and "
+                             "weight_dropout work on every cell)")
         self._normalize_variants()
         self._normalize_layer_norm()
         object.__setattr__(self, "bias", _normalize_bias(self.bias))
@@ -302,15 +310,31 @@ class RNNSpec:
         return 2 if self.bidirectional else 1
 
     @property
+    def custom_cell(self) -> Cell | None:
+        """The registered custom cell this spec runs (:mod:`.cell_registry`), ``None`` for a built-in mode."""
+        return None if self.mode in MODES else cell_of(self.mode)
+
+    @property
     def gates(self) -> int:
-        """``G``, the gate blocks per weight matrix (1 for rnn, 3 for gru, 4 for lstm)."""
-        return GATES_PER_MODE[self.mode]
+        """``G``, the gate blocks per weight matrix (1 for rnn, 3 for gru, 4 for lstm, a custom cell's
+        ``len(cell.gates)``)."""
+        return len(self.gate_names)
 
     @property
     def gate_names(self) -> tuple[str, ...]:
         """The gate names in buffer order (LSTM ``("i", "f", "g", "o")``, GRU ``("r", "z", "n")``,
-        RNN ``("h",)``)."""
-        return GATE_NAMES[self.mode]
+        RNN ``("h",)``, a custom cell's ``cell.gates``)."""
+        cell = self.custom_cell
+        return cell.gates if cell is not None else GATE_NAMES[self.mode]
+
+    @property
+    def split_gates(self) -> tuple[str, ...]:
+        """The gates whose recurrent part ``W_hh h + b_hh`` stays apart from the input part inside the step
+        (the reset-after GRU's ``n``; a custom cell's ``split``), in gate order."""
+        cell = self.custom_cell
+        if cell is not None:
+            return cell.split
+        return ("n",) if self.mode == "gru" and self.reset_after else ()
 
     @property
     def gate_size(self) -> int:
@@ -335,12 +359,24 @@ class RNNSpec:
 
     @property
     def has_cell(self) -> bool:
-        """Whether the cell carries a cell state ``c`` (LSTM)."""
-        return self.mode == "lstm"
+        """Whether the cell carries a state besides ``h`` (LSTM's ``c``; a custom cell of two states or
+        more)."""
+        cell = self.custom_cell
+        return len(cell.states) > 1 if cell is not None else self.mode == "lstm"
+
+    @property
+    def cell_width(self) -> int:
+        """The columns of ``c`` (``c0``, ``c_n``): ``H`` for LSTM, ``(S-1)*H`` for a custom cell of ``S``
+        states (state ``k >= 1`` in columns ``(k-1)*H .. k*H``), 0 without a cell state."""
+        cell = self.custom_cell
+        if cell is not None:
+            return (len(cell.states) - 1) * self.hidden_size
+        return self.hidden_size if self.mode == "lstm" else 0
 
     def state_shape(self, batch: int, cell: bool = False) -> tuple[int, int, int]:
-        """Shape of ``h0``/``h_n``: ``(L*D, B, H_out)``; with ``cell``, of ``c0``/``c_n``: ``(L*D, B, H)``."""
-        width = self.hidden_size if cell else self.output_size
+        """Shape of ``h0``/``h_n``: ``(L*D, B, H_out)``; with ``cell``, of ``c0``/``c_n``: ``(L*D, B, H)``
+        (a custom cell: ``(L*D, B, (S-1)*H)``, :attr:`cell_width`)."""
+        width = self.cell_width if cell else self.output_size
         return (self.num_layers * self.num_directions, batch, width)
 
     def layer_input_size(self, layer: int) -> int:

@@ -48,9 +48,9 @@ driver runs layers x directions, does the hoisted GEMMs and hands the kernel
 - ``forward(spec, w, xw, batch_sizes, h0, c0, reverse, keep_cache) -> DirectionForward`` where
   ``w`` is a :class:`DirectionWeights`, ``xw (T, B, G*H) = x @ W_ih.T + w.input_bias`` (ONE GEMM for
   all steps; ``input_bias`` folds ``b_ih`` and every part of ``b_hh`` that sits outside a product),
-  ``h0 (B, H_out)``, ``c0 (B, H)`` or ``None``. The kernel adds ``w.inner_bias`` (the default GRU's
-  ``b_hn``, inside ``r * (W_hn h + b_hn)``) itself. ``reverse`` runs ``t = T-1 .. 0``; a row of
-  length ``len`` then starts at ``t = len-1`` from its initial state.
+  ``h0 (B, H_out)``, ``c0 (B, H)`` or ``None``. The kernel adds ``w.inner_bias`` (a split gate's part of
+  ``b_hh``: the default GRU's ``b_hn``, inside ``r * (W_hn h + b_hn)``) itself. ``reverse`` runs
+  ``t = T-1 .. 0``; a row of length ``len`` then starts at ``t = len-1`` from its initial state.
 - ``backward(spec, w, fwd, h_prev, c_prev, dy, dh_n, dc_n, batch_sizes, reverse) -> DirectionGrads``
   where ``fwd`` is the kernel's own forward result (with cache), ``h_prev (T, B, H_out)`` /
   ``c_prev (T, B, H)`` the state entering each step (built by the driver from ``fwd.y`` / ``fwd.cache.c``
@@ -80,6 +80,7 @@ rnn_tanh, rnn_relu     none (the derivative comes from ``y``)   0
 gru (reset_after)      ``gates`` r,z,n (3H) + ``hn`` (H)          4H
 gru (reset_before)     ``gates`` r,z,n (3H)                     3H
 lstm                   ``gates`` i,f,g,o (4H), ``c``, ``tanh_c``  6H
+custom cell            ``residuals`` (R*H), ``c`` ((S-1)*H)      (R+S-1)H
 =====================  =======================================  ==============
 
 plus each direction's output ``y`` (``H_out``), which the stack keeps per layer anyway. Derivatives
@@ -285,7 +286,8 @@ class DirectionWeights:
     b_hh: Array | None        # (G*H,)
     W_hr: Array | None        # (P, H), projection only
     input_bias: Array | None  # (G*H,): b_ih plus the parts of b_hh outside any product; added into xw
-    inner_bias: Array | None  # (H,): b_hn of the reset-after GRU, inside r * (W_hn h + b_hn)
+    inner_bias: Array | None  # (H,): b_hn of the reset-after GRU, inside r * (W_hn h + b_hn); a custom
+                              # cell: b_hh of its split gates, (len(split)*H,), in gate order
     # cell variants (None when off; rows sorted like the kernel's). With weight dropout W_hh above is
     # already W_hh * mask: the kernels never see the mask.
     P: Array | None = None          # (3, H) peephole weights, rows i, f, o: i, f see c_{t-1}, o sees c_t
@@ -334,10 +336,13 @@ class DirectionCache:
     # its two parts) and W_ih x, kept for the backward instead of computed again there
     raw_recurrent: Array | None = None
     raw_input: Array | None = None
+    # a custom cell (spec.custom_cell): (T, B, R*H) what its forward returned as residuals, residual k in
+    # columns k*H .. (k+1)*H; ``c`` then holds its carried states besides h, (T, B, (S-1)*H)
+    residuals: Array | None = None
 
     def nbytes_per_step_row(self) -> int:
         parts = [a for a in (self.gates, self.c, self.tanh_c, self.hn, self.c_cand, self.raw_recurrent,
-                             self.raw_input) if a is not None]
+                             self.raw_input, self.residuals) if a is not None]
         stats = self.norm_stats.itemsize * self.norm_stats[0, 0].size if self.norm_stats is not None else 0
         return sum(a.itemsize * a.shape[-1] for a in parts) + stats
 

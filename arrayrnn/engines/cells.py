@@ -30,6 +30,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ..core.backend import get_xp
 from ..core.spec import RNNSpec
 from .layer_norm import normalized, normalized_backward
 from .pointwise import POINTWISE
@@ -75,16 +76,20 @@ def relu_(xp: ModuleType, a: Array) -> Array:
 def split_biases(spec: RNNSpec, b_ih: Array | None, b_hh: Array | None) -> tuple[Array | None, Array | None]:
     """``(input_bias, inner_bias)``: what is added once into ``xw`` and what stays inside the step.
 
-    Every bias is additive outside any product except the reset-after GRU's ``b_hn``, which sits in
-    ``r * (W_hn h + b_hn)``; that one stays with the kernel. Each bias keeps exactly the place PyTorch's
+    Every bias is additive outside any product except a split gate's part of ``b_hh`` (the reset-after
+    GRU's ``b_hn``, which sits in ``r * (W_hn h + b_hn)``; a custom cell's ``split`` gates, concatenated in
+    gate order); that one stays with the kernel. Each bias keeps exactly the place PyTorch's
     cell equations give it, so a single bias mode is a plain omission.
     """
     inner = None
     outer_hh = b_hh
-    if b_hh is not None and spec.mode == "gru" and spec.reset_after:
-        inner = gate(spec, b_hh, "n")
+    split = spec.split_gates
+    if b_hh is not None and split:
+        parts = [gate(spec, b_hh, name) for name in split]
+        inner = parts[0] if len(parts) == 1 else get_xp(b_hh).concatenate(parts)
         outer_hh = b_hh.copy()
-        gate(spec, outer_hh, "n")[...] = 0
+        for name in split:
+            gate(spec, outer_hh, name)[...] = 0
     if b_ih is None:
         return outer_hh, inner
     if outer_hh is None:

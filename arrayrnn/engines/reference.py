@@ -17,6 +17,7 @@ from ..core.backend import get_xp
 from ..core.spec import RNNSpec
 from .base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights
 from .cells import BACKWARD_STEPS, FORWARD_STEPS
+from .custom_steps import custom_backward_step, custom_forward_step
 from .layer_norm import new_gain_grads
 from .stack import StackEngine
 from .step_order import step_time
@@ -38,6 +39,9 @@ def empty_cache(xp: ModuleType, spec: RNNSpec, T: int, B: int, dtype: Any,
         return xp.zeros((T, B, width), dtype=dtype)
 
     H = spec.hidden_size
+    if spec.custom_cell is not None:
+        return DirectionCache(residuals=stack(spec.custom_cell.num_residuals * H),
+                              c=stack(spec.cell_width) if spec.has_cell else None)
     zone_h = w is not None and w.zoneout_h is not None
     zone_c = w is not None and w.zoneout_c is not None
     stats = xp.zeros((T, B, spec.norms_per_step, 2), dtype) if spec.layer_norm else None
@@ -62,7 +66,7 @@ class ReferenceKernel:
                 c0: Array | None, reverse: bool, keep_cache: bool) -> DirectionForward:
         xp = get_xp(xw)
         T, B, _ = xw.shape
-        step = FORWARD_STEPS[spec.mode]
+        step = custom_forward_step if spec.custom_cell is not None else FORWARD_STEPS[spec.mode]
         y = xp.zeros((T, B, spec.output_size), dtype=xw.dtype)
         h = h0.copy()
         c = c0.copy() if c0 is not None else None
@@ -95,15 +99,15 @@ class ReferenceKernel:
                  reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
         xp = get_xp(dy)
         T, B, _ = dy.shape
-        step = BACKWARD_STEPS[spec.mode]
+        step = custom_backward_step if spec.custom_cell is not None else BACKWARD_STEPS[spec.mode]
         dpre_in = xp.zeros((T, B, spec.gate_size), dtype=dy.dtype)
-        apart = (spec.mode == "gru" and spec.reset_after) or w.norm is not None  # a dpre_rec of its own
+        apart = bool(spec.split_gates) or w.norm is not None  # a dpre_rec of its own
         dpre_rec = xp.zeros_like(dpre_in) if apart else dpre_in
         norm_acc = new_gain_grads(xp, spec, dy.dtype) if w.norm is not None else None
         d_h = xp.zeros((T, B, spec.output_size), dtype=dy.dtype) if w.W_hr is not None else None
         dh = dh_n.copy()
         dc = dc_n.copy() if dc_n is not None else None
-        names = [name for name in ("gates", "c", "tanh_c", "hn", "c_cand", "norm_stats")
+        names = [name for name in ("gates", "c", "tanh_c", "hn", "c_cand", "norm_stats", "residuals")
                  if getattr(fwd.cache, name) is not None]
         own_output = spec.mode.startswith("rnn") and fwd.cache.gates is not None  # zoneout: y is not h~
         for t in reversed(time_steps(T, reverse)):

@@ -53,6 +53,9 @@ PADDED_IO_ENABLED = 1  # CUDNN_RNN_PADDED_IO_ENABLED (cudnn_adv.h)
 
 def refusal(spec: RNNSpec) -> str | None:
     """Why cuDNN (as this engine uses it) cannot run ``spec``, or ``None``."""
+    if spec.custom_cell is not None:
+        return (f"mode = {spec.mode!r} is a custom cell; cuDNN runs only its four built-in cells (use "
+                "engine='cupy' or 'reference')")
     if spec.mode == "gru" and not spec.reset_after:
         return "cuDNN cannot run the reset-before GRU (reset_after=False); use engine='cupy' or 'reference'"
     if spec.cell_clip is not None:

@@ -110,6 +110,8 @@ class CupyEngine(StackEngine):
             return "CuPy is not installed (pip install 'arrayrnn[gpu]')"
         if call.xp is not cupy:
             return "the cupy engine runs on CuPy arrays (GPU); use engine='numba' or 'reference' on CPU"
+        if call.spec.custom_cell is not None:
+            return f"mode = {call.spec.mode!r} is a custom cell, which the cupy engine does not run yet"
         return None
 
 

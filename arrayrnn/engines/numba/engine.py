@@ -220,6 +220,8 @@ class NumbaEngine(StackEngine):
     def check(self, call: Call) -> str | None:
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
+        if call.spec.custom_cell is not None:
+            return f"mode = {call.spec.mode!r} is a custom cell, which the numba engine does not run yet"
         if not call.explicit and not is_deterministic() and not warmup.loaded(call):
             if numba_cache.location() is None:
                 return ("numba has no writable cache directory (set NUMBA_CACHE_DIR); engine='numba' "
