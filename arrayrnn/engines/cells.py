@@ -269,7 +269,7 @@ def gru_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Ar
     r, z, n = (gate(spec, gates, name) for name in ("r", "z", "n"))
     dpre_in = xp.empty_like(gates)
     dn = gate(spec, dpre_in, "n")
-    dn[...] = dh * (1.0 - z) * _TANH.d_output(n)
+    dn[...] = (dh - dh * z) * _TANH.d_output(n)  # dh * (1 - z), written as the compiled kernels do
     gate(spec, dpre_in, "z")[...] = dh * (h_prev - n) * _SIGMOID.d_output(z)
     dh_prev = dh * z
     h_rec = _h_rec(h_prev, h_mask)
