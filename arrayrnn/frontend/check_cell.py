@@ -83,8 +83,8 @@ def check_cell(cell: Cell | str, *, samples: int = 256, seed: int = 0, eps: floa
             i = int(bad[0])
             raise CellCheckError(
                 f"cell {cell.name!r}: backward's cotangent of {name!r} (forward argument {k}) disagrees with "
-                f"central differences at sample {i} of {samples}: backward {got[i]!r}, differences "
-                f"{numeric[i]!r} (at {_point(names, args, i)}); {bad.size} samples off")
+                f"central differences at sample {i} of {samples}: backward {float(got[i])!r}, differences "
+                f"{float(numeric[i])!r} (at {_point(names, args, i)}); {bad.size} samples off")
         errors[name] = float(error.max(initial=0.0))
     return errors
 
