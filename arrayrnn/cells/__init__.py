@@ -2,6 +2,6 @@
 ``mode="cifg"`` (:mod:`.cifg`) and ``mode="slstm"`` (:mod:`.slstm`). Each is one short file; a new cell of
 your own is written the same way, outside this package."""
 
-from . import cifg
+from . import cifg, slstm
 
-__all__ = ["cifg"]
+__all__ = ["cifg", "slstm"]
