@@ -179,7 +179,8 @@ def test_no_wing_imports_another():
 
 
 # what the layers above the engines may take from them (docs/guide/layout.md): the seam, the data types,
-# the shared helpers, the math custom cells are written in (cellmath), and, for compile_ahead alone, the numba engine's background-compile jobs it runs
+# the shared helpers, the math custom cells are written in (cellmath), and, for compile_ahead alone, the
+# numba engine's background-compile jobs it runs
 ENGINES_SEAM = {"arrayrnn.engines", "arrayrnn.engines.base", "arrayrnn.engines.thread_count",
                 "arrayrnn.engines.numba_cache", "arrayrnn.engines.pointwise", "arrayrnn.engines.determinism",
                 "arrayrnn.engines.cellmath"}

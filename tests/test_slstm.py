@@ -152,8 +152,6 @@ def test_c_n_holds_c_n_m_and_h_is_invariant_to_m():
     np.testing.assert_allclose(shifted.h_n, again.h_n, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.xfail(strict=True, reason="the reference engine's custom step keeps no 'c' residual, so c_all "
-                   "stays zero for every custom cell (arrayrnn/engines/custom_steps.py, custom_forward_step)")
 def test_all_states_hold_every_steps_c_n_m():
     case = make_case(T=4, layers=2, bidirectional=True)
     res = ar.rnn_forward(case.params, case.x, h0=case.h0, c0=case.c0, engine="reference",
