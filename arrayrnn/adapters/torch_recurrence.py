@@ -89,9 +89,10 @@ def _check_supported(spec: ar.RNNSpec) -> None:
     cells only (a custom cell's functions run on arrays, not on torch's autograd tensors)."""
     if spec.custom_cell is not None:
         raise ValueError(f"mode = {spec.mode!r} is a custom cell: the torch-op recurrence of arrayrnn.torch "
-                         "(gradients of gradients, meta tensors, torch.func transforms, dropout = 1 in "
-                         "training) runs the built-in cells only; take first-order gradients outside "
-                         "torch.func, on real tensors, with dropout < 1")
+                         "(a backward with create_graph=True for gradients of gradients, meta tensors, "
+                         "torch.func transforms, dropout = 1 in training) runs the built-in cells only; take "
+                         "first-order gradients (create_graph=False) outside torch.func, on real tensors, "
+                         "with dropout < 1")
     unsupported = {name: getattr(spec, name) for name in ("zoneout", "zoneout_cell", "recurrent_dropout",
                                                           "weight_dropout") if getattr(spec, name, 0)}
     if unsupported:

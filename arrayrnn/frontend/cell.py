@@ -40,7 +40,7 @@ from ..engines import (
     step_engine,
 )
 from . import guard
-from .rnn import _check_cotangent, _check_params
+from .rnn import _check_cotangent, _check_params, state_width
 
 Array = Any
 
@@ -218,7 +218,7 @@ def _state(xp: Any, name: str, state: Array | None, shape: tuple[int, int], para
         return xp.zeros(shape, dtype=params.data.dtype)
     if tuple(state.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(state.shape)}; expected (B, "
-                         f"{'H_out' if name == 'h' else 'spec.cell_width'}) = {shape}")
+                         f"{state_width(params.spec, cell=name == 'c')}) = {shape}")
     _check_dtype(name, state, params)
     return state
 

@@ -347,12 +347,19 @@ def _check_state(name: str, state: Array | None, shape: tuple[int, ...], params:
     if state is None:
         return
     if tuple(state.shape) != shape:
-        width = "H_out" if name == "h0" else "spec.cell_width"
         raise ValueError(f"{name} has shape {tuple(state.shape)}; expected (num_layers * num_directions, B, "
-                         f"{width}) = {shape}")
+                         f"{state_width(params.spec, cell=name == 'c0')}) = {shape}")
     if state.dtype != params.data.dtype:
         raise TypeError(f"{name} has dtype {state.dtype}; expected the params' dtype {params.data.dtype} "
                         f"(convert with {name}.astype(params.data.dtype))")
+
+
+def state_width(spec: RNNSpec, cell: bool) -> str:
+    """How an error message names a state's width: ``H_out`` (h), ``hidden_size`` (an LSTM's c),
+    ``spec.cell_width`` (a custom cell's states besides h, side by side)."""
+    if not cell:
+        return "H_out"
+    return "hidden_size" if spec.custom_cell is None else "spec.cell_width"
 
 
 def _check_c0(spec: RNNSpec, c0: Array | None, B: int, params: PackedParams) -> None:
