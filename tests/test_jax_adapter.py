@@ -137,7 +137,7 @@ def test_residuals_are_arrays():
     (dict(x=np.ones((4, 2, 2), np.float32)), TypeError, "x has dtype float32"),
     (dict(params=np.ones(5)), ValueError, r"params has shape \(5,\)"),
     (dict(h0=np.ones((2, 2, 3))), ValueError, r"h0 has shape \(2, 2, 3\)"),
-    (dict(c0=np.ones((1, 2, 3))), ValueError, "only an LSTM has a cell state"),
+    (dict(c0=np.ones((1, 2, 3))), ValueError, "has no cell state"),
     (dict(lengths=np.array([1.0, 2.0])), ValueError, "lengths"),
     (dict(spec="gru"), TypeError, "spec has type str"),
 ])

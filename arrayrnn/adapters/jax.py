@@ -53,7 +53,9 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     lengths : jax.Array of int, optional
         ``(B,)`` in ``0..T``.
     h0, c0 : jax.Array, optional
-        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)``; None means zeros.
+        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, spec.cell_width)`` (``c0`` only for a cell with a
+        state besides ``h``: LSTM, a registered custom cell of two states or more, its states besides ``h``
+        side by side); None means zeros.
 
     Returns
     -------
@@ -62,7 +64,7 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     h_n : jax.Array
         ``(L*D, B, H_out)``.
     c_n : jax.Array or None
-        ``(L*D, B, H)``, None unless ``spec.mode == "lstm"`` (like ``rnn_forward``).
+        ``(L*D, B, spec.cell_width)``, None unless ``spec.has_cell`` (like ``rnn_forward``).
 
     Raises
     ------
@@ -95,12 +97,13 @@ def rnn(spec: ar.RNNSpec, params: Any, x: Any, lengths: Any = None, h0: Any = No
     h0 = jnp.zeros(spec.state_shape(B), x.dtype) if h0 is None else _as_array("h0", h0)
     _check_state("h0", h0, spec.state_shape(B), x.dtype)
     _check_lengths(lengths, T, B)
-    if spec.mode == "lstm":
+    if spec.has_cell:
         c0 = jnp.zeros(spec.state_shape(B, cell=True), x.dtype) if c0 is None else _as_array("c0", c0)
         _check_state("c0", c0, spec.state_shape(B, cell=True), x.dtype)
         return _rnn(spec, params, x, lengths, h0, c0)
     if c0 is not None:
-        raise ValueError(f"c0 was given for mode = {spec.mode!r}; only an LSTM has a cell state")
+        raise ValueError(f"c0 was given for mode = {spec.mode!r}, which has no cell state (no state besides "
+                         "h); pass c0=None")
     y, h_n = _rnn(spec, params, x, lengths, h0, None)
     return y, h_n, None
 

@@ -17,7 +17,8 @@ GRU ``0``; ``rnn_relu`` is the ``RNN`` operator with ``Relu`` activations. Varia
 ``sequence_lens``: ONNX Runtime writes zeros at ``t >= len[b]`` and takes the final states at ``len[b] - 1``,
 as ours does (zero-length rows included). Inference only (no dropout). Not expressible in ONNX, so a
 ``ValueError``: LSTM projections (``proj_size > 0``; ONNX's LSTM has none) and cell clipping (ONNX's
-``clip`` bounds every gate pre-activation, ours the cell state), zoneout and layer normalisation.
+``clip`` bounds every gate pre-activation, ours the cell state), zoneout, layer normalisation and custom
+cells (:func:`arrayrnn.register_cell`: ONNX has operators for the built-in cells only).
 Peepholes (``peepholes=True``) are the LSTM node's input ``P`` (ONNX's order i, o, f). ONNX Runtime's
 CPU kernels run float32 only; float64 and float16 models are written as asked.
 
@@ -47,8 +48,18 @@ ONNX_GATES = {"lstm": ("i", "o", "f", "g"), "gru": ("z", "r", "n"), "rnn_tanh": 
 _ONNX_TYPES = {"float16": 10, "float32": 1, "float64": 11}  # onnx.TensorProto.FLOAT16 / FLOAT / DOUBLE
 
 
+def refuse_custom_cell(spec: ar.RNNSpec) -> None:
+    """``ValueError`` for a custom cell: ONNX has operators for the built-in cells only."""
+    if spec.custom_cell is not None:
+        raise ValueError(f"mode = {spec.mode!r} is a custom cell (arrayrnn.register_cell); ONNX has LSTM, "
+                         "GRU and RNN operators only and this exporter writes no cell in elementary "
+                         "operators, so it cannot be exported (expected mode in 'lstm', 'gru', 'rnn_tanh', "
+                         "'rnn_relu'; keep its weights with arrayrnn.save)")
+
+
 def check_exportable(spec: ar.RNNSpec) -> None:
     """``ValueError`` for what ONNX's operators cannot express."""
+    refuse_custom_cell(spec)
     if spec.proj_size:
         raise ValueError(f"proj_size = {spec.proj_size}; ONNX's LSTM operator has no projection, so this "
                          "stack cannot be exported (expected proj_size = 0)")

@@ -43,8 +43,10 @@ between calls, as on ``nn.LSTM``. The cell variants (:mod:`.torch_variants`: ``r
 constructors; the seed is drawn whenever one of them acts in training mode too.
 
 ``ArrayRNN`` is the arrayrnn-native module: ONE ``nn.Parameter``, ``flat``, any :class:`arrayrnn.RNNSpec`
-(cell clipping, single biases, reset-before GRU), ``forward(x, hx=None, lengths=None, engine=, seed=)``;
-its ``state_dict()`` holds ``nn.LSTM``'s keys.
+(cell clipping, single biases, reset-before GRU, a cell registered with :func:`arrayrnn.register_cell`),
+``forward(x, hx=None, lengths=None, engine=, seed=)``; its ``state_dict()`` holds ``nn.LSTM``'s keys
+(``weight_ih_l0``, ...; a custom cell's blocks under the same names). The drop-in classes run the
+built-in cells only.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 import arrayrnn as ar
+from arrayrnn.core.cell_registry import cell_of
 from arrayrnn.core.interop import TORCH_MODES, torch_key
 
 from . import torch_call, torch_onnx, torch_step, torch_variants
@@ -549,17 +552,22 @@ def _spec_of(mode: str, input_size: int, hidden_size: int, num_layers: int, bias
 
 # -- ArrayRNN: one flat Parameter -------------------------------------------------------------------------
 class ArrayRNN(torch.nn.Module):
-    """A multi-layer RNN / LSTM / GRU whose weights are one flat ``nn.Parameter``.
+    """A multi-layer RNN / LSTM / GRU, or a stack of a registered custom cell, whose weights are one flat
+    ``nn.Parameter``.
 
     Weights are drawn like PyTorch's (uniform(-1/sqrt(H), 1/sqrt(H))) from ``seed``, or from torch's
-    generator when None. ``forward(x, hx=None, lengths=None)`` returns ``y, (h_n, c_n)`` for LSTM and
-    ``y, h_n`` otherwise, with autograd through `arrayrnn.rnn_forward` / `arrayrnn.rnn_backward`.
+    generator when None. ``forward(x, hx=None, lengths=None)`` returns ``y, (h_n, c_n)`` for a cell with a
+    state besides ``h`` (LSTM; a custom cell of two states or more, ``c_n`` holding them side by side,
+    ``(L*D, B, spec.cell_width)``) and ``y, h_n`` otherwise, with autograd through
+    `arrayrnn.rnn_forward` / `arrayrnn.rnn_backward`. A custom cell runs first-order autograd; gradients of
+    gradients and ``torch.func`` transforms of it are refused (they need the cell in torch operations).
 
     Parameters
     ----------
     mode : str or RNNSpec
-        ``"lstm"``, ``"gru"``, ``"rnn_tanh"`` / ``"rnn"``, ``"rnn_relu"``; or an `arrayrnn.RNNSpec` (for
-        arrayrnn-only options: cell clipping, single biases, reset-before GRU), then no sizes are given.
+        ``"lstm"``, ``"gru"``, ``"rnn_tanh"`` / ``"rnn"``, ``"rnn_relu"``, or the name of a registered cell
+        (``"cifg"``, `arrayrnn.registered_cells`); or an `arrayrnn.RNNSpec` (for arrayrnn-only options:
+        cell clipping, single biases, reset-before GRU), then no sizes are given.
     input_size, hidden_size : int
         As ``nn.LSTM``.
     num_layers, bias, batch_first, dropout, bidirectional, proj_size : optional
@@ -676,7 +684,8 @@ class ArrayRNN(torch.nn.Module):
 
     @property
     def mode(self) -> str:
-        """The recurrent mode, ``"lstm"``, ``"gru"``, ``"rnn_tanh"`` or ``"rnn_relu"``."""
+        """The recurrent mode, ``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ``"rnn_relu"`` or a custom cell's
+        name."""
         return self._spec.mode
 
     def extra_repr(self) -> str:
@@ -688,7 +697,8 @@ class ArrayRNN(torch.nn.Module):
 
     def forward(self, x: torch.Tensor | PackedSequence, hx: Any = None, lengths: Any = None,
                 engine: str = "auto", seed: int | None = None):
-        """Like ``nn.LSTM.forward``: ``y, (h_n, c_n)`` for LSTM, ``y, h_n`` otherwise.
+        """Like ``nn.LSTM.forward``: ``y, (h_n, c_n)`` for a cell with a state besides ``h``, ``y, h_n``
+        otherwise.
 
         Parameters
         ----------
@@ -696,7 +706,8 @@ class ArrayRNN(torch.nn.Module):
             ``(T, B, I)`` (``(B, T, I)`` with ``batch_first``) or a ``PackedSequence`` (then ``y`` is a
             ``PackedSequence`` with the same ``batch_sizes`` and indices).
         hx : torch.Tensor or tuple, optional
-            ``h0`` or, for LSTM, ``(h0, c0)``, shaped ``(L*D, B, H_out)`` / ``(L*D, B, H)``; None means zeros.
+            ``h0`` or, for a cell with a state besides ``h``, ``(h0, c0)``, shaped ``(L*D, B, H_out)`` /
+            ``(L*D, B, spec.cell_width)``; None means zeros.
         lengths : torch.Tensor or sequence of int, optional
             Per-row lengths ``(B,)`` for a padded ``x`` (not with a ``PackedSequence``).
         engine : str, optional
@@ -709,7 +720,7 @@ class ArrayRNN(torch.nn.Module):
         y : torch.Tensor or PackedSequence
             ``(T, B, D*H_out)`` (batch-first with ``batch_first``).
         h_n or (h_n, c_n) : torch.Tensor
-            ``(L*D, B, H_out)`` and, for LSTM, ``(L*D, B, H)``.
+            ``(L*D, B, H_out)`` and, for a cell with a state besides ``h``, ``(L*D, B, spec.cell_width)``.
 
         Raises
         ------
@@ -726,14 +737,14 @@ class ArrayRNN(torch.nn.Module):
             if torch_onnx.legacy_export():  # the weights enter as constants: see _compute
                 spec = torch_call.exported_spec(self.spec, self.training)
                 output, h_n, c_n = torch_onnx.export_packed(spec, x, *self._split_hx(hx), self.flat.data)
-                return (output, (h_n, c_n)) if self._spec.mode == "lstm" else (output, h_n)
+                return (output, (h_n, c_n)) if self._spec.has_cell else (output, h_n)
             source = x
             x, lengths = pad_packed_sequence(x, batch_first=self.batch_first)
         h0, c0 = self._split_hx(hx)
         y, h_n, c_n = self._run(x, h0, c0, lengths, engine, seed)
         if packed:
             y = _repack(y, source, lengths, self.batch_first)
-        return (y, (h_n, c_n)) if self._spec.mode == "lstm" else (y, h_n)
+        return (y, (h_n, c_n)) if self._spec.has_cell else (y, h_n)
 
     def _run(self, x: Any, h0: Any, c0: Any, lengths: Any, engine: str, seed: int | None):
         for name, value in (("x", x), ("h0", h0), ("c0", c0)):
@@ -777,9 +788,11 @@ class ArrayRNN(torch.nn.Module):
     def _split_hx(self, hx: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if hx is None:
             return None, None
-        if self._spec.mode == "lstm":
+        if self._spec.has_cell:
             if not (isinstance(hx, (tuple, list)) and len(hx) == 2):
-                raise InputTypeError(f"hx has type {type(hx).__name__}; expected (h0, c0) for an LSTM")
+                what = "an LSTM" if self._spec.mode == "lstm" else f"the cell {self._spec.mode!r} (states " \
+                    f"{self._spec.custom_cell.states}: c0 holds those besides h side by side)"
+                raise InputTypeError(f"hx has type {type(hx).__name__}; expected (h0, c0) for {what}")
             return hx[0], hx[1]
         if not isinstance(hx, torch.Tensor):
             raise InputTypeError(f"hx has type {type(hx).__name__}; expected a tensor h0 for "
@@ -832,19 +845,26 @@ def _variant_fields(spec: ar.RNNSpec) -> dict[str, Any]:
 
 def _spec_from_args(mode: Any, nonlinearity: str, input_size, hidden_size, num_layers, bias, dropout,
                     bidirectional, proj_size, dtype: torch.dtype, variants: dict[str, Any]) -> ar.RNNSpec:
-    if not isinstance(mode, str) or mode.lower() not in _MODE_ALIASES:
-        raise ValueError(f"mode = {mode!r}; expected an RNNSpec or one of 'lstm', 'gru', 'rnn_tanh', "
-                         "'rnn_relu', 'rnn'")
     if nonlinearity not in ("tanh", "relu"):
         raise ValueError(f"nonlinearity = {nonlinearity!r}; expected 'tanh' or 'relu' (like nn.RNN)")
-    if mode.lower() == "rnn":
-        mode = f"rnn_{nonlinearity}"
     if input_size is None or hidden_size is None:
         raise ValueError(f"input_size = {input_size}, hidden_size = {hidden_size}; both are required "
                          "unless an RNNSpec is given")
-    return ar.RNNSpec(mode=_MODE_ALIASES[mode.lower()], input_size=input_size, hidden_size=hidden_size,
+    return ar.RNNSpec(mode=_mode_of(mode, nonlinearity), input_size=input_size, hidden_size=hidden_size,
                       num_layers=num_layers, bias=bias, dropout=dropout, bidirectional=bidirectional,
                       proj_size=proj_size, dtype=str(dtype).removeprefix("torch."), **variants)
+
+
+def _mode_of(mode: Any, nonlinearity: str) -> str:
+    """The spec's mode for ``ArrayRNN``'s ``mode`` argument: a built-in alias (``"rnn"`` with
+    ``nonlinearity``) or the name of a registered cell."""
+    if isinstance(mode, str) and mode.lower() in _MODE_ALIASES:
+        return f"rnn_{nonlinearity}" if mode.lower() == "rnn" else _MODE_ALIASES[mode.lower()]
+    if isinstance(mode, str) and cell_of(mode) is not None:
+        return mode
+    raise ValueError(f"mode = {mode!r}; expected an RNNSpec, one of 'lstm', 'gru', 'rnn_tanh', 'rnn_relu', "
+                     f"'rnn' or the name of a cell registered with arrayrnn.register_cell (registered: "
+                     f"{ar.registered_cells()})")
 
 
 # torch.save(module) / torch.load(path, weights_only=True): the classes a saved module's pickle names

@@ -39,7 +39,9 @@ _Tensor = torch.Tensor
 
 def emit(spec: ar.RNNSpec, batch_first: bool, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
          flat: _Tensor, lengths: Any) -> tuple[_Tensor, _Tensor, _Tensor | None]:
-    """``(y, h_n, c_n)`` as ONNX operators over ``x`` (3-D) and the canonical weights ``flat``."""
+    """``(y, h_n, c_n)`` as ONNX operators over ``x`` (3-D) and the canonical weights ``flat`` (a custom
+    cell: a ``ValueError``, it has no ONNX form)."""
+    onnx_graph.refuse_custom_cell(spec)
     try:
         onnx_graph.check_exportable(spec)
     except ValueError:

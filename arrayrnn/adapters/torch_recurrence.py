@@ -44,10 +44,12 @@ def run(spec: ar.RNNSpec, flat: _Tensor, x: _Tensor, lengths: _Tensor | None, h0
     ``h0`` / ``c0``: ``(L*D, B, H_out)`` / ``(L*D, B, H)`` or None (zeros); ``masks``: ``L - 1`` tensors
     ``(T, B, D*H_out)`` multiplying the inputs of layers 1.., or None.
     """
-    _check_supported(spec)
     if batch_first:
         x = x.transpose(0, 1)
     T, B = x.shape[0], x.shape[1]
+    if spec.custom_cell is not None and B == 0 and x.device.type != "meta":
+        return _no_rows(spec, x, h0, c0, batch_first)
+    _check_supported(spec)
     views = block_views(spec, flat)
     valid = _valid_steps(lengths, T, B, x.device)
     h0 = h0 if h0 is not None else x.new_zeros(spec.state_shape(B))
@@ -70,8 +72,27 @@ def run(spec: ar.RNNSpec, flat: _Tensor, x: _Tensor, lengths: _Tensor | None, h0
     return y, torch.stack(h_n), (torch.stack(c_n) if spec.has_cell else None)
 
 
+def _no_rows(spec: ar.RNNSpec, x: _Tensor, h0: _Tensor | None, c0: _Tensor | None,
+             batch_first: bool) -> tuple[_Tensor, _Tensor, _Tensor | None]:
+    """A custom cell's ``(y, h_n, c_n)`` for a batch of no rows: empty (the cell is never called)."""
+    T = x.shape[0]
+    y = x.new_zeros((T, 0, spec.num_directions * spec.output_size))
+    h_n = h0 * 1 if h0 is not None else x.new_zeros(spec.state_shape(0))
+    c_n = None
+    if spec.has_cell:
+        c_n = c0 * 1 if c0 is not None else x.new_zeros(spec.state_shape(0, cell=True))
+    return (y.transpose(0, 1) if batch_first else y), h_n, c_n
+
+
 def _check_supported(spec: ar.RNNSpec) -> None:
-    """The cell variants written here: peepholes; not zoneout, recurrent or weight dropout."""
+    """The cell variants written here: peepholes; not zoneout, recurrent or weight dropout; the built-in
+    cells only (a custom cell's functions run on arrays, not on torch's autograd tensors)."""
+    if spec.custom_cell is not None:
+        raise ValueError(f"mode = {spec.mode!r} is a custom cell: the torch-op recurrence of arrayrnn.torch "
+                         "(a backward with create_graph=True for gradients of gradients, meta tensors, "
+                         "torch.func transforms, dropout = 1 in training) runs the built-in cells only; take "
+                         "first-order gradients (create_graph=False) outside torch.func, on real tensors, "
+                         "with dropout < 1")
     unsupported = {name: getattr(spec, name) for name in ("zoneout", "zoneout_cell", "recurrent_dropout",
                                                           "weight_dropout") if getattr(spec, name, 0)}
     if unsupported:

@@ -133,8 +133,8 @@ def to_torch_state_dict(params: PackedParams) -> dict[str, Any]:
         ``params`` is not a `PackedParams`.
     ValueError
         A configuration PyTorch cannot express (single-bias modes, reset-before GRU, cell clipping,
-        peepholes, zoneout, layer normalisation), rather than export weights that would compute something
-        else there.
+        peepholes, zoneout, layer normalisation, a custom cell), rather than export weights that would
+        compute something else there.
 
     Examples
     --------
@@ -162,6 +162,11 @@ _NO_LAYER_NORM = ("torch.nn.LSTM / GRU / RNN have no layer normalisation and no 
 
 
 def _check_torch_expressible(spec: RNNSpec) -> None:
+    if spec.custom_cell is not None:
+        raise ValueError(f"mode = {spec.mode!r} is a custom cell (arrayrnn.register_cell); torch.nn has no "
+                         "module that computes it, so there is no state_dict to load into one; keep the "
+                         "weights in arrayrnn (ar.save) or run them in torch as "
+                         "arrayrnn.torch.ArrayRNN(params.spec), whose flat parameter takes params.data")
     if spec.bias in ("single_inp", "single_rec"):
         raise ValueError(f"bias = {spec.bias!r} has no PyTorch equivalent; PyTorch has bias=True "
                          "(double) or bias=False (none)")

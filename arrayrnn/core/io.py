@@ -3,6 +3,11 @@
 The file holds two arrays: ``header`` (the UTF-8 bytes of a JSON object: format name and version, the
 spec, dtype, buffer length and a SHA-256 of the buffer) and ``data`` (the canonical 1-D buffer). Reading
 and the atomic write are :mod:`arrayrnn.core.npzfile`'s.
+
+A custom cell's params save with its mode name (the spec's) and its definition's names (``"cell"``:
+gates, states, split gates); the code of its functions is not saved. Loading needs the cell registered
+under that name with the same names (import the module that registers it first), else a ``ValueError``
+naming the cell.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 
 from . import npzfile
 from .backend import to_host
+from .cell_registry import BUILTIN_MODES, Cell, cell_of, registered_cells
 from .layout import layout_of
 from .params import PackedParams
 from .spec import RNNSpec
@@ -65,6 +71,8 @@ def save(path: str | os.PathLike, params: PackedParams) -> None:
         "length": int(data.size),
         "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
     }
+    if params.spec.custom_cell is not None:
+        header["cell"] = _cell_names(params.spec.custom_cell)
     npzfile.write(path, KIND, VERSIONS[-1], header, {"data": data})
 
 
@@ -87,8 +95,9 @@ def load(path: str | os.PathLike) -> PackedParams:
     Raises
     ------
     ValueError
-        A damaged or foreign file (format version, spec, size, dtype or checksum wrong); the message says
-        which.
+        A damaged or foreign file (format version, spec, size, dtype or checksum wrong), or a file of a
+        custom cell that is not registered (or registered with other gates, states or split gates); the
+        message says which.
 
     Examples
     --------
@@ -111,10 +120,40 @@ def _expected_members(path: Any, header: dict[str, Any]) -> dict[str, tuple[str,
 
 
 def _validate_header(path: Any, header: dict[str, Any]) -> RNNSpec:
+    _check_cell_registered(path, header.get("spec"))
     try:
-        return RNNSpec.from_dict(header.get("spec"))
+        spec = RNNSpec.from_dict(header.get("spec"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: invalid spec in header: {e}") from e
+    _check_same_cell(path, spec, header.get("cell"))
+    return spec
+
+
+def _cell_names(cell: Cell) -> dict[str, list[str]]:
+    """What a file records of a custom cell besides its name: the names that fix its weights and states."""
+    return {"gates": list(cell.gates), "states": list(cell.states), "split": list(cell.split)}
+
+
+def _check_cell_registered(path: Any, fields: Any) -> None:
+    mode = fields.get("mode") if isinstance(fields, dict) else None
+    if isinstance(mode, str) and mode not in BUILTIN_MODES and cell_of(mode) is None:
+        raise ValueError(f"{path}: the file holds a stack of the cell mode = {mode!r}, which is not "
+                         f"registered (registered: {registered_cells()}); register it before loading: import "
+                         f"the module that defines it (its arrayrnn.register_cell call runs on import), then "
+                         "ar.load")
+
+
+def _check_same_cell(path: Any, spec: RNNSpec, saved: Any) -> None:
+    cell = spec.custom_cell
+    if cell is None:
+        if saved is not None:
+            raise ValueError(f"{path}: header has a cell {saved!r} for the built-in mode = {spec.mode!r}; "
+                             "expected none (the file is damaged)")
+        return
+    if saved != _cell_names(cell):
+        raise ValueError(f"{path}: the file was saved with the cell {spec.mode!r} of {saved!r}; the cell "
+                         f"registered as {spec.mode!r} now has {_cell_names(cell)}; register the definition "
+                         "the file was saved with (another cell's weights would mean something else)")
 
 
 def _validate_data(path: Any, header: dict[str, Any], spec: RNNSpec, data: np.ndarray) -> None:

@@ -4,12 +4,14 @@ A decoder with attention, a sampler, a model that feeds each output back as the 
 is the caller's, and each call is one step of a single-layer, one-direction cell (``nn.LSTMCell``'s
 counterpart on NumPy and CuPy arrays)::
 
-    res = ar.cell_step(params, x, h, c)            # x (B, I), h (B, H_out), c (B, H): res.h, res.c
+    res = ar.cell_step(params, x, h, c)            # x (B, I), h (B, H_out), c (B, C): res.h, res.c
     g = ar.cell_step_backward(res, dh, dc)         # g.dx, g.dh, g.dc, g.dparams (one flat buffer)
 
 ``params`` is a :class:`~arrayrnn.PackedParams` of a cell spec (``num_layers=1``, one direction, no
 dropout or cell variants; every mode, bias mode, ``proj_size``, ``cell_clip`` and the reset-before GRU),
-so the canonical layout is ``W_ih, W_hh, b_ih, b_hh`` (``nn.LSTMCell``'s parameters in order). The step
+so the canonical layout is ``W_ih, W_hh, b_ih, b_hh`` (``nn.LSTMCell``'s parameters in order); a
+registered custom cell too (``C = spec.cell_width``: ``H`` for LSTM, ``(S-1)*H`` for a custom cell of ``S``
+states, its states besides ``h`` side by side). The step
 runs on the engine's fused step (:mod:`arrayrnn.engines.step`: the numba engine's compiled loops on
 CPU, the CuPy engine's kernels on GPU) and its hand-written backward; the numba engine packs the weights
 on each call (a cell module that knows when its weights change keeps them packed: ``arrayrnn.torch``'s
@@ -38,7 +40,7 @@ from ..engines import (
     step_engine,
 )
 from . import guard
-from .rnn import _check_cotangent, _check_params
+from .rnn import _check_cotangent, _check_params, state_width
 
 Array = Any
 
@@ -58,7 +60,8 @@ class _StepSaved:
 
 @dataclass(frozen=True, eq=False)
 class CellResult:
-    """The new states of :func:`cell_step`: ``h (B, H_out)``, ``c (B, H)`` (LSTM, else None)."""
+    """The new states of :func:`cell_step`: ``h (B, H_out)``, ``c (B, spec.cell_width)`` (None without a
+    state besides ``h``)."""
 
     h: Array
     c: Array | None
@@ -89,7 +92,8 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
     x : array
         ``(B, input_size)``, the params' dtype and device.
     h, c : array, optional
-        States ``(B, H_out)`` and ``(B, hidden_size)`` (``c`` for LSTM only); None means zeros.
+        States ``(B, H_out)`` and ``(B, spec.cell_width)`` (``c`` only for a cell with a state besides
+        ``h``: LSTM, a custom cell of two states or more); None means zeros.
     training : bool, optional
         ``True`` keeps the residuals for :func:`cell_step_backward`.
     engine : str, optional
@@ -98,7 +102,8 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
     Returns
     -------
     CellResult
-        The new states ``h`` ``(B, H_out)`` and ``c`` ``(B, H)`` (LSTM, else None).
+        The new states ``h`` ``(B, H_out)`` and ``c`` ``(B, spec.cell_width)`` (None without a state
+        besides ``h``).
 
     Raises
     ------
@@ -132,8 +137,9 @@ def cell_step(params: PackedParams, x: Any, h: Any = None, c: Any = None, *, tra
     B = _check_x(spec, params, x)
     h = _state(xp, "h", h, (B, spec.output_size), params)
     if c is not None and not spec.has_cell:
-        raise ValueError(f"c was given but mode = {spec.mode!r} has no cell state; pass c=None")
-    c = _state(xp, "c", c, (B, spec.hidden_size), params) if spec.has_cell else None
+        raise ValueError(f"c was given but mode = {spec.mode!r} has no cell state (no state besides h); "
+                         "pass c=None")
+    c = _state(xp, "c", c, (B, spec.cell_width), params) if spec.has_cell else None
     call = probe_call(spec, xp, device=device_id(params.data), batch=B, training=training)
     stepper = step_engine(select_engine(engine, call))
     with on_device(xp, call.device):
@@ -154,7 +160,8 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
     res : CellResult
         What :func:`cell_step` returned (``training=True`` keeps the residuals the backward uses).
     dh, dc : array, optional
-        Cotangents of ``res.h`` ``(B, H_out)`` and ``res.c`` ``(B, H)`` (LSTM only); None means zeros.
+        Cotangents of ``res.h`` ``(B, H_out)`` and ``res.c`` ``(B, spec.cell_width)`` (a cell with a state
+        besides ``h`` only); None means zeros.
 
     Returns
     -------
@@ -184,7 +191,8 @@ def cell_step_backward(res: CellResult, dh: Any = None, dc: Any = None) -> CellG
     saved, spec = res._saved, res.params.spec
     dh = _check_cotangent("dh", dh, res.h, "res.h")
     if dc is not None and res.c is None:
-        raise ValueError(f"dc was given but mode = {spec.mode!r} has no cell state; pass dc=None")
+        raise ValueError(f"dc was given but mode = {spec.mode!r} has no cell state (no state besides h); "
+                         "pass dc=None")
     dc = _check_cotangent("dc", dc, res.c, "res.c") if res.c is not None else None
     guard.assert_unchanged(saved.weights_then, res.params.data)
     fwd, weights = saved.fwd, saved.weights
@@ -210,7 +218,7 @@ def _state(xp: Any, name: str, state: Array | None, shape: tuple[int, int], para
         return xp.zeros(shape, dtype=params.data.dtype)
     if tuple(state.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(state.shape)}; expected (B, "
-                         f"{'H_out' if name == 'h' else 'hidden_size'}) = {shape}")
+                         f"{state_width(params.spec, cell=name == 'c')}) = {shape}")
     _check_dtype(name, state, params)
     return state
 

@@ -69,9 +69,11 @@ class RNNResult:
     """Outputs of :func:`rnn_forward` plus what :func:`rnn_backward` needs.
 
     ``y``: ``(T, B, D*H_out)`` (``(B, T, D*H_out)`` with ``batch_first``); ``h_n``: ``(L*D, B, H_out)``;
-    ``c_n``: ``(L*D, B, H)`` for LSTM, else ``None``. With ``return_all_states=True``: ``h_all``
-    ``(L*D, T, B, H_out)`` and, for LSTM, ``c_all`` ``(L*D, T, B, H)``, every layer's and direction's state
-    after every step (time-major whatever ``batch_first``; zeros past each row's end); else ``None``.
+    ``c_n``: ``(L*D, B, C)`` for a cell with a state besides ``h``, else ``None`` (``C = spec.cell_width``:
+    ``H`` for LSTM, ``(S-1)*H`` for a custom cell of ``S`` states, state ``k`` in columns ``(k-1)*H ..
+    k*H``). With ``return_all_states=True``: ``h_all`` ``(L*D, T, B, H_out)`` and, for a cell with a state
+    besides ``h``, ``c_all`` ``(L*D, T, B, C)``, every layer's and direction's state after every step
+    (time-major whatever ``batch_first``; zeros past each row's end); else ``None``.
     """
 
     y: Array
@@ -112,7 +114,8 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
         ``(B,)`` valid steps per row, each in ``0..T``, any order, host or device. Outputs past a row's end
         are zero; a zero-length row gives zero outputs and final states equal to its initial states.
     h0, c0 : array, optional
-        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, H)`` (``c0`` for LSTM only); None means zeros.
+        Initial states ``(L*D, B, H_out)`` / ``(L*D, B, C)``, ``C = spec.cell_width`` (``c0`` only for a
+        cell with a state besides ``h``: LSTM, a custom cell of two states or more); None means zeros.
     batch_first : bool, optional
         Whether ``x`` and ``y`` are ``(B, T, ...)``.
     training : bool, optional
@@ -132,7 +135,8 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
     -------
     RNNResult
         ``y`` ``(T, B, D*H_out)`` (batch-first with ``batch_first``), ``h_n`` ``(L*D, B, H_out)``, ``c_n``
-        ``(L*D, B, H)`` (None unless LSTM), and ``h_all`` / ``c_all`` with ``return_all_states``.
+        ``(L*D, B, spec.cell_width)`` (None without a state besides ``h``), and ``h_all`` / ``c_all`` with
+        ``return_all_states``.
 
     Raises
     ------
@@ -243,7 +247,8 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
     Returns
     -------
     RNNGrads
-        ``dx`` (shaped like ``x``), ``dh0`` ``(L*D, B, H_out)``, ``dc0`` (LSTM, else None) and ``dparams``, a
+        ``dx`` (shaped like ``x``), ``dh0`` ``(L*D, B, H_out)``, ``dc0`` (shaped like ``c0``; None without a
+        state besides ``h``) and ``dparams``, a
         `PackedParams` of gradients with the params' spec, format and layout.
 
     Raises
@@ -276,7 +281,8 @@ def rnn_backward(res: RNNResult, dy: Any = None, dh_n: Any = None, dc_n: Any = N
     none_ok = saved.engine.zero_states_as_none
     dh_n = _check_cotangent("dh_n", dh_n, res.h_n, "res.h_n", none_ok)
     if dc_n is not None and res.c_n is None:
-        raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state; pass dc_n=None")
+        raise ValueError(f"dc_n was given but mode = {spec.mode!r} has no cell state (no state besides h); "
+                         "pass dc_n=None")
     dc_n = _check_cotangent("dc_n", dc_n, res.c_n, "res.c_n", none_ok) if res.c_n is not None else None
     all_states = _all_states_cotangents(res, dh_all, dc_all)
 
@@ -299,8 +305,8 @@ def _all_states_cotangents(res: RNNResult, dh_all: Any, dc_all: Any) -> dict[str
         if value is None:
             continue
         if like is None and res.h_all is not None:
-            raise ValueError(f"dc_all was given but mode = {res.params.spec.mode!r} has no cell state; "
-                             "pass dc_all=None")
+            raise ValueError(f"dc_all was given but mode = {res.params.spec.mode!r} has no cell state "
+                             "(no state besides h); pass dc_all=None")
         if like is None:
             raise ValueError(f"{name} was given but res has no {name[1:]} (the forward ran with "
                              f"return_all_states=False); call rnn_forward(..., return_all_states=True)")
@@ -342,15 +348,24 @@ def _check_state(name: str, state: Array | None, shape: tuple[int, ...], params:
         return
     if tuple(state.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(state.shape)}; expected (num_layers * num_directions, B, "
-                         f"{'H_out' if name == 'h0' else 'hidden_size'}) = {shape}")
+                         f"{state_width(params.spec, cell=name == 'c0')}) = {shape}")
     if state.dtype != params.data.dtype:
         raise TypeError(f"{name} has dtype {state.dtype}; expected the params' dtype {params.data.dtype} "
                         f"(convert with {name}.astype(params.data.dtype))")
 
 
+def state_width(spec: RNNSpec, cell: bool) -> str:
+    """How an error message names a state's width: ``H_out`` (h), ``hidden_size`` (an LSTM's c),
+    ``spec.cell_width`` (a custom cell's states besides h, side by side)."""
+    if not cell:
+        return "H_out"
+    return "hidden_size" if spec.custom_cell is None else "spec.cell_width"
+
+
 def _check_c0(spec: RNNSpec, c0: Array | None, B: int, params: PackedParams) -> None:
     if c0 is not None and not spec.has_cell:
-        raise ValueError(f"c0 was given but mode = {spec.mode!r} has no cell state; pass c0=None")
+        raise ValueError(f"c0 was given but mode = {spec.mode!r} has no cell state (no state besides h); "
+                         "pass c0=None")
     _check_state("c0", c0, spec.state_shape(B, cell=True), params)
 
 

@@ -1,4 +1,4 @@
-"""Thin layers: ``LSTM``, ``GRU``, ``RNN``, ``Dense``, ``Embedding``.
+"""Thin layers: ``LSTM``, ``GRU``, ``RNN``, ``Recurrent`` (any registered cell), ``Dense``, ``Embedding``.
 
 A layer holds its parameters in ONE buffer (``.params``: a PackedParams for the recurrent layers, a flat
 array for ``Dense`` holding ``W`` then ``b``, the table for ``Embedding``) and is otherwise stateless:
@@ -207,7 +207,8 @@ class _Recurrent:
 
     def apply(self, params: PackedParams | TracedParams, x: Any, lengths: Any = None, h0: Any = None,
               c0: Any = None, *, seed: int | None = None) -> tuple[Any, Any, Any]:
-        """``(y, h_n, c_n)`` (``c_n`` None unless LSTM); shapes and semantics of ``ar.rnn_forward``.
+        """``(y, h_n, c_n)`` (``c_n`` None without a state besides ``h``); shapes and semantics of
+        ``ar.rnn_forward``.
         ``seed`` seeds inter-layer dropout when differentiating a stack with ``dropout > 0``."""
         if not isinstance(params, (PackedParams, TracedParams)):
             raise TypeError(f"{type(self).__name__}: params has type {type(params).__name__}; expected a "
@@ -232,7 +233,8 @@ class _Recurrent:
         return self
 
     def initial_state(self, batch_size: int) -> tuple[Any, Any]:
-        """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` None unless LSTM)."""
+        """Zero ``(h0, c0)`` for ``batch_size`` rows (``c0`` ``(L*D, B, spec.cell_width)``, None without a
+        state besides ``h``)."""
         batch_size = check_positive_int("batch_size", batch_size, minimum=0)
         xp = get_xp(self.params.data)
         s = self.spec
@@ -469,4 +471,81 @@ class RNN(_Recurrent):
                        dropout=dropout, dtype=dtype, recurrent_dropout=recurrent_dropout,
                        weight_dropout=weight_dropout, zoneout=zoneout, layer_norm=layer_norm,
                        layer_norm_eps=layer_norm_eps)
+        super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)
+
+
+class Recurrent(_Recurrent):
+    """A stacked recurrent layer of any mode: a cell registered with `arrayrnn.register_cell` (or a
+    built-in mode, with the built-in layers' common options only).
+
+    Calling ``layer(x, lengths=None, h0=None, c0=None)`` (or ``layer.apply(params, x, ...)`` inside
+    `arrayrnn.value_and_grad`) returns ``(y, h_n, c_n)`` with the shapes and semantics of
+    `arrayrnn.rnn_forward`; the caller carries the state as for `LSTM`. ``c_n`` holds the cell's states
+    besides ``h`` side by side, ``(L*D, B, spec.cell_width)`` (state ``k >= 1`` in columns
+    ``(k-1)*H .. k*H``), and is None for a cell whose only state is ``h``.
+
+    Parameters
+    ----------
+    mode : str
+        The name of a registered cell (``"cifg"``, or one of your own), or a built-in mode.
+    input_size, hidden_size : int
+        Features of ``x`` and of each state.
+    num_layers : int, optional
+        Stacked layers.
+    bias : bool or str, optional
+        A bias mode of `arrayrnn.RNNSpec` (``True`` = both biases).
+    bidirectional : bool, optional
+        Add a reverse direction.
+    dropout : float, optional
+        Dropout between layers, under differentiation.
+    recurrent_dropout, weight_dropout : float, optional
+        Dropout of the recurrent ``h`` and DropConnect on ``W_hh`` (`arrayrnn.RNNSpec`'s fields); they act
+        under differentiation (training).
+    batch_first : bool, optional
+        ``x`` and ``y`` are ``(B, T, ...)`` instead of ``(T, B, ...)``.
+    dtype : str, optional
+        ``"float32"``, ``"float64"`` or (GPU) ``"float16"``.
+    seed : int or None, optional
+        Seed of the initial weights (uniform(-1/sqrt(H), 1/sqrt(H)), as the built-ins).
+    xp : module, optional
+        ``numpy`` or ``cupy``: where the weights live.
+    engine : str, optional
+        The engine of every call (``"auto"`` or a name, as in `arrayrnn.rnn_forward`).
+
+    Attributes
+    ----------
+    params : PackedParams
+        All the layer's weights in one flat buffer (``W_ih``, ``W_hh``, ``b_ih``, ``b_hh`` per layer and
+        direction, G gate blocks of H rows); differentiate and optimise this.
+    spec : RNNSpec
+        The stack's configuration.
+
+    Raises
+    ------
+    ValueError
+        An unregistered mode (the message lists the registered cells) or a configuration
+        `arrayrnn.RNNSpec` refuses; an unknown engine name.
+    TypeError
+        ``mode`` is not a string.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayrnn as ar
+    >>> cifg = ar.nn.Recurrent("cifg", 3, 4, num_layers=2)
+    >>> y, h_n, c_n = cifg(np.ones((5, 2, 3), dtype=np.float32))
+    >>> y.shape, h_n.shape, c_n.shape
+    ((5, 2, 4), (2, 2, 4), (2, 2, 4))
+    >>> y, h_n, c_n = cifg(np.ones((5, 2, 3), dtype=np.float32), h0=h_n, c0=c_n)  # carry the state on
+    """
+
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, *,
+                 bias: bool | str = True, bidirectional: bool = False, dropout: float = 0.0,
+                 recurrent_dropout: float = 0.0, weight_dropout: float = 0.0, batch_first: bool = False,
+                 dtype: str = "float32", seed: int | None = 0, xp: ModuleType = np, engine: str = "auto"):
+        if not isinstance(mode, str):
+            raise TypeError(f"Recurrent: mode = {mode!r} has type {type(mode).__name__}; expected a str, the "
+                            "name of a registered cell (arrayrnn.registered_cells()) or a built-in mode")
+        spec = RNNSpec(mode, input_size, hidden_size, num_layers, bidirectional, bias, dropout=dropout,
+                       dtype=dtype, recurrent_dropout=recurrent_dropout, weight_dropout=weight_dropout)
         super().__init__(spec, batch_first=batch_first, seed=seed, xp=xp, engine=engine)
