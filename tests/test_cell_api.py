@@ -128,6 +128,8 @@ def test_spec_refuses_unknown_modes_and_builtin_only_options():
         ar.RNNSpec("nope", 2, 3)
     with pytest.raises(ValueError, match="zoneout = 0.1 with the custom cell mode = 'cifg'"):
         ar.RNNSpec("cifg", 2, 3, zoneout=0.1)
+    with pytest.raises(ValueError, match="layer_norm = True with the custom cell mode = 'cifg'"):
+        ar.RNNSpec("cifg", 2, 3, layer_norm=True)
     for field, value in (("proj_size", 1), ("cell_clip", 1.0), ("peepholes", True)):
         with pytest.raises(ValueError, match=f"{field} = .* with mode = 'cifg'"):
             ar.RNNSpec("cifg", 2, 3, **{field: value})

@@ -270,6 +270,10 @@ class RNNSpec:
 
     def _normalize_layer_norm(self) -> None:
         object.__setattr__(self, "layer_norm", check_flag("layer_norm", self.layer_norm))
+        if self.layer_norm and self.custom_cell is not None:
+            raise ValueError(f"layer_norm = True with the custom cell mode = {self.mode!r}; layer "
+                             "normalisation inside the recurrence runs on the built-in cells only (use "
+                             "layer_norm=False)")
         eps = _finite_float(self.layer_norm_eps)
         if eps is None or not eps > 0:
             raise ValueError(f"layer_norm_eps = {shown(self.layer_norm_eps)}; expected a finite float > 0 "
