@@ -51,7 +51,8 @@ def forward_inputs(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Arr
 
 def custom_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t: Array, h: Array,
                         c: Array | None, h_rec: Array | None = None) -> tuple[Array, Array | None, dict]:
-    """``(h_new, c_new, {"residuals": (n, R*H)})`` of one step of the rows ``h`` (``c``: the other states)."""
+    """``(h_new, c_new, {"residuals": (n, R*H), "c": c_new})`` of one step of the rows ``h`` (``c``: the other
+    states; the cache keeps every step's ``c_new``: ``return_all_states``' ``c_all``)."""
     cell, H = spec.custom_cell, spec.hidden_size
     hw = (h if h_rec is None else h_rec) @ w.W_hh.T
     others = blocks(c, len(cell.states) - 1, H) if c is not None else []
@@ -65,7 +66,8 @@ def custom_forward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, xw_t
     res = xp.empty((h.shape[0], cell.num_residuals * H), dtype=h.dtype)
     for k, value in enumerate(residuals):
         res[:, k * H:(k + 1) * H] = value
-    return h_new, c_new, {"residuals": res}
+    kept = {"residuals": res} if c_new is None else {"residuals": res, "c": c_new}
+    return h_new, c_new, kept
 
 
 def custom_backward_step(xp: ModuleType, spec: RNNSpec, w: DirectionWeights, dh: Array, dc: Array | None,
