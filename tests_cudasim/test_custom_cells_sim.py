@@ -167,3 +167,17 @@ def test_a_zero_length_batch_passes_the_states_through(engine) -> None:
     np.testing.assert_array_equal(host(g.dh0), case.dh_n)
     np.testing.assert_array_equal(host(g.dc0), case.dc_n)
     assert not host(res.y).any() and not host(g.dx).any()
+
+
+def test_float16_runs_with_float32_math_within_the_gpu_tests_tolerance(engine) -> None:
+    """float16 storage, float32 math (the driver upcasts): within the tolerance tests/test_cupy_engine.py
+    states for float16 on the GPU (2e-2) of the float32 reference."""
+    case32 = _case(RNNSpec(mode="cifg", dtype="float32", **STACK))
+    params16 = ar.PackedParams(case32.spec.replace(dtype="float16"), case32.params.data.astype(np.float16))
+    names = ("x", "h0", "c0", "dy", "dh_n", "dc_n")
+    half = {name: getattr(case32, name).astype(np.float16) for name in names}
+    got = _results(case32.with_(params=params16, **half), engine)
+    assert host(got["y"]).dtype == np.float16 and host(got["dparams"]).dtype == np.float16
+    want = _results(case32.with_(**{k: v.astype(np.float32) for k, v in half.items()}), "reference")
+    _assert_same({k: None if v is None else host(v).astype(np.float32) for k, v in got.items()}, want,
+                 rtol=2e-2, atol=2e-2)

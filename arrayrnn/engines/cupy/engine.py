@@ -108,8 +108,9 @@ class CupyEngine(StackEngine):
         super().__init__("cupy", GpuKernel())
 
     def check(self, call: Call) -> str | None:
-        """``None`` for every call on CuPy arrays: this engine runs every configuration (so ``"auto"``, which
-        asks cuDNN first, reaches it wherever cuDNN declines); otherwise what is missing."""
+        """``None`` for every call on CuPy arrays: this engine runs every configuration, custom cells included
+        (so ``"auto"``, which asks cuDNN first, reaches it wherever cuDNN declines), but a custom cell with
+        layer normalisation; otherwise what is missing."""
         cupy = cupy_module()
         if cupy is None:
             return "CuPy is not installed (pip install 'arrayrnn[gpu]')"
