@@ -14,6 +14,10 @@ stream (the stream CuPy's GEMMs run on), so nothing in the loop waits for the GP
 Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba's CUDA module is imported) the same kernel code runs
 on NumPy arrays in numba's CUDA simulator: :class:`GpuKernel` then takes NumPy arrays, which is how CI
 checks it against the reference engine. float16 params run with float32 math (the driver upcasts).
+
+A custom cell (``RNNSpec(mode=<a registered cell>)``) runs the programs of :mod:`.custom_programs` around
+kernels generated for its cell object (:mod:`.custom_kernels`); its programs are keyed on that object too, so
+a cell registered again under the same name never runs the old one's graphs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ...core.spec import RNNSpec
 from ..base import Call, DirectionForward, DirectionGrads, DirectionWeights
 from ..stack import StackEngine
 from . import launch
+from .custom_programs import CustomBackward, CustomForward
 from .graphs import GraphCache
 from .programs import Shape, backward_program, forward_program
 
@@ -72,8 +77,8 @@ class GpuKernel:
         xp = get_xp(xw)
         xw = _contiguous(xp, xw)  # the driver's fresh projection: it receives the gate cache
         shape = _shape(xw, batch_sizes, reverse, w, keep=keep_cache)
-        program_type = forward_program(spec)
-        program = self.graphs.run(xp, ("forward", spec, shape),
+        program_type = CustomForward if spec.custom_cell is not None else forward_program(spec)
+        program = self.graphs.run(xp, ("forward", spec, spec.custom_cell, shape),
                                   lambda: program_type(Device(xp), spec, shape),
                                   lambda p: p.load(w, xw, h0, c0))
         return program.result(xw)
@@ -83,8 +88,8 @@ class GpuKernel:
                  reverse: bool, dc_seq: Array | None = None) -> DirectionGrads:
         xp = get_xp(dy)
         shape = _shape(dy, batch_sizes, reverse, w, dc_seq=dc_seq is not None)
-        program_type = backward_program(spec)
-        program = self.graphs.run(xp, ("backward", spec, shape),
+        program_type = CustomBackward if spec.custom_cell is not None else backward_program(spec)
+        program = self.graphs.run(xp, ("backward", spec, spec.custom_cell, shape),
                                   lambda: program_type(Device(xp), spec, shape),
                                   lambda p: p.load(w, fwd, h_prev, c_prev, dy, dh_n, dc_n, dc_seq))
         return program.result()
@@ -103,15 +108,17 @@ class CupyEngine(StackEngine):
         super().__init__("cupy", GpuKernel())
 
     def check(self, call: Call) -> str | None:
-        """``None`` for every call on CuPy arrays: this engine runs every configuration (so ``"auto"``, which
-        asks cuDNN first, reaches it wherever cuDNN declines); otherwise what is missing."""
+        """``None`` for every call on CuPy arrays: this engine runs every configuration, custom cells included
+        (so ``"auto"``, which asks cuDNN first, reaches it wherever cuDNN declines), but a custom cell with
+        layer normalisation; otherwise what is missing."""
         cupy = cupy_module()
         if cupy is None:
             return "CuPy is not installed (pip install 'arrayrnn[gpu]')"
         if call.xp is not cupy:
             return "the cupy engine runs on CuPy arrays (GPU); use engine='numba' or 'reference' on CPU"
-        if call.spec.custom_cell is not None:
-            return f"mode = {call.spec.mode!r} is a custom cell, which the cupy engine does not run yet"
+        if call.spec.custom_cell is not None and call.spec.layer_norm:
+            return (f"layer_norm = True with the custom cell mode = {call.spec.mode!r}: the cupy engine runs "
+                    "custom cells without layer normalisation (use layer_norm=False)")
         return None
 
 

@@ -92,6 +92,9 @@ def _element(rows, width):
     return b, k - b * width
 
 
+element = _element  # the generated kernels of custom cells (.custom_kernels) share it
+
+
 # -- LSTM pieces shared by the plain and the peephole kernels -------------------------------------
 @cuda.jit(device=True, inline=True)
 def _lstm_columns(H, j):
