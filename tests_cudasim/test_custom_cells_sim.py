@@ -27,9 +27,10 @@ from support.rnn_cases import Case, forward_backward, host, make_case, on_device
 from support.twin_cells import TWINS, twin_params
 
 import arrayrnn as ar
-from arrayrnn import EngineUnavailableError, RNNSpec, rnn_backward, rnn_forward
+from arrayrnn import RNNSpec, rnn_backward, rnn_forward
 from arrayrnn import cellmath as cm
 from arrayrnn.cells.cifg import CIFG
+from arrayrnn.cells.slstm import SLSTM
 
 T, B = 3, 4
 STACK = dict(input_size=2, hidden_size=2, num_layers=2, bidirectional=True, recurrent_dropout=0.4,
@@ -94,10 +95,10 @@ def test_each_twin_on_cupy_equals_the_builtin_and_the_reference(engine, mode: st
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("cell", [CIFG, EVERY_FORM], ids=lambda cell: cell.name)
+@pytest.mark.parametrize("cell", [CIFG, SLSTM, EVERY_FORM], ids=lambda cell: cell.name)
 def test_a_registered_cell_on_cupy_equals_the_reference(engine, cell: ar.Cell, dtype: str) -> None:
-    """CIFG, and a cell of three states with a split gate and every ``cellmath`` function (its backward first
-    checked against central differences)."""
+    """CIFG, sLSTM, and a cell of three states with a split gate and every ``cellmath`` function (its
+    backward first checked against central differences)."""
     if cell is EVERY_FORM:
         ar.check_cell(cell)
     case = _case(RNNSpec(mode=cell.name, dtype=dtype, **STACK), batch_first=True)
@@ -148,14 +149,6 @@ def test_a_cell_registered_again_under_its_name_runs_the_new_definition(engine) 
         ar.unregister_cell("sim_swapped")
     np.testing.assert_allclose(second, want, **tolerances("float64"))
     assert np.abs(second - first).max() > 0.1
-
-
-def test_layer_norm_with_a_custom_cell_is_declined_naming_it(engine) -> None:
-    spec = RNNSpec(mode="cifg", input_size=2, hidden_size=3, layer_norm=True)
-    case = on_device(make_case(spec, T, B), engine)
-    with pytest.raises(EngineUnavailableError, match=r"layer_norm = True with the custom cell mode = 'cifg'.*"
-                                                     r"use layer_norm=False"):
-        rnn_forward(case.params, case.x, engine=engine)
 
 
 def test_a_zero_length_batch_passes_the_states_through(engine) -> None:

@@ -109,16 +109,13 @@ class CupyEngine(StackEngine):
 
     def check(self, call: Call) -> str | None:
         """``None`` for every call on CuPy arrays: this engine runs every configuration, custom cells included
-        (so ``"auto"``, which asks cuDNN first, reaches it wherever cuDNN declines), but a custom cell with
-        layer normalisation; otherwise what is missing."""
+        (so ``"auto"``, which asks cuDNN first, reaches it wherever cuDNN declines); otherwise what is
+        missing."""
         cupy = cupy_module()
         if cupy is None:
             return "CuPy is not installed (pip install 'arrayrnn[gpu]')"
         if call.xp is not cupy:
             return "the cupy engine runs on CuPy arrays (GPU); use engine='numba' or 'reference' on CPU"
-        if call.spec.custom_cell is not None and call.spec.layer_norm:
-            return (f"layer_norm = True with the custom cell mode = {call.spec.mode!r}: the cupy engine runs "
-                    "custom cells without layer normalisation (use layer_norm=False)")
         return None
 
 
