@@ -7,7 +7,9 @@ CUDA target when a kernel calls it; the CUDA simulator calls it as is). The acti
 (sigmoid, tanh) stay per target: vectorisable polynomials on the CPU, the CUDA math library on the GPU.
 
 ``one`` is 1 in the compute dtype, passed in so float32 math never promotes to float64. Semantics
-equal :mod:`arrayrnn.engines.cells` (the oracle), per element::
+equal :mod:`arrayrnn.engines.cells` (the oracle), per element, with its association
+(``d * g * (i * (1 - i))``, ``(dh - dh * z) * (1 - n * n)``: a derivative from the output is one factor, as
+in :mod:`arrayrnn.cellmath`), so a built-in cell written through the cell API gives these kernels' bits::
 
     lstm:  c = clip(f*c_prev + i*g);  h = o * tanh(c)
     gru:   n = tanh(x_n + r * hn) (reset-after) ;  h = (1-z)*n + z*h_prev
@@ -55,7 +57,7 @@ def lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi
     """
     d = dc + lstm_output_grad(one, o, tanh_c, dm)
     di, df, dg, dc_prev = lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi)
-    do = dm * tanh_c * o * (one - o)
+    do = dm * tanh_c * (o * (one - o))
     return di, df, dg, do, dc_prev
 
 
@@ -72,8 +74,8 @@ def lstm_gate_grads(one, i, f, g, c, c_prev, d, use_clip, lo, hi):
     (the carry and the output's part; with layer norm the output's part comes through the cell's norm)."""
     inside = (c > lo) & (c < hi)
     d = d if (inside or not use_clip) else d * (one - one)
-    di = d * g * i * (one - i)
-    df = d * c_prev * f * (one - f)
+    di = d * g * (i * (one - i))
+    df = d * c_prev * (f * (one - f))
     dg = d * i * (one - g * g)
     return di, df, dg, d * f
 
@@ -94,15 +96,15 @@ def gru_output(z, n, h_prev):
 @njit(**_JIT)
 def gru_zn_grads(one, z, n, h_prev, dh):
     """``(dz, dn, dh_prev part)``: pre-activation gradients of z and n and the direct carry ``dh*z``."""
-    dn = dh * (one - z) * (one - n * n)
-    dz = dh * (h_prev - n) * z * (one - z)
+    dn = (dh - dh * z) * (one - n * n)
+    dz = dh * (h_prev - n) * (z * (one - z))
     return dz, dn, dh * z
 
 
 @njit(**_JIT)
 def sigmoid_grad(one, s, upstream):
     """Gradient through ``s = sigmoid(x)``: ``upstream * s * (1 - s)`` (the GRU's r gate)."""
-    return upstream * s * (one - s)
+    return upstream * (s * (one - s))
 
 
 # -- plain RNN ------------------------------------------------------------------------------------
@@ -125,7 +127,7 @@ def peephole_input(pre, p, c):
 def lstm_peephole_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc, use_clip, lo, hi, p_i, p_f, p_o):
     """:func:`lstm_cell_grads` with peepholes ``p_i, p_f, p_o``: ``o`` also reads ``c`` (its gradient
     joins the cell's before the clip), ``i`` and ``f`` read ``c_prev`` (their gradients join ``dc_prev``)."""
-    do = dm * tanh_c * o * (one - o)
+    do = dm * tanh_c * (o * (one - o))
     di, df, dg, do, dc_prev = lstm_cell_grads(one, i, f, g, o, c, tanh_c, c_prev, dm, dc + do * p_o, use_clip,
                                               lo, hi)
     return di, df, dg, do, dc_prev + di * p_i + df * p_f

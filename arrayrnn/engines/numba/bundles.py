@@ -90,6 +90,16 @@ class RNNCell(NamedTuple):
     relu: bool
 
 
+class CustomCell(NamedTuple):
+    """A custom cell's weights as its loops read them (:mod:`.custom_loops`): ``W_hh_p``, ``pack_b(W_hh.T,
+    gates=G)`` forward (plain ``pack_b(W_hh.T)`` for more than :data:`.simd_ir.MAX_NV` gates),
+    ``pack_b(W_hh)`` backward; ``inner (len(split)*H,)``, the split gates' ``b_hh`` (zeros when absent,
+    zero-size without split gates)."""
+
+    W_hh_p: Array
+    inner: Array
+
+
 class ColumnState(NamedTuple):
     """A column split's state: ``h_buf (2,B,H)`` double-buffers ``h`` (step ``s`` reads ``h_buf[s % 2]``
     and writes its units of the other), ``c (B,H)`` the LSTM's cell (zero-size for the GRU)."""
@@ -124,6 +134,18 @@ class GRUCache(NamedTuple):
 
     def chunk(self, t0: int, t1: int) -> GRUCache:
         return self._replace(hn_all=self.hn_all[t0:t1]) if self.keep else self
+
+
+class CustomCache(NamedTuple):
+    """What a custom cell's forward keeps when ``keep``: ``c_all (T,B,(S-1)*H)`` each step's states besides
+    ``h`` (zero-size for one state), ``res_all (T,B,R*H)`` its residuals (one step of scratch otherwise)."""
+
+    keep: bool
+    c_all: Array
+    res_all: Array
+
+    def chunk(self, t0: int, t1: int) -> CustomCache:
+        return self._replace(c_all=self.c_all[t0:t1], res_all=self.res_all[t0:t1]) if self.keep else self
 
 
 class Variants(NamedTuple):
@@ -202,6 +224,13 @@ class GRUResiduals(NamedTuple):
     h_prev: Array
 
 
+class CustomResiduals(NamedTuple):
+    """A custom cell forward's residuals: ``res_all (T,B,R*H)``, residual ``k`` in columns ``k*H ..
+    (k+1)*H``."""
+
+    res_all: Array
+
+
 class Cotangents(NamedTuple):
     """A backward's carried cotangents, in and out: ``dh (B,H_out)`` (in ``dh_n``, out ``dh0``) and ``dc
     (B,H)`` (``dc_n``, ``dc0``; zero-size but for the LSTM)."""
@@ -222,6 +251,21 @@ class BackSteps(NamedTuple):
     dpre: Array
     d_h: Array
     dn_rec: Array
+    has_seq: bool
+    dc_seq: Array
+
+
+class CustomBackSteps(NamedTuple):
+    """A custom cell backward's sequence: ``dy (T,B,H)`` in; ``dpre (T,B,G*H)`` out, the gradient of the
+    input side ``xw``; ``dpre_rec (T,B,G*H)`` out, that of ``W_hh h + b_hh`` (``dpre`` itself without split
+    gates; a split gate's recurrent part apart); ``dc_seq (T,B,(S-1)*H)`` in, every step's states'
+    cotangents besides ``h``, joining the carry when ``has_seq``."""
+
+    bs: Array
+    reverse: bool
+    dy: Array
+    dpre: Array
+    dpre_rec: Array
     has_seq: bool
     dc_seq: Array
 
@@ -255,7 +299,7 @@ class NormBackward(NamedTuple):
     acc_c: Array
 
 
-Cell = LSTMCell | GRUCell | RNNCell
+Cell = LSTMCell | GRUCell | RNNCell | CustomCell
 
 
 def plain(args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -23,10 +23,10 @@ from ...core.spec import RNNSpec
 from ..base import DirectionCache, DirectionForward, DirectionGrads, DirectionWeights, LayerNormWeights
 from ..cells import gate_slice
 from . import bundles as bd
-from . import gru_loops, lstm_loops, rnn_loops
+from . import custom_loops, gru_loops, lstm_loops, rnn_loops
 from .bundles import absent
 from .packed_gemm import pack_b, vector_lanes
-from .simd_ir import ROWS_BY_NV
+from .simd_ir import MAX_NV, ROWS_BY_NV
 
 Array = Any
 
@@ -76,6 +76,11 @@ def cell_of(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = Fal
         return pack_b(W) if backward else pack_b(W.T, gates=gates)
 
     dtype = np.dtype(dtype)
+    if spec.custom_cell is not None:  # gate-grouped up to MAX_NV gates (the product's tile), else plain
+        grouped = spec.gates if spec.gates <= MAX_NV else 1
+        split = len(spec.split_gates) * spec.hidden_size
+        inner = _c(w.inner_bias) if w.inner_bias is not None else np.zeros(split, dtype)
+        return bd.CustomCell(packed(w.W_hh, gates=grouped), inner)
     if spec.mode == "lstm":
         lo, hi = spec.cell_clip if spec.cell_clip is not None else (-np.inf, np.inf)
         W_hr_p = packed(w.W_hr) if w.W_hr is not None else no_packed(dtype)
@@ -171,6 +176,8 @@ def forward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, xw: np.ndarray,
     steps = bd.Steps(xw, batch_sizes, np.empty((T, B, spec.output_size), dtype), reverse)
     h = _copy(h0, dtype)
     masked_h = _rows_if(variants.masked, B, spec.output_size, dtype)
+    if spec.custom_cell is not None:
+        return _custom_forward(spec, cell, variants, steps, h, c0, masked_h, keep)
     ln = norm_forward(spec, norm, xw, keep, norm_inputs)
     kept = _kept_norm(ln)
     if spec.mode == "lstm":
@@ -188,6 +195,25 @@ def forward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, xw: np.ndarray,
     cache = DirectionCache(gates=xw if variants.zone_h else None, **kept)
     return (LoopCall(rnn_loops.rnn_forward_loop, args, ROWS_BY_NV[1]),
             DirectionForward(steps.y, h, None, cache if keep else None))
+
+
+def _custom_forward(spec: RNNSpec, cell: bd.CustomCell, variants: bd.Variants, steps: bd.Steps, h: np.ndarray,
+                    c0: Array | None, masked_h: np.ndarray, keep: bool) -> tuple[LoopCall, DirectionForward]:
+    """A custom cell's forward (:mod:`.custom_loops`): its states besides ``h`` in ``c``, its residuals in
+    the cache's ``residuals`` (one step of scratch unless ``keep``), the product apart with split gates."""
+    T, B, _ = steps.xw.shape
+    dtype, H = steps.xw.dtype, spec.hidden_size
+    loops = custom_loops.compiled(spec.custom_cell)
+    c = _copy(c0, dtype) if spec.has_cell else absent(dtype, 2)
+    kept = bd.CustomCache(keep, _steps_if(keep and spec.has_cell, T, B, spec.cell_width, dtype),
+                          np.empty((T if keep else 1, B, loops.cell.num_residuals * H), dtype))
+    work = bd.ForwardWork(_rows_if(bool(spec.split_gates), B, spec.gate_size, dtype), masked_h,
+                          absent(dtype, 2))
+    call = LoopCall(loops.forward_loop, (steps, bd.State(h, c), cell, kept, variants, work),
+                    ROWS_BY_NV[spec.gates] if loops.grouped else 1)
+    loops.prepare(call.loop, call.plain_args(), dtype)
+    cache = DirectionCache(residuals=kept.res_all, c=kept.c_all if spec.has_cell else None)
+    return call, DirectionForward(steps.y, h, c if spec.has_cell else None, cache if keep else None)
 
 
 def input_buffer(call: LoopCall) -> np.ndarray:
@@ -275,6 +301,8 @@ def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: Direction
     entering each step; ``dh_n``, ``dc_n`` are copied (the loop carries the cotangents in place); ``norm``
     from :func:`norm_backward` with layer norm."""
     dy = _c(dy)
+    if spec.custom_cell is not None:
+        return _custom_backward(spec, cell, variants, fwd, dy, dh_n, dc_n, batch_sizes, reverse, dc_seq)
     T, B, _ = dy.shape
     dtype, H, G = dy.dtype, spec.hidden_size, spec.gates
     d_h = _steps_if(spec.proj_size > 0, T, B, spec.output_size, dtype)
@@ -300,6 +328,28 @@ def backward(spec: RNNSpec, cell: bd.Cell, variants: bd.Variants, fwd: Direction
     work = bd.BackwardWork(absent(dtype, 2), absent(dtype, 2), carry_h, absent(dtype, 2))
     args = (_c(own_output), grads, bd.Cotangents(dh, absent(dtype, 2)), cell, variants, work, norm)
     return LoopCall(rnn_loops.rnn_backward_loop, args), DirectionGrads(grads.dpre, dpre_rec, None, dh, None)
+
+
+def _custom_backward(spec: RNNSpec, cell: bd.CustomCell, variants: bd.Variants, fwd: DirectionForward,
+                     dy: np.ndarray, dh_n: Array, dc_n: Array | None, batch_sizes: np.ndarray, reverse: bool,
+                     dc_seq: Array | None) -> tuple[LoopCall, DirectionGrads]:
+    """A custom cell's backward (:mod:`.custom_loops`) on its forward's residuals; ``dpre_rec`` apart only
+    with split gates."""
+    T, B, _ = dy.shape
+    dtype = dy.dtype
+    loops = custom_loops.compiled(spec.custom_cell)
+    dpre = np.empty((T, B, spec.gate_size), dtype)
+    dpre_rec = np.empty_like(dpre) if spec.split_gates else dpre
+    seq = (True, _c(dc_seq)) if dc_seq is not None else (False, absent(dtype, 3))
+    grads = bd.CustomBackSteps(batch_sizes, reverse, dy, dpre, dpre_rec, *seq)
+    dh = _copy(dh_n, dtype)
+    dc = _copy(dc_n, dtype) if spec.has_cell else absent(dtype, 2)
+    work = bd.BackwardWork(absent(dtype, 2), _rows_if(variants.masked, B, spec.output_size, dtype),
+                           absent(dtype, 2), absent(dtype, 2))
+    args = (bd.CustomResiduals(_c(fwd.cache.residuals)), grads, bd.Cotangents(dh, dc), cell, variants, work)
+    call = LoopCall(loops.backward_loop, args)
+    loops.prepare(call.loop, call.plain_args(), dtype)
+    return call, DirectionGrads(dpre, dpre_rec, None, dh, dc if spec.has_cell else None)
 
 
 def _lstm_backward(cell: bd.LSTMCell, variants: bd.Variants, cache: DirectionCache, c_prev: Array,

@@ -56,7 +56,7 @@ from ..base import (
 from ..determinism import is_deterministic
 from ..layer_norm import put_grads
 from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
-from . import direction, input_norm, warmup, wavefront
+from . import custom_loops, direction, input_norm, warmup, wavefront
 from .bundles import Cell
 from .direction import LoopCall, cell_of, variants_of
 from .loop_threads import (
@@ -209,6 +209,25 @@ def packed_projector(w: DirectionWeights, rows: int) -> Projector:
     return project
 
 
+def _check_custom(call: Call) -> str | None:
+    """:meth:`NumbaEngine.check` for a custom cell: no layer norm; ``"auto"`` takes the engine once the
+    cell's loops for the call's dtype (and phase) have compiled in this process (no child process can
+    compile a cell registered here; :mod:`.custom_loops`), or where ``"auto"`` waits for numba anyway
+    (deterministic mode, the background compile off)."""
+    spec = call.spec
+    if spec.layer_norm:
+        return (f"mode = {spec.mode!r} is a custom cell with layer_norm=True, which the numba engine does "
+                "not run (use engine='reference', or layer_norm=False)")
+    dtype = "float32" if spec.dtype == "float16" else spec.dtype  # float16 computes in float32
+    if (call.explicit or is_deterministic() or not numba_cache.background_enabled()
+            or custom_loops.loaded(spec.custom_cell, dtype, call.training)):
+        return None
+    return (f"mode = {spec.mode!r} is a custom cell whose compiled loops ({dtype}, "
+            f"{'training' if call.training else 'forward'}) this process has not compiled yet, and "
+            "engine='auto' never waits for a compile: engine='numba' or arrayrnn.warmup(spec) compiles them "
+            "(seconds), and 'auto' takes the numba engine from then on")
+
+
 class NumbaEngine(StackEngine):
     """The shared stack driver over :class:`NumbaKernel`; NumPy arrays (CPU) only."""
 
@@ -221,7 +240,7 @@ class NumbaEngine(StackEngine):
         if call.xp is not np:
             return "the numba engine runs on CPU (NumPy arrays); use engine='cupy' or 'cudnn' on GPU"
         if call.spec.custom_cell is not None:
-            return f"mode = {call.spec.mode!r} is a custom cell, which the numba engine does not run yet"
+            return _check_custom(call)
         if not call.explicit and not is_deterministic() and not warmup.loaded(call):
             if numba_cache.location() is None:
                 return ("numba has no writable cache directory (set NUMBA_CACHE_DIR); engine='numba' "
