@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.cell_registry import cell_of
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from ..engines import check_cell_spec, forget_choices
@@ -131,6 +132,23 @@ def path_probe_calls(path: Path) -> list[Callable[[], None]]:
     return calls
 
 
+def custom_cell_probe_calls(modes: list[str], dtypes: str | Iterable[str],
+                            training: bool) -> list[Callable[[], None]]:
+    """One small call per custom cell of ``modes`` and dtype: its loops are one signature per dtype (and
+    phase), compiled in this process only (:mod:`arrayrnn.engines.numba.custom_loops`)."""
+    names = [f.dtype for f in families("lstm", dtypes, training)]  # the dtypes checked as for the built-ins
+    return [_sequence(RNNSpec(mode=mode, input_size=2, hidden_size=3, dtype=dtype), 3, 2, _lengths(3, 1),
+                      training) for mode in modes for dtype in names]
+
+
+def _split_custom(modes: RNNSpec | str | Iterable[RNNSpec | str]) -> tuple[list[str], list[RNNSpec | str]]:
+    """(the custom cells' mode names, the other modes) of a :func:`warmup` argument."""
+    listed = [modes] if isinstance(modes, (RNNSpec, str)) else list(modes)
+    names = [m.mode if isinstance(m, RNNSpec) else m for m in listed]
+    custom = [n for n in names if isinstance(n, str) and cell_of(n) is not None]
+    return custom, [m for m, n in zip(listed, names, strict=True) if n not in custom]
+
+
 # -- running them -----------------------------------------------------------------------------------
 def compile_family(family: Family, progress: Any = None) -> Signatures:
     """Run the family's probe calls here (numba compiles what they reach); the signatures that appeared."""
@@ -174,12 +192,14 @@ def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str |
 
     Afterwards no call waits for numba and ``engine="auto"`` takes the numba engine from the first call. The
     compiled code lands in numba's on-disk cache, so later processes load it (``python -m arrayrnn warmup``
-    in a server or CI image).
+    in a server or CI image). A custom cell's loops (a mode registered with :func:`arrayrnn.register_cell`)
+    compile for this process only: ``engine="auto"`` runs such a cell on the reference engine until they
+    have, here or by a first ``engine="numba"`` call.
 
     Parameters
     ----------
     modes : str, RNNSpec or iterable of them, optional
-        Mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ...) or :class:`RNNSpec` s.
+        Mode names (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, a registered cell's, ...) or :class:`RNNSpec` s.
     dtypes : str or iterable of str, optional
         ``"float32"``, ``"float64"``.
     training : bool, optional
@@ -202,12 +222,17 @@ def warmup(modes: RNNSpec | str | Iterable[RNNSpec | str] = KINDS, dtypes: str |
 
     if not isinstance(training, bool):
         raise TypeError(f"training = {training!r}; expected True or False")
-    todo = families(modes, dtypes, training)
-    total = sum(len(probe_calls(f)) for f in todo)
+    custom, builtin = _split_custom(modes)
+    todo = families(builtin, dtypes, training) if builtin or not custom else []
+    cell_calls = custom_cell_probe_calls(custom, dtypes, training)
+    total = sum(len(probe_calls(f)) for f in todo) + len(cell_calls)
     stream = sys.stderr
     shown = progress and _writable(stream)
     with tqdm(total=total, desc="arrayrnn warmup", unit="call", file=stream, disable=not shown) as bar:
         for family in todo:
             bar.set_postfix_str(family.text())
             compile_family(family, bar)
+        for call in cell_calls:
+            call()
+            bar.update(1)
     forget_choices()
