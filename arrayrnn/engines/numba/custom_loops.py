@@ -47,7 +47,7 @@ from ...core.cell_registry import Cell, CellDefinitionError
 from ..numba_cache import njit
 from . import cell_overloads  # noqa: F401 - registers arrayrnn.cellmath's overloads
 from .loop_parts import JIT, add_masked, add_rows, copy_row, copy_rows, masked_rows, step_time, unit_groups
-from .packed_gemm import gemm
+from .packed_gemm import gemm, new_scratch
 from .simd_ir import MAX_NV, prefer_full_vectors
 
 LOOP_JIT = dict(JIT, cache=False)
@@ -194,7 +194,8 @@ def backward_rows_source(cell: Cell) -> str:
 
 def _function(signature: str, state: str, setup: list[str], body: list[str]) -> str:
     """A row adapter: ``H`` from ``state``'s width, ``setup`` per row, ``body`` per unit ``j``."""
-    lines = [f"def {signature}:", f"    H = {state}.shape[1]", "    for b in range(r0, n):"]
+    lines = [f"def {signature}:", "    prefer_full_vectors()", f"    H = {state}.shape[1]",
+             "    for b in range(r0, n):"]
     lines += [f"        {line}" for line in setup] + ["        for j in range(H):"]
     lines += [f"            {line}" for line in body]
     return "\n".join(lines) + "\n"
@@ -216,8 +217,10 @@ class CompiledCell:
 
     def __init__(self, cell: Cell):
         self.cell = cell
-        self.forward_fn = njit(nogil=True, error_model="numpy")(cell.forward)
-        self.backward_fn = njit(nogil=True, error_model="numpy")(cell.backward)
+        # inlined by numba into the row adapters: left to LLVM's inliner, the tuples they return kept the
+        # units' loop scalar (S1's twin LSTM forward ran 2.1x the built-in's time)
+        self.forward_fn = njit(nogil=True, error_model="numpy", inline="always")(cell.forward)
+        self.backward_fn = njit(nogil=True, error_model="numpy", inline="always")(cell.backward)
         bound = {"GATES": len(cell.gates), "GROUPED": self.grouped, "SPLIT": bool(cell.split),
                  "cell_forward_rows": self._adapter(forward_rows_source(cell), "FORWARD", self.forward_fn),
                  "cell_backward_rows": self._adapter(backward_rows_source(cell), "BACKWARD",
@@ -225,6 +228,7 @@ class CompiledCell:
         self.forward_loop = njit(**LOOP_JIT)(_rebound(_forward_loop, bound))
         self.backward_loop = njit(**LOOP_JIT)(_rebound(_backward_loop, bound))
         self._checked: set[str] = set()
+        self._prepared: set[tuple[int, str]] = set()  # (loop, dtype) compiled: prepare returns at once
 
     @property
     def grouped(self) -> bool:
@@ -235,9 +239,9 @@ class CompiledCell:
         """``source`` compiled with ``name`` bound to ``fn``; its lines kept for tracebacks."""
         filename = f"<arrayrnn cell {self.cell.name!r}: {source.split('(')[0][4:]}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        namespace: dict[str, Any] = {name: fn}
+        namespace: dict[str, Any] = {name: fn, "prefer_full_vectors": prefer_full_vectors}
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - source generated from counts
-        return njit(nogil=True, error_model="numpy")(namespace[source.split("(")[0][4:]])
+        return njit(nogil=True, error_model="numpy", inline="always")(namespace[source.split("(")[0][4:]])
 
     def check_functions(self, dtype: Any) -> None:
         """Compile the cell's ``forward`` and ``backward`` for ``dtype`` on their own (a
@@ -264,11 +268,12 @@ class CompiledCell:
     def prepare(self, loop: Any, args: tuple[Any, ...], dtype: Any) -> None:
         """Compile ``loop`` (:attr:`forward_loop` or :attr:`backward_loop`) for these plain arguments now,
         on the calling thread (a :class:`CellDefinitionError` naming the cell where numba refuses)."""
+        if (id(loop), np.dtype(dtype).str) in self._prepared:  # one signature per dtype: compiled already
+            return
         self.check_functions(dtype)
-        from .packed_gemm import new_scratch
-
         signature = tuple(numba.typeof(a) for a in (0, 0, *args, new_scratch(dtype)))
         if signature in loop.signatures:
+            self._prepared.add((id(loop), np.dtype(dtype).str))
             return
         what = "forward" if loop is self.forward_loop else "backward"
         try:
@@ -278,6 +283,7 @@ class CompiledCell:
                 f"cell {self.cell.name!r}: numba cannot compile the {what} time loop around the cell's "
                 f"functions ({numba_reason(err)}); check that {what} returns what the Cell declares "
                 f"(states {self.cell.states}, {self.cell.num_residuals} residuals)") from err
+        self._prepared.add((id(loop), np.dtype(dtype).str))
         from .. import forget_choices
 
         forget_choices()  # engine="auto" may take the numba engine for this cell now (loaded)
