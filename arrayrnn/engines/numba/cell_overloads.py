@@ -3,14 +3,15 @@ cell's ``forward`` / ``backward`` (plain Python calling ``cm.sigmoid``, ``cm.dta
 ``numba.njit`` and inline into the time loops (:mod:`.custom_loops`).
 
 Each form is the built-in loops' own, so a cell written through the API gives their bits: float32
-``sigmoid`` / ``tanh`` / ``exp`` are :mod:`.loop_parts`' vectorisable polynomials (a few ulp; ``exp``
-saturates its argument to [-87, 87] as theirs does), float64 ones libm's; ``relu`` and ``step`` are the
+``sigmoid`` / ``tanh`` / ``exp`` are :mod:`.loop_parts`' vectorisable polynomials (a few ulp; ``exp`` is 0
+below -87.33 and ``inf`` above 88.72, as libm's), float64 ones libm's; ``relu`` and ``step`` are the
 built-in RNN's ``x if x > 0 else 0``. Semantics per element (``one``, ``zero``: in the argument's float
 type, so float32 stays float32)::
 
     sigmoid(x), tanh(x), exp(x)     loop_parts' forms       relu(x) = x if x > 0 else 0
     dsigmoid(y) = y * (one - y)     dtanh(y) = one - y * y  drelu(y) = step(y) = one if y > 0 else 0
     log(x), sqrt(x)                 libm (sqrt: LLVM's)     logsigmoid(x) = min(x, 0) - log1p(exp(-|x|))
+                                                            (float32: log1p by a series, vectorisable)
     maximum(a, b), minimum(a, b)    NaN if either is NaN    where(cond, a, b) = a if cond else b
 
 Two-argument functions compute in the narrower float type of their arguments: in a float32 cell a float
@@ -63,9 +64,36 @@ def _binary(fn, make):
     return typed
 
 
+_EXP_F32_MIN_ARG = np.float32(87.33)  # exp(-x) below float32's normals past it: 0 here (subnormals flushed)
+_EXP_F32_MAX_ARG = np.float32(88.72)  # exp(x) past float32's largest finite value
+
+
+@register_jitable
+def _exp_f32_full(x):
+    """:func:`.loop_parts._exp_f32` (which saturates its argument to [-87, 87], enough for sigmoid and tanh)
+    with exp's own range: 0 below ``-87.33``, ``inf`` above ``88.72``."""
+    e = _exp_f32(x)
+    e = np.float32(0.0) if x < -_EXP_F32_MIN_ARG else e
+    return np.float32(np.inf) if x > _EXP_F32_MAX_ARG else e
+
+
 @register_jitable
 def _log1p_exp_neg_abs_f32(x):
-    return math.log1p(_exp_f32(-abs(x)))
+    """``log1p(u)``, ``u = exp(-|x|)`` in (0, 1], without libm (a libm call keeps LLVM from vectorising the
+    loop around it): ``2 atanh(s)``, ``s = u / (2 + u)`` in (0, 1/3], by its odd series to ``s**15`` (the
+    next term is below float32's half ulp); relative error a few ulp, tiny ``u`` included (no
+    cancellation)."""
+    u = _exp_f32(-abs(x)) if abs(x) < _EXP_F32_MIN_ARG else np.float32(0.0)
+    s = u / (np.float32(2.0) + u)
+    s2 = s * s
+    p = np.float32(1.0 / 15.0)
+    p = p * s2 + np.float32(1.0 / 13.0)
+    p = p * s2 + np.float32(1.0 / 11.0)
+    p = p * s2 + np.float32(1.0 / 9.0)
+    p = p * s2 + np.float32(1.0 / 7.0)
+    p = p * s2 + np.float32(1.0 / 5.0)
+    p = p * s2 + np.float32(1.0 / 3.0)
+    return np.float32(2.0) * (s + s * s2 * p)
 
 
 def _sigmoid(real):
@@ -78,7 +106,7 @@ def _tanh(real):
 
 def _exp(real):
     if real is np.float32:
-        return lambda x: _exp_f32(np.float32(x))
+        return lambda x: _exp_f32_full(np.float32(x))
     return lambda x: math.exp(np.float64(x))
 
 
