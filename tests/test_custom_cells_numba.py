@@ -318,3 +318,21 @@ def test_the_custom_loops_unpack_their_bundles_in_field_order():
                     names = tuple(t.id for t in stmt.targets[0].elts)
                     bundle = works[node.name] if stmt.value.id == "work" else expected[stmt.value.id]
                     assert names == bundle._fields, (node.name, stmt.value.id)
+
+
+# -- the bench runs end to end (never asserts timings) ------------------------------------------------
+def test_the_custom_cells_bench_runs_its_rows(capsys, monkeypatch, threads):  # threads: restored after
+    from pathlib import Path
+
+    from support.bench_loader import load_bench
+
+    pytest.importorskip("torch")
+    path = Path(__file__).resolve().parent.parent / "bench" / "bench_custom_cells.py"
+    bench = load_bench(monkeypatch, path)
+    monkeypatch.setattr(bench, "GAP_S", 0.0)
+    bench.main(["--shapes", "Q1", "--rounds", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    for row in ("| Q1 | twin_lstm / lstm, numba | forward |",
+                "| Q1 | twin_lstm / lstm, numba | training step |",
+                "| Q1 | PyTorch sLSTM loop / slstm, numba | training step |"):
+        assert row in out

@@ -57,9 +57,10 @@ LOOP_JIT = dict(JIT, cache=False)
 GATES = 1          # G, the cell's gate blocks
 GROUPED = True     # the forward product on gate-grouped packed weights (G <= MAX_NV)
 SPLIT = False      # the cell has split gates: the product into ``rows``, apart from ``xw``
+UNIT_OUTPUTS = 1   # S + R, what ``forward`` returns per unit
 
 
-def cell_forward_rows(xw, rows, inner, t, r0, n, h, c, y, res, ts):
+def cell_forward_rows(xw, rows, inner, t, r0, n, h, c, y, res, ts, units):
     """The cell's forward over rows ``r0 .. n`` of step ``t`` (generated: :func:`forward_rows_source`)."""
     raise NotImplementedError
 
@@ -84,6 +85,7 @@ def _forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch):
     masked, h_mask, zone_h, m_h, zone_c, m_c = variants
     rows, hm, c_prev = work
     T = xw.shape[0]
+    units = np.empty(h.shape[1] * UNIT_OUTPUTS, xw.dtype)  # one row's outputs, unit-major
     for s in range(T):
         t = step_time(s, T, reverse)
         n = min(bs[t], r1)
@@ -97,7 +99,7 @@ def _forward_loop(r0, r1, steps, state, cell, cache, variants, work, scratch):
                             scratch)
             else:
                 gemm(src[r0:n], W_hh_p, 1, target[r0:n], not SPLIT, scratch)
-            cell_forward_rows(xw, rows, inner, t, r0, n, h, c, y, res_all, t if keep else 0)
+            cell_forward_rows(xw, rows, inner, t, r0, n, h, c, y, res_all, t if keep else 0, units)
             if keep:
                 for b in range(r0, n):
                     copy_row(c_all[t, b], c[b])
@@ -149,9 +151,17 @@ def _tuple(items: list[str]) -> str:
     return "(" + "".join(f"{item}, " for item in items).rstrip() + ")" if items else "()"
 
 
+DIRECT_MAX_ROWS = 13
+"""The most row views (inputs and outputs) a forward adapter's units' loop reads and writes directly. Past
+it, LLVM gave up vectorising the loop ("too many memory checks needed": sLSTM's 18, S1 forward 130 ms ->
+50 ms staged), so the loop writes every output into ``units`` (one row's, unit-major: one pointer) and
+short loops copy them out; at or below it, direct stores are a little faster (the twin LSTM's 13)."""
+
+
 def forward_rows_source(cell: Cell) -> str:
     """The source of ``cell_forward_rows``: per row, views of its gates (the product apart with split
-    gates), states and residuals; per unit one call ``FORWARD(*pre, h, *others)`` and its stores."""
+    gates), states and residuals; per unit one call ``FORWARD(*pre, h, *others)`` and its stores, direct
+    or staged through ``units`` (:data:`DIRECT_MAX_ROWS`)."""
     split, S, R = bool(cell.split), len(cell.states), cell.num_residuals
     setup = ["g, hb, yb, rb = xw[t, b], h[b], y[t, b], res[ts, b]"] + (["cb = c[b]"] if S > 1 else [])
     setup += _views("x", "g", len(cell.gates)) + (_views("q", "rows[b]", len(cell.gates)) if split else [])
@@ -164,10 +174,21 @@ def forward_rows_source(cell: Cell) -> str:
         else:
             args.append(f"x{k}[j] + q{k}[j]" if split else f"x{k}[j]")
     setup += _views("s", "cb", S - 1) + _views("sv", "rb", R)
-    body = [f"new, saved = FORWARD({', '.join(args + ['hb[j]'] + [f's{k}[j]' for k in range(S - 1)])})",
-            "yb[j] = new[0]"]
-    body += [f"s{k}[j] = new[{k + 1}]" for k in range(S - 1)] + [f"sv{k}[j] = saved[{k}]" for k in range(R)]
-    return _function("cell_forward_rows(xw, rows, inner, t, r0, n, h, c, y, res, ts)", "h", setup, body)
+    call = f"new, saved = FORWARD({', '.join(args + ['hb[j]'] + [f's{k}[j]' for k in range(S - 1)])})"
+    outputs = ["yb"] + [f"s{k}" for k in range(S - 1)] + [f"sv{k}" for k in range(R)]
+    signature = "cell_forward_rows(xw, rows, inner, t, r0, n, h, c, y, res, ts, units)"
+    views = len(cell.gates) * (2 if split else 1) + len(cell.split) + 1 + len(outputs)  # h, and s{k} once
+    if views <= DIRECT_MAX_ROWS:
+        body = [call] + [f"{out}[j] = {value}[{k}]" for out, (value, k) in
+                         zip(outputs, [("new", k) for k in range(S)] + [("saved", k) for k in range(R)],
+                             strict=True)]
+        return _function(signature, "h", setup, body)
+    W = S + R
+    body = [call] + [f"units[j * {W} + {k}] = new[{k}]" for k in range(S)]
+    body += [f"units[j * {W} + {S + k}] = saved[{k}]" for k in range(R)]
+    after = [line for k, out in enumerate(outputs)
+             for line in ("for j in range(H):", f"    {out}[j] = units[j * {W} + {k}]")]
+    return _function(signature, "h", setup, body, after)
 
 
 def backward_rows_source(cell: Cell) -> str:
@@ -192,12 +213,13 @@ def backward_rows_source(cell: Cell) -> str:
     return _function("cell_backward_rows(t, r0, n, res, dy, dh, dc, dpre, dpre_rec)", "dh", setup, body)
 
 
-def _function(signature: str, state: str, setup: list[str], body: list[str]) -> str:
-    """A row adapter: ``H`` from ``state``'s width, ``setup`` per row, ``body`` per unit ``j``."""
+def _function(signature: str, state: str, setup: list[str], body: list[str], after: list[str] = ()) -> str:
+    """A row adapter: ``H`` from ``state``'s width, ``setup`` per row, ``body`` per unit ``j``, then
+    ``after`` per row."""
     lines = [f"def {signature}:", "    prefer_full_vectors()", f"    H = {state}.shape[1]",
              "    for b in range(r0, n):"]
     lines += [f"        {line}" for line in setup] + ["        for j in range(H):"]
-    lines += [f"            {line}" for line in body]
+    lines += [f"            {line}" for line in body] + [f"        {line}" for line in after]
     return "\n".join(lines) + "\n"
 
 
@@ -222,6 +244,7 @@ class CompiledCell:
         self.forward_fn = njit(nogil=True, error_model="numpy", inline="always")(cell.forward)
         self.backward_fn = njit(nogil=True, error_model="numpy", inline="always")(cell.backward)
         bound = {"GATES": len(cell.gates), "GROUPED": self.grouped, "SPLIT": bool(cell.split),
+                 "UNIT_OUTPUTS": len(cell.states) + cell.num_residuals,
                  "cell_forward_rows": self._adapter(forward_rows_source(cell), "FORWARD", self.forward_fn),
                  "cell_backward_rows": self._adapter(backward_rows_source(cell), "BACKWARD",
                                                      self.backward_fn)}
