@@ -33,6 +33,11 @@ backward reads the raw products the forward kept and runs the input side's norm 
 Compiled code is cached on disk (``cache=True``, keyed on the SIMD variant too). A call of ``"auto"``
 never waits for the compile: until the call's loops are loaded, :meth:`NumbaEngine.check` declines it
 (the reference engine runs it) while a child process compiles them (:mod:`.warmup`).
+
+Custom cells (:class:`arrayrnn.Cell`) run on their own copy of the loops (:mod:`.custom_loops`), compiled in
+this process (a child cannot know a cell registered here, and a generated loop has no disk cache): ``"auto"``
+takes this engine for one once its loops for the call's dtype and phase have compiled, by an
+``engine="numba"`` call or :func:`arrayrnn.warmup` (``warmup(spec)``); layer norm is not run for them.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 A sequence call packs ``W_hh`` for every call (:mod:`.engine`); over one step that packing costs more than the
 step (``H = 256``: ~0.3 ms against ~0.1 ms). :class:`NumbaStep` packs each matrix the first time a step needs
 it and keeps it in the :class:`~.step.StepWeights` the caller holds while the weights are unchanged. The step
-then calls the cell's compiled loops (:mod:`.lstm_loops`, :mod:`.gru_loops`, :mod:`.rnn_loops`) directly, with
-``T = 1``, on the calling thread and without the cell variants (a cell has none), through the same loop calls
-as a sequence (:mod:`.direction`): the input projection and every backward product on the packed GEMM
-(:mod:`.packed_gemm`), so no BLAS thread pool is woken for a product of a few rows.
+then calls the cell's compiled loops (:mod:`.lstm_loops`, :mod:`.gru_loops`, :mod:`.rnn_loops`, a custom
+cell's :mod:`.custom_loops`) directly, with ``T = 1``, on the calling thread and without the cell variants
+(a cell has none), through the same loop calls as a sequence (:mod:`.direction`): the input projection and
+every backward product on the packed GEMM (:mod:`.packed_gemm`), so no BLAS thread pool is woken for a product
+of a few rows.
 """
 
 from __future__ import annotations
