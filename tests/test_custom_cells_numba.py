@@ -242,12 +242,6 @@ def test_a_cell_numba_cannot_compile_is_refused_with_its_name_and_the_reason(for
         ar.unregister_cell(cell.name)
 
 
-def test_layer_norm_with_a_custom_cell_is_declined_with_the_reason():
-    params = ar.PackedParams.init(ar.RNNSpec("cifg", 2, 3, layer_norm=True), seed=0)
-    with pytest.raises(ar.EngineUnavailableError, match="custom cell with layer_norm=True"):
-        ar.rnn_forward(params, np.ones((2, 1, 2), np.float32), engine="numba")
-
-
 # -- engine="auto", a cell replaced under its name ----------------------------------------------------
 def _scaled_tanh_forward(pre, h):
     y = cm.tanh(pre) * 0.5

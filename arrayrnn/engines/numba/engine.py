@@ -37,7 +37,7 @@ never waits for the compile: until the call's loops are loaded, :meth:`NumbaEngi
 Custom cells (:class:`arrayrnn.Cell`) run on their own copy of the loops (:mod:`.custom_loops`), compiled in
 this process (a child cannot know a cell registered here, and a generated loop has no disk cache): ``"auto"``
 takes this engine for one once its loops for the call's dtype and phase have compiled, by an
-``engine="numba"`` call or :func:`arrayrnn.warmup` (``warmup(spec)``); layer norm is not run for them.
+``engine="numba"`` call or :func:`arrayrnn.warmup` (``warmup(spec)``).
 """
 
 from __future__ import annotations
@@ -215,14 +215,11 @@ def packed_projector(w: DirectionWeights, rows: int) -> Projector:
 
 
 def _check_custom(call: Call) -> str | None:
-    """:meth:`NumbaEngine.check` for a custom cell: no layer norm; ``"auto"`` takes the engine once the
-    cell's loops for the call's dtype (and phase) have compiled in this process (no child process can
-    compile a cell registered here; :mod:`.custom_loops`), or where ``"auto"`` waits for numba anyway
-    (deterministic mode, the background compile off)."""
+    """:meth:`NumbaEngine.check` for a custom cell: ``"auto"`` takes the engine once the cell's loops for
+    the call's dtype (and phase) have compiled in this process (no child process can compile a cell
+    registered here; :mod:`.custom_loops`), or where ``"auto"`` waits for numba anyway (deterministic mode,
+    the background compile off)."""
     spec = call.spec
-    if spec.layer_norm:
-        return (f"mode = {spec.mode!r} is a custom cell with layer_norm=True, which the numba engine does "
-                "not run (use engine='reference', or layer_norm=False)")
     dtype = "float32" if spec.dtype == "float16" else spec.dtype  # float16 computes in float32
     if (call.explicit or is_deterministic() or not numba_cache.background_enabled()
             or custom_loops.loaded(spec.custom_cell, dtype, call.training)):
