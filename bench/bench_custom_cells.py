@@ -10,7 +10,9 @@ torch):
   (target: <= 1.1x at S1 and S3);
 - ``mode="slstm"`` (arrayrnn/cells/slstm.py) on the numba engine against tests/support/slstm_torch.py's
   ``slstm_loop`` (the same equations as torch ops, autograd for the backward): the median of the per-round
-  speedups torch / numba (target: >= 5x).
+  speedups torch / numba (target: >= 5x); where the ``flashrnn`` package is installed, also against
+  FlashRNN's pure-PyTorch backend (``flashrnn.flashrnn(..., function="slstm", backend="vanilla")``: its own
+  loop of torch ops, one head; the input product ``x @ W_ih.T + b_ih`` inside the timed call).
 
 Each round runs the pair in turn, the order rotated every round; each side is called once untimed, then,
 after a pause (``GAP_S``: OpenBLAS's and torch's idle threads spin for ~0.1 s after a call and slow the next
@@ -78,6 +80,37 @@ def torch_slstm_runs(params: ar.PackedParams, x: np.ndarray) -> tuple[Run, Run]:
     return forward, step
 
 
+def flashrnn_runs(params: ar.PackedParams, x: np.ndarray) -> tuple[Run, Run]:
+    """(forward, training step) of FlashRNN's vanilla sLSTM on ``params``' weights (one head), or raise
+    ``ImportError`` where ``flashrnn`` is not installed."""
+    import flashrnn
+    import torch
+
+    T, B, _ = x.shape
+    H = params.spec.hidden_size
+    names = ("W_ih", "W_hh", "b_ih", "b_hh")
+    w = [torch.from_numpy(params.view(0, 0, n).copy()).requires_grad_() for n in names]
+    xt = torch.from_numpy(x)
+
+    def run() -> torch.Tensor:
+        W_ih, W_hh, b_ih, b_hh = w
+        Wx = (xt @ W_ih.T + b_ih).transpose(0, 1).reshape(B, T, 4, 1, H)
+        states, _ = flashrnn.flashrnn(Wx, W_hh.reshape(4, 1, H, H), b_hh.reshape(4, 1, H), function="slstm",
+                                      backend="vanilla", dtype="float32")
+        return states[0]
+
+    def forward() -> None:
+        with torch.no_grad():
+            run()
+
+    def step() -> None:
+        for t in w:
+            t.grad = None
+        run().sum().backward()
+
+    return forward, step
+
+
 def timed(fn: Run) -> float:
     """Milliseconds of one call of ``fn``, after an untimed call and a pause."""
     fn()
@@ -122,13 +155,18 @@ def slstm_rows(shape: str, rounds: int) -> list[str]:
     params = ar.PackedParams.init(ar.RNNSpec("slstm", I, H), seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
     ar.warmup(params.spec, "float32", progress=False)
+    peers = {"PyTorch sLSTM loop": torch_slstm_runs(params, x)}
+    try:
+        peers["FlashRNN vanilla"] = flashrnn_runs(params, x)
+    except ImportError:
+        print("(flashrnn is not installed: no FlashRNN rows)")
     rows = []
-    for phase, (ours, theirs) in zip(("forward", "training step"),
-                                     zip(arrayrnn_runs(params, x), torch_slstm_runs(params, x), strict=True),
-                                     strict=True):
-        ms_torch, ms_ours, speedup = alternated(theirs, ours, rounds)
-        rows.append(f"| {shape} | PyTorch sLSTM loop / slstm, numba | {phase} | {ms_torch:.2f} | "
-                    f"{ms_ours:.2f} | {speedup:.2f}x |")
+    for peer, runs in peers.items():
+        for phase, ours, theirs in zip(("forward", "training step"), arrayrnn_runs(params, x), runs,
+                                       strict=True):
+            ms_peer, ms_ours, speedup = alternated(theirs, ours, rounds)
+            rows.append(f"| {shape} | {peer} / slstm, numba | {phase} | {ms_peer:.2f} | {ms_ours:.2f} | "
+                        f"{speedup:.2f}x |")
     return rows
 
 

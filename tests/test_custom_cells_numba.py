@@ -330,3 +330,9 @@ def test_the_custom_cells_bench_runs_its_rows(capsys, monkeypatch, threads):  # 
                 "| Q1 | twin_lstm / lstm, numba | training step |",
                 "| Q1 | PyTorch sLSTM loop / slstm, numba | training step |"):
         assert row in out
+    try:
+        import flashrnn  # noqa: F401
+    except ImportError:
+        assert "no FlashRNN rows" in out
+    else:
+        assert "| Q1 | FlashRNN vanilla / slstm, numba | training step |" in out
