@@ -248,7 +248,8 @@ def test_cifg_against_a_pytorch_loop():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_cifg_gradients_against_central_differences():
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_cifg_gradients_against_central_differences(engine):
     spec = ar.RNNSpec("cifg", input_size=2, hidden_size=3, num_layers=2, bidirectional=True, dtype="float64")
     params = ar.PackedParams.init(spec, seed=5)
     rng = np.random.default_rng(6)
@@ -259,10 +260,10 @@ def test_cifg_gradients_against_central_differences():
     dh_n, dc_n = rng.standard_normal(h0.shape), rng.standard_normal(c0.shape)
 
     def loss(data, x, h0, c0):
-        r = ar.rnn_forward(ar.PackedParams(spec, data), x, lengths=lengths, h0=h0, c0=c0, engine="reference")
+        r = ar.rnn_forward(ar.PackedParams(spec, data), x, lengths=lengths, h0=h0, c0=c0, engine=engine)
         return float((r.y * dy).sum() + (r.h_n * dh_n).sum() + (r.c_n * dc_n).sum())
 
-    r = ar.rnn_forward(params, x, lengths=lengths, h0=h0, c0=c0, training=True, engine="reference")
+    r = ar.rnn_forward(params, x, lengths=lengths, h0=h0, c0=c0, training=True, engine=engine)
     g = ar.rnn_backward(r, dy=dy, dh_n=dh_n, dc_n=dc_n)
     args = [params.data, x, h0, c0]
     for k, analytic in enumerate((g.dparams.data, g.dx, g.dh0, g.dc0)):
