@@ -36,6 +36,14 @@ CASES = [
      "zeros", dict(training=True, seed=3)),
 ]
 
+# the example custom cells (arrayrnn/cells/) through the same checks: every engine that runs custom cells
+CUSTOM_CELL_CASES = [
+    ("cifg-zero-length-bi", dict(mode="cifg", num_layers=2, bidirectional=True), 4, 3, "zeros", {}),
+    ("cifg-single_rec-dropout", dict(mode="cifg", num_layers=2, bias="single_rec", dropout=0.4), 3, 3,
+     "unsorted", dict(training=True, seed=5)),
+    ("slstm-bi", dict(mode="slstm", bidirectional=True), 4, 3, "unsorted", {}),
+]
+
 
 def check_central_differences(case_id, fields, T, B, lengths, kw, engine):
     """Every entry of every gradient against central differences (along random directions on GPU array

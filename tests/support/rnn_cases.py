@@ -79,11 +79,11 @@ def make_case(spec: RNNSpec, T: int, B: int, seed: int = 0, lengths: str = "unso
     x = scale * normal(*((B, T, spec.input_size) if batch_first else (T, B, spec.input_size)))
     lens = make_lengths(lengths, T, B, rng)
     h0 = normal(L, B, spec.output_size) if with_state else None
-    c0 = normal(L, B, spec.hidden_size) if with_state and spec.has_cell else None
+    c0 = normal(L, B, spec.cell_width) if with_state and spec.has_cell else None
     y_shape = (B, T, D * spec.output_size) if batch_first else (T, B, D * spec.output_size)
     dy = normal(*y_shape)
     dh_n = normal(L, B, spec.output_size)
-    dc_n = normal(L, B, spec.hidden_size) if spec.has_cell else None
+    dc_n = normal(L, B, spec.cell_width) if spec.has_cell else None
     return Case(params, x.astype(dt), lens, h0, c0, dy, dh_n, dc_n, batch_first)
 
 
