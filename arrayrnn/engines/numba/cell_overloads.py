@@ -16,7 +16,10 @@ type, so float32 stays float32)::
 
 Two-argument functions compute in the narrower float type of their arguments: in a float32 cell a float
 literal (``cm.maximum(x, 0.0)``) is float64 to numba, and would otherwise promote the result. Importing
-this module registers the overloads (:mod:`.custom_loops` does).
+this module registers the overloads (:mod:`.custom_loops` does), for the CPU target only: an overload of
+numba's default ("generic") target is also tried when numba-cuda types a kernel, where it compiles as a
+device function for the current device and so needs a GPU's driver (once this module had loaded, the CuPy
+engine's PTX of a custom cell failed without a GPU); the CUDA forms are :mod:`..cupy.cell_math`'s.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _unary(fn, make):
     """Register ``make(real)`` (an implementation for the float type ``real``) as ``fn``'s overload."""
     OVERLOADED.add(fn.__name__)
 
-    @overload(fn)
+    @overload(fn, target="cpu")
     def typed(x):
         real = _real(x)
         return None if real is None else make(real)
@@ -57,7 +60,7 @@ def _unary(fn, make):
 def _binary(fn, make):
     OVERLOADED.add(fn.__name__)
 
-    @overload(fn)
+    @overload(fn, target="cpu")
     def typed(a, b):
         real = _real(a, b)
         return None if real is None else make(real)
@@ -165,7 +168,7 @@ for _fn, _make in ((cm.maximum, _maximum), (cm.minimum, _minimum)):
 OVERLOADED.add(cm.where.__name__)
 
 
-@overload(cm.where)
+@overload(cm.where, target="cpu")
 def _where(cond, a, b):
     real = _real(a, b)
     if real is None or not isinstance(cond, (types.Boolean, types.Number)):
