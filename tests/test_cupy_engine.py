@@ -271,3 +271,27 @@ def test_gpu_capture_takes_nothing_from_cupys_memory_pool(config, monkeypatch):
         forward_backward(case, "cupy", seed=1)
     assert ENGINE.kernel.graphs.graphs() and hook.mallocs == []
     ENGINE.kernel.graphs.clear()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_twins_give_the_builtin_kernels_bits_on_a_gpu(mode, dtype):
+    """The built-in cells written through the cell API (tests/support/twin_cells.py) on the cupy engine: the
+    built-in kernels' bits, forward and backward (the CUDA forms of ``cellmath`` are the built-in kernels'
+    formulas, ``gate_math`` has the twins' association). Unchecked until a GPU runs it: under the simulator
+    the twins run ``cellmath``'s NumPy forms (tests_cudasim/test_custom_cells_sim.py: to 1e-10)."""
+    from support.twin_cells import twin_params
+
+    spec = RNNSpec(mode=mode, input_size=3, hidden_size=5, num_layers=2, bidirectional=True, dtype=dtype)
+    case = make_case(spec, 6, 4, seed=2, lengths="zeros")
+    res, g = forward_backward(_on_gpu(case), "cupy")
+    t_res, t_g = forward_backward(_on_gpu(case.with_(params=twin_params(case.params))), "cupy")
+    cp = cupy_module()
+    for what, a, b in (("y", res.y, t_res.y), ("h_n", res.h_n, t_res.h_n), ("c_n", res.c_n, t_res.c_n),
+                       ("dx", g.dx, t_g.dx), ("dh0", g.dh0, t_g.dh0), ("dc0", g.dc0, t_g.dc0),
+                       ("dparams", g.dparams.data, t_g.dparams.data)):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=what)
