@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from support.twin_cells import TWINS, twin_params
+from support.twin_cells import TWINS, outputs_and_grads, twin_params
 
 import arrayrnn as ar
 from arrayrnn import cellmath as cm
@@ -186,18 +186,6 @@ def test_check_cell_refuses_bad_arguments_and_non_finite_forwards():
 
 
 # -- custom cells on the reference engine ---------------------------------------------------------------
-def _run(params, x, lengths, training, seed=None):
-    r = ar.rnn_forward(params, x, lengths=lengths, training=training, seed=seed, engine="reference")
-    if not training:
-        return r.y, r.h_n, r.c_n
-    rng = np.random.default_rng(7)
-    dy = rng.standard_normal(r.y.shape).astype(r.y.dtype)
-    dh_n = rng.standard_normal(r.h_n.shape).astype(r.y.dtype)
-    dc_n = rng.standard_normal(r.c_n.shape).astype(r.y.dtype) if r.c_n is not None else None
-    g = ar.rnn_backward(r, dy=dy, dh_n=dh_n, dc_n=dc_n)
-    return r.y, r.h_n, r.c_n, g.dx, g.dh0, g.dc0, g.dparams.data
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mode", list(TWINS))
 @pytest.mark.parametrize("variant", [{}, {"recurrent_dropout": 0.3, "weight_dropout": 0.2, "dropout": 0.25}])
@@ -208,8 +196,8 @@ def test_twins_give_the_builtin_cells_bits_on_the_reference_engine(mode, dtype, 
     x = np.random.default_rng(1).standard_normal((7, 4, 5)).astype(dtype)
     lengths = np.array([7, 0, 2, 5])
     for training in (False, True):
-        builtin = _run(params, x, lengths, training, seed=11)
-        twin = _run(twin_params(params), x, lengths, training, seed=11)
+        builtin = outputs_and_grads(params, x, lengths, training, "reference")
+        twin = outputs_and_grads(twin_params(params), x, lengths, training, "reference")
         for a, b in zip(builtin, twin, strict=True):
             assert (a is None and b is None) or np.array_equal(a, b)
 

@@ -109,16 +109,23 @@ def _on_gpu(case):
                       dy=move(case.dy), dh_n=move(case.dh_n), dc_n=move(case.dc_n))
 
 
-def _compare(gpu_pair, cpu_pair, tol):
-    (res, g), (ref, ref_g) = gpu_pair, cpu_pair
-    cp = cupy_module()
+def _results(pair, other):
+    """``(name, a, b)`` for each output and gradient of two ``(result, grads)`` pairs (both present or
+    both None)."""
+    (res, g), (ref, ref_g) = pair, other
     for what, a, b in (("y", res.y, ref.y), ("h_n", res.h_n, ref.h_n), ("c_n", res.c_n, ref.c_n),
                        ("dx", g.dx, ref_g.dx), ("dh0", g.dh0, ref_g.dh0), ("dc0", g.dc0, ref_g.dc0),
                        ("dparams", g.dparams.data, ref_g.dparams.data)):
         assert (a is None) == (b is None), what
         if a is not None:
-            assert isinstance(a, cp.ndarray), what
-            assert_close(cp.asnumpy(a).astype(np.float64), b, what, **tol)
+            yield what, a, b
+
+
+def _compare(gpu_pair, cpu_pair, tol):
+    cp = cupy_module()
+    for what, a, b in _results(gpu_pair, cpu_pair):
+        assert isinstance(a, cp.ndarray), what
+        assert_close(cp.asnumpy(a).astype(np.float64), b, what, **tol)
 
 
 CONFIGS = [
@@ -286,12 +293,8 @@ def test_twins_give_the_builtin_kernels_bits_on_a_gpu(mode, dtype):
 
     spec = RNNSpec(mode=mode, input_size=3, hidden_size=5, num_layers=2, bidirectional=True, dtype=dtype)
     case = make_case(spec, 6, 4, seed=2, lengths="zeros")
-    res, g = forward_backward(_on_gpu(case), "cupy")
-    t_res, t_g = forward_backward(_on_gpu(case.with_(params=twin_params(case.params))), "cupy")
+    builtin = forward_backward(_on_gpu(case), "cupy")
+    twin = forward_backward(_on_gpu(case.with_(params=twin_params(case.params))), "cupy")
     cp = cupy_module()
-    for what, a, b in (("y", res.y, t_res.y), ("h_n", res.h_n, t_res.h_n), ("c_n", res.c_n, t_res.c_n),
-                       ("dx", g.dx, t_g.dx), ("dh0", g.dh0, t_g.dh0), ("dc0", g.dc0, t_g.dc0),
-                       ("dparams", g.dparams.data, t_g.dparams.data)):
-        assert (a is None) == (b is None), what
-        if a is not None:
-            np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=what)
+    for what, a, b in _results(builtin, twin):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=what)

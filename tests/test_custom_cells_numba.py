@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from support.twin_cells import TWINS, twin_params
+from support.twin_cells import TWINS, outputs_and_grads, twin_params
 
 import arrayrnn as ar
 from arrayrnn import cellmath as cm
@@ -28,21 +28,7 @@ VARIANT = {"recurrent_dropout": 0.3, "weight_dropout": 0.2, "dropout": 0.25}
 
 
 def _run(params, x, lengths, training, engine="numba", seed=11, **options):
-    """The forward's outputs and, training, every gradient of a random cotangent."""
-    r = ar.rnn_forward(params, x, lengths=lengths, training=training, seed=seed, engine=engine, **options)
-    if not training:
-        return r.y, r.h_n, r.c_n
-    rng = np.random.default_rng(7)
-    dy = rng.standard_normal(r.y.shape).astype(r.y.dtype)
-    dh_n = rng.standard_normal(r.h_n.shape).astype(r.y.dtype)
-    dc_n = rng.standard_normal(r.c_n.shape).astype(r.y.dtype) if r.c_n is not None else None
-    extra = {}
-    if r.h_all is not None:
-        extra["dh_all"] = rng.standard_normal(r.h_all.shape).astype(r.y.dtype)
-        if r.c_all is not None:
-            extra["dc_all"] = rng.standard_normal(r.c_all.shape).astype(r.y.dtype)
-    g = ar.rnn_backward(r, dy=dy, dh_n=dh_n, dc_n=dc_n, **extra)
-    return r.y, r.h_n, r.c_n, r.h_all, r.c_all, g.dx, g.dh0, g.dc0, g.dparams.data
+    return outputs_and_grads(params, x, lengths, training, engine, seed, **options)
 
 
 def _assert_same_bits(builtin, twin):

@@ -9,6 +9,8 @@ cotangent, so float32 math stays float32 in the compiled engines).
 
 from __future__ import annotations
 
+import numpy as np
+
 import arrayrnn as ar
 from arrayrnn import cellmath as cm
 
@@ -77,3 +79,22 @@ def twin_params(params: ar.PackedParams) -> ar.PackedParams:
     """The twin of built-in ``params``: the same buffer (a copy) under the twin's mode."""
     spec = params.spec
     return ar.PackedParams(spec.replace(mode=TWINS[spec.mode].name), params.data.copy())
+
+
+def outputs_and_grads(params: ar.PackedParams, x: np.ndarray, lengths: np.ndarray, training: bool,
+                      engine: str, seed: int = 11, **options) -> tuple:
+    """The forward's outputs and, in training, every gradient of random cotangents (those of ``h_all`` and
+    ``c_all`` too, with ``return_all_states=True``): what the twin tests compare, a built-in against its
+    twin or one engine against another."""
+    r = ar.rnn_forward(params, x, lengths=lengths, training=training, seed=seed, engine=engine, **options)
+    if not training:
+        return r.y, r.h_n, r.c_n
+    rng = np.random.default_rng(7)
+
+    def like(a):
+        return rng.standard_normal(a.shape).astype(r.y.dtype) if a is not None else None
+
+    dy, dh_n, dc_n = like(r.y), like(r.h_n), like(r.c_n)
+    extra = {name: like(a) for name, a in (("dh_all", r.h_all), ("dc_all", r.c_all)) if a is not None}
+    g = ar.rnn_backward(r, dy=dy, dh_n=dh_n, dc_n=dc_n, **extra)
+    return r.y, r.h_n, r.c_n, r.h_all, r.c_all, g.dx, g.dh0, g.dc0, g.dparams.data
