@@ -24,8 +24,12 @@ def test_integer_arrays_do_not_take_part_in_the_dtype_check():
     assert get_xp(np.zeros(2, np.float64), np.zeros(2, np.int32), names=("x", "lengths")) is np
 
 
+class _DeviceArray(np.ndarray):
+    """A stand-in for a device array: not a plain ``np.ndarray`` (get_xp's host fast path skips it)."""
+
+
 def test_mixed_devices_are_a_type_error(monkeypatch):
-    gpu_like = np.zeros(2, np.float32)
+    gpu_like = np.zeros(2, np.float32).view(_DeviceArray)
     real, real_place = backend.device_of, backend._place
     monkeypatch.setattr(backend, "device_of", lambda a: "cuda:0" if a is gpu_like else real(a))
     monkeypatch.setattr(backend, "_place", lambda a: 0 if a is gpu_like else real_place(a))

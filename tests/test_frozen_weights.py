@@ -2,6 +2,7 @@
 a call on unchanged weights reuses the copy and what the numba engine packed from it; any write to the
 buffer, however small and however made, gives the next call a new copy and new packed forms."""
 
+import dataclasses
 import gc
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 import arrayrnn as ar
 from arrayrnn.engines import derived
+from arrayrnn.engines.base import DirectionWeights
 from arrayrnn.engines.numba import direction
 from arrayrnn.engines.numba import engine as numba_engine
 from arrayrnn.frontend import guard
@@ -86,14 +88,24 @@ def test_a_forward_and_backward_leave_the_kept_packs_unchanged():
     res = ar.rnn_forward(params, _x(), training=True, engine="numba")
     snap = guard.frozen_copy(params.data)
     forms = derived._FORMS[id(snap.copy)]
-    before = {key: [np.array(a, copy=True) for a in value if isinstance(a, np.ndarray)]
-              for key, value in forms.items()}
+    before = {key: [np.array(a, copy=True) for a in _arrays_of(value)] for key, value in forms.items()}
+    assert any(isinstance(value, DirectionWeights) for value in forms.values())  # the views are kept too
     ar.rnn_backward(res, dy=np.ones_like(res.y))
     ar.rnn_forward(params, _x(), training=True, engine="numba")
     for key, arrays in before.items():
-        now = [a for a in forms[key] if isinstance(a, np.ndarray)]
-        for a, b in zip(now, arrays, strict=True):
+        for a, b in zip(_arrays_of(forms[key]), arrays, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _arrays_of(form) -> list[np.ndarray]:
+    """The arrays a kept form holds: itself, a bundle's (a tuple), or a record's fields (DirectionWeights)."""
+    if isinstance(form, np.ndarray):
+        return [form]
+    if dataclasses.is_dataclass(form):
+        form = [getattr(form, f.name) for f in dataclasses.fields(form)]
+    if isinstance(form, (tuple, list)):
+        return [a for part in form for a in _arrays_of(part)]
+    return []
 
 
 def test_weight_dropout_is_never_served_from_the_kept_packs(packs):

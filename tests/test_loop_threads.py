@@ -6,7 +6,9 @@ workers."""
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
+import re
 import sys
 import threading
 import time
@@ -334,3 +336,20 @@ def test_callers_starting_workers_at_once_start_no_more_than_the_limit(monkeypat
     for t in callers:
         t.join(30)
     assert len(crew.everyone) == 1
+
+
+def test_the_plan_memo_is_keyed_on_every_threshold_the_plan_reads(monkeypatch):
+    """forward_plan is made once per shape; the thresholds it reads key it too, so a test or bench that sets
+    one (as the tests above do) gets a new plan: the list must name every threshold plan.py reads."""
+    source = inspect.getsource(plan)
+    read = set(re.findall(r"\bth\.([A-Z_]+)", source)) - {"ACTIVE_PROJECTION_MAX_FILL",
+                                                          "ACTIVE_PROJECTION_MIN_ROWS"}  # read per call
+    assert read == set(plan._read_thresholds.__reduce__()[1])
+    spec = ar.RNNSpec(mode="lstm", input_size=8, hidden_size=64)
+    x = np.zeros((3, 12, 8), np.float32)
+    bs = np.full(3, 12, np.int64)
+    before = plan.forward_plan(spec, x, bs, threads=2)
+    assert plan.forward_plan(spec, x, bs, threads=2) is before  # memoised
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    after = plan.forward_plan(spec, x, bs, threads=2)
+    assert after.column_parts == 2 and before.column_parts == 1

@@ -10,6 +10,7 @@ installed; math code is written against the module :func:`get_xp` returns.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 from types import ModuleType
 from typing import Any
@@ -66,9 +67,9 @@ def get_xp(*arrays: Any, names: tuple[str, ...] | None = None) -> ModuleType:
     arrays among them have different dtypes (never a silent cast). ``names`` labels the arrays in
     the message; by default they are called ``arrays[i]``.
     """
-    present = [a for a in arrays if a is not None]
-    if not present:
+    if _all_host(arrays, names):  # NumPy arrays only (every small call's case): no device to compare
         return np
+    present = [a for a in arrays if a is not None]
     first = present[0]
     place = _place(first)
     dtype = next((a.dtype for a in present if a.dtype.kind == "f"), None)
@@ -76,6 +77,23 @@ def get_xp(*arrays: Any, names: tuple[str, ...] | None = None) -> ModuleType:
         if _place(a) != place or (dtype is not None and a.dtype.kind == "f" and a.dtype != dtype):
             _refuse_mix(arrays, names)
     return np if place is None else cupy_module()
+
+
+def _all_host(arrays: tuple, names: tuple[str, ...] | None) -> bool:
+    """Whether every array given is a NumPy array; ``TypeError`` (:func:`_refuse_mix`) for NumPy arrays
+    of different floating dtypes."""
+    dtype = None
+    for a in arrays:
+        if a is None:
+            continue
+        if type(a) is not np.ndarray:
+            return False
+        if a.dtype.kind == "f":
+            if dtype is None:
+                dtype = a.dtype
+            elif a.dtype != dtype:
+                _refuse_mix(arrays, names)
+    return True
 
 
 def _place(a: Any) -> int | None:
@@ -151,6 +169,30 @@ def _require_cupy(name: str) -> ModuleType:
 def same_memory(a: Any, b: Any) -> bool:
     """Whether arrays ``a`` and ``b`` are the same region of memory (same address, shape and dtype)."""
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and _address(a) == _address(b))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether host arrays ``a`` and ``b`` have the same dtype, shape and bytes (NaN payloads and the
+    sign of zero included): ``memcmp`` where both are C-contiguous (no temporary, one pass that stops at
+    the first difference), else an elementwise comparison of the bits."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if _memcmp is not None and a.flags.c_contiguous and b.flags.c_contiguous:
+        return _memcmp(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    bits = np.dtype(f"u{a.dtype.itemsize}") if a.dtype.kind in "fc" and a.dtype.itemsize <= 8 else a.dtype
+    return bool(np.array_equal(a.view(bits), b.view(bits)))
+
+
+def _libc_memcmp() -> Any:
+    try:
+        memcmp = ctypes.CDLL(None).memcmp  # the C library the process has loaded (Linux, macOS)
+    except (OSError, TypeError, AttributeError):  # none to look in (Windows): the NumPy comparison serves
+        return None
+    memcmp.argtypes, memcmp.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t), ctypes.c_int
+    return memcmp
+
+
+_memcmp = _libc_memcmp()
 
 
 def _address(a: Any) -> int:

@@ -23,14 +23,16 @@ Form = TypeVar("Form")
 _FORMS: dict[int, dict[Hashable, Any]] = {}  # id(frozen buffer) -> its derived forms by key
 
 
-def freeze(buffer: np.ndarray) -> None:
+def freeze(buffer: np.ndarray, keeper: Any = None) -> None:
     """Declare ``buffer`` (an owning NumPy array) unchanging from now until it is freed; its derived
-    forms are dropped with it."""
+    forms are dropped with ``keeper`` (an object that holds ``buffer``; default the buffer itself). A form
+    may then view the buffer (the driver's per-direction views): the forms keep the buffer alive, and the
+    keeper's end lets it go."""
     if buffer.base is not None:
         raise ValueError("freeze takes an array that owns its memory (base is None); got a view")
     if id(buffer) not in _FORMS:
         _FORMS[id(buffer)] = {}
-        weakref.finalize(buffer, _FORMS.pop, id(buffer), None)
+        weakref.finalize(buffer if keeper is None else keeper, _FORMS.pop, id(buffer), None)
 
 
 def _forms_of(a: Any) -> dict[Hashable, Any] | None:

@@ -40,7 +40,7 @@ import numpy as np
 from ..core.backend import get_xp
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
-from . import thresholds
+from . import derived, thresholds
 from .base import (
     Call,
     CellMasks,
@@ -78,7 +78,7 @@ class StackCache:
     c0: Array | None
     masks: tuple[Array, ...] | None
     layers: tuple[tuple[DirectionForward, ...], ...]   # [layer][direction]
-    io_dtype: str                     # the dtype the caller sees
+    io_dtype: Any                     # the dtype the caller sees (a NumPy dtype)
     order: BatchOrder                 # the caller's rows <-> sorted rows
     batch_first: bool                 # the caller's layout
     cell_masks: CellMasks | None = None   # sorted rows, compute dtype
@@ -108,7 +108,13 @@ class StackRun:
         return self.h0[k], self.c0[k] if self.c0 is not None else None
 
     def weights(self, layer: int, direction: int) -> DirectionWeights:
-        return direction_weights(self.params, layer, direction, self.cell_masks)
+        """The layer-direction's :func:`direction_weights`; made once per frozen weight buffer
+        (:mod:`.derived`) where no cell-variant mask enters them."""
+        params = self.params
+        if self.cell_masks is not None:
+            return direction_weights(params, layer, direction, self.cell_masks)
+        key = ("direction weights", params.spec, params.format, layer, direction)
+        return derived.cached(params.data, key, lambda: direction_weights(params, layer, direction))
 
     def layer_input(self, layer: int, below: Array, steps: slice = slice(None)) -> Array:
         """Steps ``steps`` of layer ``layer``'s input from ``below`` (those steps of the layer below's
@@ -314,7 +320,7 @@ class StackEngine(Engine):
         ``cell_masks``: the cell variants' masks, rows sorted; ``all_states``: also return every layer's
         and direction's states (``h_all``, ``c_all``, rows sorted); ``plan``: what the engine decided for
         the call, carried to every layer and direction on the :class:`StackRun`."""
-        io_dtype = str(x.dtype)
+        io_dtype = x.dtype  # the dtype object: str() of one costs microseconds a call
         params, x, h0, c0, masks = _to_compute_dtype(params, x, h0, c0, masks)
         cell_masks = _masks_to(params.data.dtype, cell_masks)
         spec, xp = params.spec, get_xp(x)
@@ -395,8 +401,8 @@ class StackEngine(Engine):
                 d_input *= cache.masks[layer - 1]
             d_layer = d_input
         io = cache.io_dtype
-        if io != str(dtype):
-            grads = grads.astype(io)
+        if io != dtype:
+            grads = grads.astype(str(io))
         return StackGrads(_cast(d_layer, io), _cast(dh0, io), _cast(dc0, io), grads)
 
     def backward_layer(self, back: StackBackRun, layer: int, d_layer: Array, layer_input: Array) -> Array:
@@ -545,7 +551,7 @@ def _masks_to(dtype: Any, masks: CellMasks | None) -> CellMasks | None:
     return CellMasks(*(m.astype(dtype, copy=False) if m is not None else None for m in masks))
 
 
-def _cast(a: Array | None, dtype: str) -> Array | None:
+def _cast(a: Array | None, dtype: Any) -> Array | None:
     return a.astype(dtype, copy=False) if a is not None else None
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..core import fingerprint
+from ..core.backend import same_bits
 from ..engines import freeze_weights
 
 _MESSAGE = ("params.data was modified in place between rnn_forward and rnn_backward (for example an "
@@ -55,7 +56,7 @@ class HostSnapshot:
     def __init__(self, data: Any):
         self.copy = np.array(data, copy=True)
         self._wrapped: Any = None
-        freeze_weights(self.copy)
+        freeze_weights(self.copy, keeper=self)  # the engines' forms of the copy live as long as this
 
     def params(self, params: Any) -> Any:
         """``params`` (a :class:`~arrayrnn.PackedParams` whose data this copies) over the copy."""
@@ -66,11 +67,7 @@ class HostSnapshot:
 
     def holds(self, data: Any) -> bool:
         """Whether ``data`` has the copy's dtype, shape and bits (then the copy can stand for it)."""
-        copy = self.copy
-        if data.dtype != copy.dtype or data.shape != copy.shape:
-            return False
-        bits = np.dtype(f"u{copy.dtype.itemsize}")
-        return bool(np.array_equal(copy.view(bits), data.view(bits)))
+        return same_bits(self.copy, data)
 
     def assert_unchanged(self, data: Any) -> None:
         # the plain comparison is 10x cheaper; only a buffer holding NaN needs the NaN-aware one

@@ -41,12 +41,19 @@ class LoopCall:
     tile: int = 1
 
     def chunk(self, t0: int, t1: int) -> LoopCall:
-        """This call for steps ``t0 .. t1-1`` (the states carry over between chunks)."""
+        """This call for steps ``t0 .. t1-1`` (the states carry over between chunks); itself for every
+        step."""
+        if t0 == 0 and t1 == len(self.args[0].xw):
+            return self
         return replace(self, args=bd.chunk(self.args, t0, t1))
+
+    @functools.cached_property
+    def _plain(self) -> tuple[Any, ...]:
+        return bd.plain(self.args)
 
     def plain_args(self) -> tuple[Any, ...]:
         """The arguments as the loop takes them (:func:`.bundles.plain`)."""
-        return bd.plain(self.args)
+        return self._plain
 
     def __call__(self, r0: int, r1: int, scratch: np.ndarray) -> None:
         """Rows ``r0 .. r1`` on this thread."""

@@ -107,6 +107,9 @@ def run_split(loop: Callable[..., Any], args: tuple[Any, ...], batch_sizes: np.n
     """``loop(r0, r1, *args, scratch)`` over the row ranges of :func:`row_ranges` for the threads free of
     ``threads``, one per thread; the calling thread runs the first. Waits for every range before returning
     or raising."""
+    if threads <= 1:  # every row on this thread (row_ranges' one range), without the split's planning
+        loop(0, rows, *args, new_scratch(dtype))
+        return
     in_parallel_split(lambda r0, r1: loop(r0, r1, *args, new_scratch(dtype)),
                       lambda n: row_ranges(batch_sizes, rows, n, tile), threads)
 

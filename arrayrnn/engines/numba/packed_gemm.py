@@ -23,6 +23,7 @@ small batch); gate-grouped products use ``G``-vector tiles.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -143,7 +144,12 @@ def _gate_group(a, i0, mr, bp, gates, u, c, accumulate, scratch):
 
 def new_scratch(dtype: Any) -> np.ndarray:
     """The scratch tile of :func:`gemm` / :func:`block` for ``dtype``."""
-    return np.empty((max(max_rows(nv) for nv in range(1, MAX_NV + 1)), MAX_NV * vector_lanes(dtype)), dtype)
+    return np.empty(_scratch_shape(np.dtype(dtype)), dtype)
+
+
+@functools.cache
+def _scratch_shape(dtype: np.dtype) -> tuple[int, int]:
+    return max(max_rows(nv) for nv in range(1, MAX_NV + 1)), MAX_NV * vector_lanes(dtype)
 
 
 @simd_jit(**_JIT)

@@ -21,6 +21,8 @@ directions side by side below the rows split); its loops split their rows.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,12 +62,28 @@ def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: C
     T, B = x.shape[:2]
     threads = available_threads() if threads is None else threads
     variants = masks.applied() if masks is not None else ()
-    schedule = wavefront_schedule(spec, B, threads, column_loop(spec, variants))
-    loops = loop_plan(spec, B, x.dtype, variants, 1 if schedule else threads)
-    packed = tuple(packed_projection(T, B, spec.layer_input_size(layer), spec.gate_size, x.dtype)
+    return _forward_plan(spec, T, B, x.dtype, variants, threads, active_projection(x, batch_sizes),
+                         _read_thresholds(th), wavefront_schedule)
+
+
+# the thresholds a plan reads (tests/test_loop_threads.py checks the list against this module's code)
+_read_thresholds = operator.attrgetter(
+    "MIN_ROWS_PER_THREAD", "COLUMN_SPLIT_MIN_ROWS", "COLUMN_SPLIT_MAX_ROWS", "COLUMN_SPLIT_MIN_STEP_FMAS",
+    "COLUMN_SPLIT_WIDE_STEP_FMAS", "WAVEFRONT_MIN_ROWS", "PIPELINE_LAYERS", "PACKED_PROJECTION_MAX")
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_plan(spec: RNNSpec, T: int, B: int, dtype: Any, variants: tuple[str, ...], threads: int,
+                  active: bool, thresholds: tuple, schedule_rule: Any) -> NumbaPlan:
+    """:func:`forward_plan` from what it depends on, made once per shape (a small call's Python counts).
+    ``thresholds`` (their values now) and ``schedule_rule`` (:func:`wavefront_schedule` as the module has
+    it now) key it too: a test or bench that sets a threshold or replaces the rule gets a new plan."""
+    schedule = schedule_rule(spec, B, threads, column_loop(spec, variants))
+    loops = loop_plan(spec, B, dtype, variants, 1 if schedule else threads)
+    packed = tuple(packed_projection(T, B, spec.layer_input_size(layer), spec.gate_size, dtype)
                    for layer in range(spec.num_layers))
     return NumbaPlan(call_threads(B, threads, schedule), schedule, loops.row_threads, loops.column_parts,
-                     active_projection(x, batch_sizes), packed, variants)
+                     active, packed, variants)
 
 
 def backward_plan(spec: RNNSpec, rows: int, threads: int | None = None) -> NumbaPlan:
