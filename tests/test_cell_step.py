@@ -4,6 +4,9 @@ PyTorch's cells (the oracle for the modes they have) and float64 central differe
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
 import numpy as np
 import pytest
 from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases
@@ -216,6 +219,76 @@ def test_the_numba_step_keeps_its_packed_weights_until_a_value_changes():
     np.testing.assert_allclose(h_new, want.h, rtol=1e-6, atol=1e-7)
     other = data.copy()
     assert stepper.prepare(case.spec, other, renewed) is not renewed  # same values, other memory
+
+
+@pytest.mark.parametrize("name", [*SPECS, "cifg"])
+def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name):
+    """An inference step runs on the thread's kept loop (its buffers reused between calls); it gives what a
+    step that builds its loop anew gives (a training step's), for batches that change between calls,
+    returns new arrays each call and never writes its inputs. Bit for bit where it runs the same products;
+    within rounding where its products run on BLAS from the caller's buffer (the plain built-in cells)."""
+    pytest.importorskip("numba")
+    import arrayrnn.cells  # noqa: F401  (registers "cifg")
+
+    spec = RNNSpec(input_size=4, hidden_size=5, dtype="float32", **SPECS.get(name, {"mode": name}))
+    stepper = step_engine(load_engine("numba"))
+    tol = {"rtol": 1e-5, "atol": 1e-6}  # the one-row steps' products run on BLAS (steps_from_source)
+    sw = stepper.prepare(spec, ar.PackedParams.init(spec, seed=1).data)
+    rng = np.random.default_rng(0)
+    earlier = []
+    for B in (3, 3, 1, 4, 3):
+        x, h = (rng.standard_normal((B, n)).astype(np.float32) for n in (4, spec.output_size))
+        c = rng.standard_normal((B, spec.cell_width)).astype(np.float32) if spec.has_cell else None
+        inputs = [a.copy() for a in (x, h, c) if a is not None]
+        fast = stepper.forward(sw, x, h, c, keep_cache=False)
+        built = stepper.forward(sw, x, h, c, keep_cache=True)
+        for a, b in zip(inputs, (x, h, c), strict=False):
+            np.testing.assert_array_equal(a, b)
+        same = (np.testing.assert_allclose if stepper.steps_from_source(spec, B)
+                else lambda a, b, **_: np.testing.assert_array_equal(a, b))
+        same(fast.h_n, built.h_n, **tol)
+        same(fast.y, built.y, **tol)
+        if spec.has_cell:
+            same(fast.c_n, built.c_n, **tol)
+        earlier.append((fast, fast.h_n.copy()))
+    for fast, h_then in earlier:  # a later call never wrote an earlier call's result
+        np.testing.assert_array_equal(fast.h_n, h_then)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn-tanh-single-inp"])
+def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name):
+    """Steps from the caller's buffer need no prepare: any write (a bias included) reaches the next step."""
+    pytest.importorskip("numba")
+    case = cell_case(name, B=1, dtype="float64")
+    stepper = step_engine(load_engine("numba"))
+    assert stepper.steps_from_source(case.spec, 1) and not stepper.steps_from_source(case.spec, 2)
+    data = case.params.data.copy()
+    sw = stepper.prepare(case.spec, data)
+    args = (case.x[0], case.h0[0], case.c0[0] if case.c0 is not None else None)
+    for write in (lambda: None, lambda: data.__setitem__(slice(-3, None), 0.5), lambda: data.__imul__(-1.5)):
+        write()
+        got = stepper.forward(sw, *args, keep_cache=False)
+        want = ar.cell_step(ar.PackedParams(case.spec, data.copy()), *args, engine="reference")
+        np.testing.assert_allclose(got.h_n, want.h, rtol=1e-12, atol=1e-14)
+
+
+def test_threads_stepping_one_cell_at_once_each_get_their_own_results():
+    pytest.importorskip("numba")
+    spec = RNNSpec(mode="lstm", input_size=8, hidden_size=16, dtype="float64")
+    stepper = step_engine(load_engine("numba"))
+    sw = stepper.prepare(spec, ar.PackedParams.init(spec, seed=2).data)
+    rng = np.random.default_rng(3)
+    inputs = [tuple(rng.standard_normal((2, n)) for n in (8, 16, 16)) for _ in range(4)]
+    want = [stepper.forward(sw, *args, keep_cache=False).h_n for args in inputs]  # one thread at a time
+    start = threading.Barrier(len(inputs))
+
+    def steps(k: int) -> bool:
+        start.wait()
+        return all(np.array_equal(stepper.forward(sw, *inputs[k], keep_cache=False).h_n, want[k])
+                   for _ in range(200))
+
+    with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:
+        assert all(pool.map(steps, range(len(inputs))))
 
 
 def test_the_generic_step_engine_sums_its_biases_again_on_every_prepare():

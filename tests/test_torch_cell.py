@@ -194,6 +194,47 @@ def test_every_way_of_changing_the_weights_is_seen_by_the_next_step(update, name
     assert step_engine_of(ours) == step_on.engine
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell"])
+@pytest.mark.parametrize("update", UPDATES)
+def test_every_way_of_changing_the_weights_is_seen_by_the_next_inference_step(update, name, rows, step_on):
+    """Under ``no_grad`` the numba step of one row reads the weights' buffer itself (nothing kept to
+    compare), of more rows its packed copy after a comparison: every write, whichever way, reaches the next
+    step, before and after steps with a gradient."""
+    ours, theirs = pair(name, 3, 4)
+    x, hx = torch.randn(rows, 3), states(name, rows, 4, torch.float32)
+    for cell in (ours, theirs):
+        with torch.no_grad():
+            cell(x, hx)
+        out = cell(x, hx)
+        (out[0] if isinstance(out, tuple) else out).square().sum().backward()
+        update_weights(cell, update)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, hx), theirs(x, hx))
+    assert step_engine_of(ours) == step_on.engine
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell"])
+def test_frozen_weights_written_between_inference_steps_and_a_step_with_an_input_gradient(name, rows,
+                                                                                          step_on):
+    """Weights that need no gradient, inference steps, a ``.data`` write, then a step whose input needs a
+    gradient: that step (and its backward) runs on the new values."""
+    ours, theirs = pair(name, 3, 4)
+    x, hx = torch.randn(rows, 3), states(name, rows, 4, torch.float32)
+    grads = []
+    for cell in (ours, theirs):
+        cell.requires_grad_(False)
+        with torch.no_grad():
+            cell(x, hx)
+        cell.weight_hh.data.copy_(torch.full_like(cell.weight_hh, 0.2))
+        xr = x.clone().requires_grad_()
+        out = cell(xr, hx)
+        (out[0] if isinstance(out, tuple) else out).square().sum().backward()
+        grads.append(xr.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
 def test_a_cell_first_called_before_numba_loaded_moves_to_it_once_loaded(monkeypatch):
     load = numba_loads(monkeypatch, False)
     ours, theirs = pair("LSTMCell", 3, 4)

@@ -86,7 +86,8 @@ class _FusedCell(OneBuffer):
             return None
         spec = cell_spec(self._mode, self.input_size, self.hidden_size, self.bias,
                          str(input.dtype).removeprefix("torch."))
-        return prepared_step(self.__dict__["_prepared"], 0, spec, self._weights(), input.device)
+        return prepared_step(self.__dict__["_prepared"], 0, spec, self._weights(), input.device,
+                             (input, *states), input.shape[0] if input.dim() == 2 else 1)
 
     def _takes(self, input: _Tensor, states: list[_Tensor]) -> bool:
         """Whether the fused step serves ``input`` and ``states`` (the weights: :meth:`_prepare`)."""

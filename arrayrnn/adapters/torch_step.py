@@ -54,15 +54,18 @@ def cell_spec(mode: str, input_size: int, hidden_size: int, bias: bool, dtype: s
                       proj_size=proj_size)
 
 
-def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tensor],
-                  device: torch.device) -> Step | None:
+def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tensor], device: torch.device,
+                  inputs: tuple[_Tensor | None, ...] = (), rows: int = 0) -> Step | None:
     """The step of ``spec`` over ``weights`` (the cell's blocks in the canonical order) on ``device``.
 
     ``cache[slot]`` keeps the last one when the weights are views of one buffer (re-parametrised weights
     are concatenated per call): its engine while the tensors, their memory and the engine choices
     (:func:`~arrayrnn.engines.choices_epoch`) are the same, its prepared weights while the engine says they
-    hold for the buffer's values (:meth:`~arrayrnn.engines.step.StepEngine.prepare`). None when the
-    weights are not tensors the step can read (a ``torch.func`` transform's, another device or dtype)."""
+    hold for the buffer's values (:meth:`~arrayrnn.engines.step.StepEngine.prepare`), unless the step will
+    run without a gradient (no weight nor any of ``inputs``, the step's ``x`` / states, requires one:
+    :func:`run_step`'s test) on an engine whose inference step of ``rows`` rows (0: not known) reads the
+    buffer itself (:meth:`~arrayrnn.engines.step.StepEngine.steps_from_source`). None when the weights are
+    not tensors the step can read (a ``torch.func`` transform's, another device or dtype)."""
     training = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
     try:
         key = (device, spec, *((id(w), w.data_ptr()) for w in weights))
@@ -73,9 +76,12 @@ def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tenso
     # backward is loaded too ("auto" never waits for a compile); one chosen for training serves both
     fits = last is not None and last[1].epoch == choices_epoch() and last[1].training >= training
     if fits and last[0] == key:
-        step = _refreshed(last[1])
-        if step is not last[1]:
-            cache[slot] = (key, step)
+        step = last[1]
+        grad = training or (torch.is_grad_enabled() and _any_requires_grad(inputs))
+        if grad or not step.stepper.steps_from_source(step.weights.spec, rows):
+            step = _refreshed(step)
+            if step is not last[1]:
+                cache[slot] = (key, step)
         return step
     if not all(w.device == device and str(w.dtype).removeprefix("torch.") == spec.dtype for w in weights):
         return None
@@ -85,10 +91,17 @@ def prepared_step(cache: dict, slot: Any, spec: ar.RNNSpec, weights: list[_Tenso
     return step
 
 
+def _any_requires_grad(tensors: tuple[_Tensor | None, ...]) -> bool:
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
 def _refreshed(step: Step) -> Step:
     """``step`` itself while its prepared weights hold for the buffer's values, else a Step with the
     weights prepared again (the same engine)."""
-    with engine_stream(step.flat):
+    if step.flat.is_cuda:  # a GPU engine's prepare computes on torch's stream; on the CPU it only compares
+        with engine_stream(step.flat):
+            prepared = step.stepper.prepare(step.weights.spec, step.weights.source, step.weights)
+    else:
         prepared = step.stepper.prepare(step.weights.spec, step.weights.source, step.weights)
     return step if prepared is step.weights else replace(step, weights=prepared)
 
@@ -141,7 +154,9 @@ def _array(t: _Tensor | None) -> Any:
     """``t``'s memory as NumPy (CPU) or CuPy (CUDA), no copy."""
     if t is None:
         return None
-    return t.detach().numpy() if t.is_cpu else array_view(t, "input")
+    if t.is_cpu:
+        return t.detach().numpy() if t.requires_grad else t.numpy()
+    return array_view(t, "input")
 
 
 class _StepFunction(torch.autograd.Function):
@@ -200,7 +215,9 @@ def run_layers(cache: dict, spec: ar.RNNSpec, x: _Tensor, h0: _Tensor | None, c0
     direction of a one-step sequence is a step from its own initial state over the same input. None when
     a layer's weights are not tensors the step can read. Inter-layer dropout is the caller's to exclude."""
     D = spec.num_directions
-    steps = [prepared_step(cache, k, _layer_spec(spec, k // D), w, x.device) for k, w in enumerate(weights)]
+    upstream = (x, h0, c0, *(w for ws in weights for w in ws))  # any of them may give a layer's input a grad
+    steps = [prepared_step(cache, k, _layer_spec(spec, k // D), w, x.device, upstream, x.shape[0])
+             for k, w in enumerate(weights)]
     if any(step is None for step in steps):
         return None
     h0 = h0 if h0 is not None else x.new_zeros(spec.state_shape(x.shape[0]))

@@ -125,6 +125,13 @@ class StepEngine:
         a bias (an optimizer's step) leaves stale; making them again costs one small addition."""
         return False
 
+    def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
+        """Whether an inference step (``keep_cache=False``) of ``spec`` over ``rows`` rows reads the caller's
+        buffer (``StepWeights.source``) as it is at the call, not what :meth:`prepare` made of it: then
+        such a step needs no :meth:`prepare` (no comparison) while the buffer is the same memory. Not here
+        (the summed biases are made by :meth:`weights_of`)."""
+        return False
+
     # -- forward --------------------------------------------------------------------------------------
     def forward(self, sw: StepWeights, x: Array, h: Array, c: Array | None,
                 keep_cache: bool) -> DirectionForward:

@@ -20,12 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from ...core.backend import same_memory
+from ...core.backend import same_bits, same_memory
+from ...core.params import PackedParams
 from ...core.spec import RNNSpec
-from ..base import DirectionForward, DirectionGrads
+from ..base import DirectionForward, DirectionGrads, DirectionWeights
+from ..cells import split_biases
+from ..in_flight import engine_call
+from ..stack import direction_weights
 from ..step import StepEngine, StepWeights
 from . import direction
-from .bundles import Cell, no_variants
+from .bundles import Cell, GRUCell, no_variants
 from .packed_gemm import gemm, new_scratch, pack_b
 
 Array = Any
@@ -79,7 +83,7 @@ class NumbaStep(StepEngine):
         return replace(super().weights_of(spec, data.copy()), source=data)
 
     def holds(self, sw: StepWeights, data: Array) -> bool:
-        return same_memory(sw.source, data) and bool(np.array_equal(sw.params.data, data))
+        return same_memory(sw.source, data) and same_bits(sw.params.data, data)
 
     def _cell(self, sw: StepWeights, backward: bool) -> Cell:
         """The cell's packed weights for the forward or the ``backward`` loop, packed on first use."""
@@ -87,14 +91,49 @@ class NumbaStep(StepEngine):
                        lambda: direction.cell_of(sw.spec, sw.w, sw.params.data.dtype, backward))
 
     # -- forward --------------------------------------------------------------------------------------
+    def forward(self, sw: StepWeights, x: Array, h: Array, c: Array | None,
+                keep_cache: bool) -> DirectionForward:
+        if keep_cache:
+            return super().forward(sw, x, h, c, keep_cache)
+        with engine_call():  # an inference step: on this thread's kept loop, its buffers reused
+            kept = self._kept_loop(sw, x.shape[0], x.dtype)
+            if kept.product is None:
+                self._project_into(sw, x, kept.xw[0])
+            else:
+                _products_from_source(sw, kept, x, h)
+            return kept.run(h, c)
+
+    def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
+        """One row (a GEMV: BLAS reads each weight once, faster than comparing the buffer with the private
+        copy; a few rows make BLAS's small GEMM slower than the packed one) of a cell whose loop takes its
+        product from outside (:func:`.direction.takes_product_outside`)."""
+        return rows == 1 and direction.takes_product_outside(spec)
+
     def project(self, sw: StepWeights, x: Array) -> np.ndarray:
-        w = sw.w
         xw = np.empty((1, x.shape[0], sw.spec.gate_size), x.dtype)
-        if w.input_bias is not None:
-            xw[0] = w.input_bias
-        W_ih_p = _packed(sw, "W_ih.T", lambda: pack_b(w.W_ih.T))
-        gemm(_rows(x), W_ih_p, 1, xw[0], w.input_bias is not None, _scratch(x.dtype))
+        self._project_into(sw, x, xw[0])
         return xw
+
+    def _kept_loop(self, sw: StepWeights, rows: int, dtype: np.dtype) -> _KeptLoop:
+        """This thread's kept one-step loop over ``sw`` for ``rows`` rows (one per thread and weights: a
+        call with another batch size makes a new one)."""
+        key = ("kept loop", threading.get_ident())
+        kept = sw.packed.get(key)
+        if kept is None or kept.rows != rows or kept.dtype != dtype:
+            spec = sw.spec
+            outside = self.steps_from_source(spec, rows)
+            cell = _outside_cell(sw, dtype) if outside else self._cell(sw, False)
+            kept = sw.packed[key] = _KeptLoop(spec, cell, rows, dtype, outside)
+        return kept
+
+    @staticmethod
+    def _project_into(sw: StepWeights, x: Array, out: np.ndarray) -> None:
+        """``out (B, G*H) = x @ W_ih.T + input_bias`` on the packed GEMM."""
+        w = sw.w
+        if w.input_bias is not None:
+            out[...] = w.input_bias
+        W_ih_p = _packed(sw, "W_ih.T", lambda: pack_b(w.W_ih.T))
+        gemm(_rows(x), W_ih_p, 1, out, w.input_bias is not None, _scratch(x.dtype))
 
     def run_forward(self, sw: StepWeights, xw: np.ndarray, h: Array, c: Array | None,
                     keep_cache: bool) -> DirectionForward:
@@ -119,6 +158,66 @@ class NumbaStep(StepEngine):
 
     def input_grad(self, sw: StepWeights, dpre: np.ndarray) -> np.ndarray:
         return _product(dpre, _packed(sw, "W_ih", lambda: pack_b(sw.w.W_ih)), sw.w.W_ih.shape[1])
+
+
+class _KeptLoop:
+    """One step's forward loop without a cache (:func:`.direction.forward`), kept with its buffers by the
+    thread that runs it: a call copies the states in, runs the loop and copies the new states out (the
+    caller owns what it gets), instead of building the loop's buffers and bundles again. With its
+    recurrent product ``outside`` the loop (:func:`.direction.takes_product_outside`), ``product`` is where
+    the caller puts ``h @ W_hh.T`` and ``cell`` the bundle whose GRU bias ``b_hn`` it fills."""
+
+    def __init__(self, spec: RNNSpec, cell: Cell, rows: int, dtype: np.dtype, outside: bool):
+        xw = np.empty((1, rows, spec.gate_size), dtype)
+        h0 = np.zeros((rows, spec.output_size), dtype)
+        c0 = np.zeros((rows, spec.cell_width), dtype) if spec.has_cell else None
+        call, self._result = direction.forward(spec, cell, no_variants(dtype), xw, _batch_sizes(rows), h0, c0,
+                                               False, False)
+        self.xw, self.rows, self.dtype, self.cell = xw, rows, dtype, cell
+        self.product = direction.product_buffer(call) if outside else None
+        self.product_adds = self.product is not None and self.product.base is xw  # into the input side
+        self._loop, self._args = call.loop, call.plain_args()
+
+    def run(self, h: Array, c: Array | None) -> DirectionForward:
+        state = self._result
+        state.h_n[...] = h
+        if c is not None:
+            state.c_n[...] = c
+        self._loop(0, self.rows, *self._args, _scratch(self.dtype))
+        h_n = state.h_n.copy()
+        return DirectionForward(h_n[None], h_n, state.c_n.copy() if c is not None else None, None)
+
+
+def _source_views(sw: StepWeights) -> DirectionWeights:
+    """Views of the caller's buffer ``sw.source`` (they read its values as they are at each call; their
+    summed biases are made once and go unused)."""
+    return _packed(sw, "source views", lambda: direction_weights(
+        PackedParams._wrap(sw.spec, sw.source, "canonical"), 0, 0))
+
+
+def _outside_cell(sw: StepWeights, dtype: np.dtype) -> Cell:
+    """The cell of a loop whose recurrent product comes from outside: nothing packed, and a GRU's ``b_hn``
+    a buffer of its own, filled at every call from the caller's biases."""
+    cell = direction.cell_of(sw.spec, _source_views(sw), dtype, product_outside=True)
+    return cell._replace(b_hn=np.zeros(sw.spec.hidden_size, dtype)) if isinstance(cell, GRUCell) else cell
+
+
+def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
+    """Both products of an inference step, on NumPy's BLAS straight from the caller's buffer (no private
+    copy, no packing, nothing to compare): ``x @ W_ih.T`` plus the input-side biases into ``kept.xw``, ``h @
+    W_hh.T`` into ``kept.product``, a GRU's ``b_hn`` into its cell."""
+    w = _source_views(sw)
+    input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
+    xw = kept.xw[0]
+    np.matmul(x, w.W_ih.T, out=xw)
+    if input_bias is not None:
+        xw += input_bias
+    if kept.product_adds:
+        xw += h @ w.W_hh.T
+    else:
+        np.matmul(h, w.W_hh.T, out=kept.product)
+    if isinstance(kept.cell, GRUCell):
+        kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
 
 
 def _product(a: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
