@@ -2,6 +2,7 @@
 
     python bench/bench_small_calls.py               # the grid below, 9 rounds
     python bench/bench_small_calls.py --quick       # smoke run: H = 64 only, 3 rounds, short batches
+    python bench/bench_small_calls.py --only "cell step" --sizes 64,256,512 --clock cpu  # issue 46's cells
 
 Rows (one layer, ``input_size = H``, time-major):
 
@@ -45,13 +46,15 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import arrayrnn as ar  # noqa: E402
 from arrayrnn.torch import LSTM, LSTMCell  # noqa: E402
 
 WARM_S = 0.1
 CELL_STEPS = 100
-# issue 37's targets (ours / torch): T = 1 forwards at two sizes, every T = 1 training step, every cell row
+# issue 37's targets (ours / torch): T = 1 forwards at two sizes, every T = 1 training step, the cell loop;
+# issue 46's for the cell step (B = 1 and 8, H = 64-512)
 TARGETS = {("lstm forward", 1, 1, 64): 1.5, ("lstm forward", 1, 8, 256): 1.0, "lstm train T=1": 1.5,
-           "cell step": 1.5, "cell loop": 1.2}
+           "cell step": 1.2, "cell loop": 1.2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +72,8 @@ class Row:
         return TARGETS.get((self.kind, self.T, self.B, self.H))
 
 
-def grid(quick: bool) -> list[Row]:
-    sizes = [64] if quick else [64, 256]
+def grid(quick: bool, sizes: list[int]) -> list[Row]:
+    sizes = [64] if quick else sizes
     rows = [Row(kind, T, B, H) for kind in ("lstm forward", "lstm train") for H in sizes for T in (1, 10)
             for B in (1, 8)]
     return rows + [Row(kind, CELL_STEPS if kind == "cell loop" else 1, B, H)
@@ -183,18 +186,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-ms", type=float, default=None, help="timed batch length (default 50)")
     parser.add_argument("--threads", type=int, default=1, help="threads for torch, numba and BLAS")
     parser.add_argument("--only", default="", help="rows whose kind contains this text (e.g. 'cell')")
+    parser.add_argument("--sizes", default="64,256", help="hidden sizes H, comma-separated")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="the default setting: no arrayrnn.warmup() first, so the calls run on whatever "
+                             "engine the background compile has reached (else the waiting setting: numba)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or the calling thread's CPU time (steadier on a shared machine; "
                              "right for one thread only)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 9)
     batch_s = (args.batch_ms or (5.0 if args.quick else 50.0)) / 1000
+    if not args.no_warmup:  # every call on the numba engine from the first (its loops loaded or compiled)
+        ar.warmup("lstm", "float32", progress=False)
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     with threadpoolctl.threadpool_limits(args.threads, user_api="blas"):
-        results = [time_row(row, rounds, batch_s, CLOCKS[args.clock]) for row in grid(args.quick)
-                   if args.only in row.kind]
-    print(report(results, args.threads, rounds, args.clock))
+        sizes = [int(h) for h in args.sizes.split(",")]
+        rows = [row for row in grid(args.quick, sizes) if args.only in row.kind]
+        results = [time_row(row, rounds, batch_s, CLOCKS[args.clock]) for row in rows]
+    setting = "default setting: no warmup" if args.no_warmup else "waiting setting: arrayrnn.warmup first"
+    print(report(results, args.threads, rounds, args.clock) + f"\n({setting})")
 
 
 if __name__ == "__main__":
