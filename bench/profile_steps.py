@@ -446,6 +446,17 @@ def roofline_row(shape: str, mode: str, loop: str, steps: dict, peaks: dict[int,
     return f"| {shape} | {mode} | {loop} loop | " + " | ".join(cells) + " |"
 
 
+def busy_note(peaks: dict[int, float]) -> str:
+    """A warning where an ``n``-thread peak is below 3/4 of ``n`` times the 1-thread one (other work held
+    cores while it was measured), else ``""``."""
+    short = [str(n) for n, v in peaks.items() if n > 1 and v < 0.75 * n * peaks[1]]
+    if not short:
+        return ""
+    return (f" **The {', '.join(short)}-thread peak is below 3/4 of that many times the 1-thread one: other "
+            "work held cores while it was measured; shares of it overstate the loops' and their times "
+            "include waits for a core.**")
+
+
 def render_roofline(loops, peaks: dict[int, float], peak_source: str) -> str:
     """The roofline table: one row per shape, mode and time loop (module doc)."""
     peak_text = ", ".join(f"{n} thread{'s' if n > 1 else ''} {v:.1f}" for n, v in peaks.items())
@@ -456,7 +467,7 @@ def render_roofline(loops, peaks: dict[int, float], peak_source: str) -> str:
            "by rows over the same threads (a column split without units runs only its barrier); `barrier`: "
            "steps that only meet at the engine's barrier minus the same steps without it; after `;` the "
            "column split's products with a barrier per step minus without; `whole loop` = FLOPs / loop "
-           "time (lower bound).", "",
+           "time (lower bound)." + busy_note(peaks), "",
            "| shape | mode | loop | " + " | ".join(ROOFLINE) + " |", "|" + "---|" * (3 + len(ROOFLINE))]
     out += [roofline_row(shape, mode, loop, steps, peaks)
             for (shape, mode), by_loop in loops.items() for loop, steps in by_loop.items()]

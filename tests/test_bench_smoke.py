@@ -115,6 +115,7 @@ def test_step_profile_reports_each_loops_roofline(capsys, monkeypatch, threads):
             assert row[8].endswith("*") and all(math.isfinite(float(v)) for v in row[9].split(";"))
         else:
             assert row[9] == f"none ({split.split('/')[0]})"
+    assert profile.busy_note({1: 100.0, 2: 120.0}) and not profile.busy_note({1: 100.0, 2: 190.0})
 
 
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
