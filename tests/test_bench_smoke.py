@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -83,6 +84,38 @@ def test_step_profile_takes_lengths_and_times_a_stack_against_its_layers(capsys,
     assert float(_table_row(out, "| S5 | lstm | train |")[3]) > 0
     whole, parts, ratio = (float(v) for v in _table_row(out, "| S4 | lstm | forward |")[3:6])
     assert whole > 0 and ratio == pytest.approx(whole / parts, abs=0.01)
+
+
+def test_step_profile_reports_each_loops_roofline(capsys, monkeypatch, threads):
+    from arrayrnn.engines import thresholds
+
+    threads(2)
+    monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)  # 8 rows, 2+ unit groups: columns
+    profile = _load_bench(monkeypatch, BENCH.with_name("profile_steps.py"))
+    monkeypatch.setattr(profile, "SHAPES", {"B8": (4, 8, 8, 32, False), "B16": (4, 16, 8, 32, False)})
+    profile.main(["--shapes", "B8,B16", "--modes", "lstm,gru", "--repeats", "3"])
+    out = capsys.readouterr().out
+    expected = {"| B8 | lstm | forward loop |": "columns/2", "| B8 | gru | forward loop |": "columns/2",
+                "| B16 | lstm | backward loop |": "rows/2", "| B8 | gru | backward loop |": "1 thread"}
+    for prefix, split in expected.items():
+        row = _table_row(out, prefix)
+        assert len(row) == 13 and row[3].startswith(split)
+        peak = float(row[3].split("(")[1].rstrip(")"))   # the FMA peak for the loop's threads
+        in_loop, *bounds = row[10:]   # GFLOP/s (share of the peak): product in loop, alone, whole loop
+        for cell in bounds:
+            rate = float(cell.split()[0])
+            assert 0 < rate < 1.5 * peak and math.isfinite(rate)
+        # the in-loop time is a difference of noisy tiny steps: "n/a" where it is not positive
+        if in_loop == "n/a":
+            assert float(row[7]) <= 0
+        else:
+            assert float(row[7]) >= 0 and 0 < float(in_loop.split()[0]) < math.inf
+        assert all(float(v) > 0 for v in (row[5], row[6], row[8].rstrip("*")))  # loop, alone, gate math
+        if split == "columns/2":  # gate math from the rows split's loop; barrier alone; beside products
+            assert row[8].endswith("*") and all(math.isfinite(float(v)) for v in row[9].split(";"))
+        else:
+            assert row[9] == f"none ({split.split('/')[0]})"
+    assert profile.busy_note({1: 100.0, 2: 120.0}) and not profile.busy_note({1: 100.0, 2: 190.0})
 
 
 def test_wavefront_bench_forces_the_schedule_it_names_and_runs(capsys, monkeypatch):
