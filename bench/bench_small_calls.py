@@ -24,8 +24,8 @@ after untimed calls of the same side for at least 0.1 s (this VM's idle vCPUs ru
 pause slow; see ``bench_rnn.py``); ``--clock cpu`` times the calling thread's CPU time instead of wall
 time, which a busy shared machine disturbs less (meaningful with one thread only). Reported: the median
 over rounds of each side's per-call time and the median of the per-round ratios ours / torch, beside
-issue 37's target where it sets one. torch, numba and NumPy's BLAS use ``--threads`` threads. Never
-asserts timings.
+the issues' target where one is set. torch, the engine (``ar.set_num_threads``) and NumPy's BLAS use
+``--threads`` threads. Never asserts timings.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numba
 import threadpoolctl
 import torch
 from torch import nn
@@ -167,8 +166,8 @@ def time_row(row: Row, rounds: int, batch_s: float, clock: Callable[[], float]) 
 
 
 def report(results: list[Result], threads: int, rounds: int, clock: str) -> str:
-    lines = [f"torch {torch.__version__}, {threads} thread(s) for torch, numba and BLAS; median of {rounds} "
-             f"alternated rounds; {clock} clock", "",
+    lines = [f"torch {torch.__version__}, {threads} thread(s) for torch, the engine and BLAS; median of "
+             f"{rounds} alternated rounds; {clock} clock", "",
              "| row | T | B | H | ours us | torch us | ours / torch | target | max abs diff |",
              "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="H = 64 only, 3 rounds, 5 ms batches")
     parser.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 9; quick 3)")
     parser.add_argument("--batch-ms", type=float, default=None, help="timed batch length (default 50)")
-    parser.add_argument("--threads", type=int, default=1, help="threads for torch, numba and BLAS")
+    parser.add_argument("--threads", type=int, default=1, help="threads for torch, the engine and BLAS")
     parser.add_argument("--only", default="", help="rows whose kind contains this text (e.g. 'cell')")
     parser.add_argument("--sizes", default="64,256", help="hidden sizes H, comma-separated")
     parser.add_argument("--no-warmup", action="store_true",
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_warmup:  # every call on the numba engine from the first (its loops loaded or compiled)
         ar.warmup("lstm", "float32", progress=False)
     torch.set_num_threads(args.threads)
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    ar.set_num_threads(args.threads)  # the engine's threads (numba's own threading layer stays unlaunched)
     with threadpoolctl.threadpool_limits(args.threads, user_api="blas"):
         sizes = [int(h) for h in args.sizes.split(",")]
         rows = [row for row in grid(args.quick, sizes) if args.only in row.kind]

@@ -193,3 +193,25 @@ def test_the_streaming_bench_runs_every_row_and_the_two_sides_agree(capsys, monk
     assert len(rows) == 8
     for line in rows:
         assert float(line.strip("|").split("|")[-1]) < 1e-5  # the same weights on both sides
+
+
+def test_the_small_calls_bench_times_the_cell_step_rows_it_is_asked_for(capsys, monkeypatch):
+    bench = _load_bench(monkeypatch, BENCH.parent / "bench_small_calls.py")
+    import torch
+
+    import arrayrnn as ar
+
+    threads = (ar.get_num_threads(), torch.get_num_threads())
+    try:
+        bench.main(["--only", "cell step", "--sizes", "16,24", "--rounds", "1", "--batch-ms", "1",
+                    "--no-warmup"])
+    finally:
+        ar.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+    out = capsys.readouterr().out
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| cell step")]
+    shapes = [(int(r[2]), int(r[3])) for r in rows]
+    assert shapes == [(1, 16), (8, 16), (1, 24), (8, 24)]  # B in {1, 8} for each H asked for
+    for r in rows:
+        assert "<= 1.2" in r[7] and float(r[8]) < 1e-5  # issue 46's target; the sides agree
+    assert "(default setting: no warmup)" in out
