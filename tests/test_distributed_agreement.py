@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,9 +76,23 @@ def test_mpi_ranks_that_disagree_all_raise(case):
 @pytest.mark.parametrize("case", ["count", "shape", "dtype", "refused", "uneven", "raising"])
 def test_gloo_ranks_that_disagree_all_raise(tmp_path, case):
     pytest.importorskip("torch.distributed")
-    res = run_job([sys.executable, str(WORKER), "torch", case, "--out", str(tmp_path)], timeout=TIMEOUT)
+    res = _gloo_job(case, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_every_rank_raised(case, res.stdout)
+
+
+def _gloo_job(case: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The two-rank gloo job of ``case``. On a loaded machine gloo's C++ side aborts a rank now and then
+    after the case has run ("terminate called without an active exception", the rank killed by SIGABRT: 2 of
+    8 runs with both cores busy, on this stop's tree and the one before it alike): such a job runs once
+    more, in a fresh rendezvous directory; any other failure, or an abort twice, fails the test."""
+    for attempt in range(2):
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        res = run_job([sys.executable, str(WORKER), "torch", case, "--out", str(out)], timeout=TIMEOUT)
+        if res.returncode == 0 or "terminated with signal SIGABRT" not in res.stderr:
+            break
+    return res
 
 
 def test_mpi_uneven_calls_inside_abort_on_error_and_join_end_the_job_naming_the_rank_and_count():
