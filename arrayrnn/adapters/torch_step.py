@@ -14,6 +14,7 @@ runs a whole stack over one time step as one step per layer-direction.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, replace
 from typing import Any
@@ -98,10 +99,8 @@ def _any_requires_grad(tensors: tuple[_Tensor | None, ...]) -> bool:
 def _refreshed(step: Step) -> Step:
     """``step`` itself while its prepared weights hold for the buffer's values, else a Step with the
     weights prepared again (the same engine)."""
-    if step.flat.is_cuda:  # a GPU engine's prepare computes on torch's stream; on the CPU it only compares
-        with engine_stream(step.flat):
-            prepared = step.stepper.prepare(step.weights.spec, step.weights.source, step.weights)
-    else:
+    # a GPU engine's prepare computes on torch's stream; on the CPU it only compares (no threads to limit)
+    with engine_stream(step.flat) if step.flat.is_cuda else contextlib.nullcontext():
         prepared = step.stepper.prepare(step.weights.spec, step.weights.source, step.weights)
     return step if prepared is step.weights else replace(step, weights=prepared)
 

@@ -240,9 +240,9 @@ def product_buffer(call: LoopCall) -> np.ndarray:
     """Where a forward loop of one step (a :func:`takes_product_outside` mode) reads ``h @ W_hh.T``: added
     into ``xw[0]`` (LSTM, RNN), or, for the GRU, the work rows ``(B, 3H)`` (its n gate reads the product
     apart from the input side)."""
-    gru = isinstance(call.args[2], bd.GRUCell)
-    return call.args[5].rows if gru else call.args[0].xw[0]  # a GRU's args: (steps, state, cell, cache,
-                                                               # variants, work, norm)
+    if isinstance(call.args[2], bd.GRUCell):
+        return next(a for a in call.args if isinstance(a, bd.ForwardWork)).rows
+    return call.args[0].xw[0]
 
 
 def input_buffer(call: LoopCall) -> np.ndarray:
