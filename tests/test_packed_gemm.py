@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from llvmlite import binding as llvm
 
+from arrayrnn.engines.numba import blocking, simd_ir
 from arrayrnn.engines.numba import packed_gemm as pg
-from arrayrnn.engines.numba import simd_ir
 
 # (M, K, N, gates); K up to 300: longer than a tile's L1 share of the packed panel
 SHAPES = [(1, 1, 1, 1), (1, 7, 33, 1), (13, 5, 70, 1), (2, 3, 24, 2), (23, 3, 36, 3), (11, 9, 512, 4),
@@ -229,3 +229,40 @@ def test_packing_reads_any_strides_the_same(rng, gates):
     last_gate_of_group_1 = by_columns[2 * gates - 1]
     np.testing.assert_array_equal(last_gate_of_group_1[:, :5], w.T[:, (gates - 1) * H + W:gates * H])
     assert (by_columns[gates:, :, 5:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_k_blocks_give_the_whole_products_bits(rng, dtype):
+    """The K-block budget (:mod:`arrayrnn.engines.numba.blocking`) changes the speed, never the bits: every
+    budget gives no blocking's bits, whole and partial last vectors, overwrite and accumulate, K = 0."""
+    W, item = pg.vector_lanes(dtype), np.dtype(dtype).itemsize
+    budgets = (1, 8 * 4 * W * item + 5, blocking.default_budget(), 10**9)     # K blocks of 8 .. the whole K
+    for M, K, H, G in [(13, 300, 2 * W + 3, 4), (7, 257, W, 3), (1, 100, W + 1, 4), (20, 64, 2 * W, 2),
+                       (9, 0, W, 4)]:
+        a = rng.standard_normal((M, K)).astype(dtype)
+        b = rng.standard_normal((K, G * H)).astype(dtype)
+        c0 = rng.standard_normal((M, G * H)).astype(dtype)
+        packed = pg.pack_b(b, G)
+
+        def product(budget, accumulate, packed=packed, a=a, c0=c0, G=G):
+            c = c0.copy()
+            pg.gemm(a, packed, G, c, accumulate, pg.new_scratch(dtype, budget))
+            return c
+        for accumulate in (False, True):
+            whole = product(0, accumulate)
+            exact = a.astype(np.float64) @ b + (c0 if accumulate else 0)
+            tol = TOL[dtype] * 10
+            np.testing.assert_allclose(whole, exact, rtol=tol, atol=tol * np.sqrt(K + 1))
+            for budget in budgets:
+                np.testing.assert_array_equal(product(budget, accumulate), whole,
+                                              err_msg=f"{(M, K, H, G)}, budget {budget}, {accumulate = }")
+
+
+def test_k_block_is_the_budget_over_one_k_row_of_the_gate_group():
+    W = pg.vector_lanes(np.float32)
+    assert pg.k_block(pg.new_scratch(np.float32, 32768), 4, W, 512) == 32768 // (4 * W * 4)
+    assert pg.k_block(pg.new_scratch(np.float32, 0), 4, W, 512) == 512       # 0: the whole K
+    assert pg.k_block(pg.new_scratch(np.float32, 0), 4, W, 0) == 1           # one (empty) block at K = 0
+    assert pg.k_block(pg.new_scratch(np.float32, 100), 4, W, 512) == 8       # never below 8
+    with blocking.forced(4096):
+        assert pg.k_block(pg.new_scratch(np.float64), 2, W // 2, 512) == 4096 // (2 * (W // 2) * 8)

@@ -29,6 +29,7 @@ from ..engines.numba.warmup import (
     Signatures,
     compiled_signatures,
     families,
+    finish_family,
     mark_loaded,
     new_signatures,
 )
@@ -157,7 +158,7 @@ def compile_family(family: Family, progress: Any = None) -> Signatures:
         call()
         if progress is not None:
             progress.update(1)
-    mark_loaded(family)
+    finish_family(family)
     return new_signatures(before, compiled_signatures())
 
 

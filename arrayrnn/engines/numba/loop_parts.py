@@ -62,8 +62,8 @@ from numba.extending import intrinsic, overload, register_jitable
 from .. import gate_math as gm
 from .. import step_order
 from ..numba_cache import njit
-from .packed_gemm import gate_group
-from .simd_ir import ROWS_BY_NV, prefer_full_vectors, simd_jit
+from .packed_gemm import gate_groups
+from .simd_ir import prefer_full_vectors, simd_jit
 
 JIT = dict(cache=True, nogil=True, error_model="numpy")
 """The time loops' options (with :func:`.simd_ir.simd_jit`, whose cache is keyed on the SIMD variant)."""
@@ -360,12 +360,9 @@ def norm_rows_grad(t, r0, n, k0, k1, slot, src, norm):
 
 @register_jitable(inline="always")
 def unit_groups(src, r0, n, W_p, gates, u0, u1, out, accumulate, scratch):
-    """Every gate of unit groups ``u0 .. u1`` for rows ``r0 .. n``: each group's weights read once per step,
-    for all the row tiles (:func:`.packed_gemm.gate_group`)."""
-    mr_max = ROWS_BY_NV[gates]
-    for u in range(u0, u1):
-        for i0 in range(r0, n, mr_max):
-            gate_group(src, i0, min(mr_max, n - i0), W_p, gates, u, out, accumulate, scratch)
+    """Every gate of unit groups ``u0 .. u1`` for rows ``r0 .. n``: each group's weights read once per step
+    (in L1-sized K blocks), for all the row tiles (:func:`.packed_gemm.gate_groups`)."""
+    gate_groups(src, r0, n, W_p, gates, u0, u1, out, accumulate, scratch)
 
 
 @register_jitable(inline="always")

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from numba.extending import register_jitable
 
-from . import simd_ir
-from .simd_ir import MAX_NV, ROWS_BY_NV, max_rows, simd_jit, tile
+from . import blocking, simd_ir
+from .simd_ir import MAX_NV, ROWS_BY_NV, SMALL_TILE, max_rows, simd_jit, tile
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -93,34 +93,38 @@ def pack_b(b: np.ndarray, gates: int = 1) -> np.ndarray:
 
 
 @simd_jit(**_JIT)
-def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch):
-    """Rows ``i0 .. i0 + mr`` of ``a`` times packed vectors ``v0 .. v0 + nv``, into ``c`` from column
-    ``c_col``, vector ``v`` at ``c_col + v * cvs``, only the first ``valid`` lanes of each vector
-    (``valid < W``: through ``scratch``, a ``(>= mr, >= nv * W)`` C-contiguous array)."""
+def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch, k0, k1):
+    """Rows ``i0 .. i0 + mr`` of ``a`` times packed vectors ``v0 .. v0 + nv`` over ``K`` from ``k0`` to
+    ``k1``, into ``c`` from column ``c_col``, vector ``v`` at ``c_col + v * cvs``, only the first ``valid``
+    lanes of each vector (``valid < W``: through ``scratch``, :func:`new_scratch`); ``accumulate`` goes on
+    from ``c``'s sums (the K blocks after the first accumulate)."""
     K = a.shape[1]
     W = bp.shape[2]
     item = a.itemsize
     lda, ldc = a.strides[0] // item, c.strides[0] // item
-    a_addr = a.ctypes.data + i0 * lda * item
-    b_addr = bp.ctypes.data + v0 * K * W * item
+    a_addr = a.ctypes.data + (i0 * lda + k0) * item
+    b_addr = bp.ctypes.data + (v0 * K + k0) * W * item
     # one call site of the micro-kernel: each site inlines its K loops for every (nv, mr), which is most
     # of the engine's compile time (issue 36); a partial vector goes through the scratch tile
-    whole = valid == W
-    out = c.ctypes.data + (i0 * ldc + c_col) * item if whole else scratch.ctypes.data
-    tile(mr, nv, a_addr, lda, b_addr, K * W, K, out, ldc if whole else scratch.shape[1], cvs if whole else W,
-         accumulate and whole, bp.dtype.type(0))
-    if whole:
+    if valid == W:
+        tile(mr, nv, a_addr, lda, b_addr, K * W, k1 - k0, c.ctypes.data + (i0 * ldc + c_col) * item, ldc, cvs,
+             accumulate, bp.dtype.type(0))
         return
+    if accumulate:  # the kernel goes on from the partial sums: the lanes past `valid` start at zero
+        for i in range(mr):
+            row, dst = c[i0 + i], scratch[i]
+            for v in range(nv):
+                base = c_col + v * cvs
+                for lane in range(W):
+                    dst[v * W + lane] = row[base + lane] if lane < valid else 0.0
+    tile(mr, nv, a_addr, lda, b_addr, K * W, k1 - k0, scratch.ctypes.data, scratch.shape[1], W, accumulate,
+         bp.dtype.type(0))
     for i in range(mr):
         row, src = c[i0 + i], scratch[i]
         for v in range(nv):
             base = c_col + v * cvs
-            if accumulate:
-                for lane in range(valid):
-                    row[base + lane] += src[v * W + lane]
-            else:
-                for lane in range(valid):
-                    row[base + lane] = src[v * W + lane]
+            for lane in range(valid):
+                row[base + lane] = src[v * W + lane]
 
 
 # The compiled products take one signature per dtype: their fronts below (inlined into the caller) pass
@@ -128,41 +132,77 @@ def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch):
 # layout would each compile the whole chain again (gemm had 8 signatures and block 16 per dtype), and the
 # micro-kernel's K loops are most of the engine's compile time (issue 36).
 @register_jitable(inline="always")
-def gate_group(a, i0, mr, bp, gates, u, c, accumulate, scratch):
-    """Every gate of unit group ``u`` (units ``u*W .. u*W + W``) for rows ``i0 .. i0 + mr``, into ``c
+def gate_groups(a, r0, n, bp, gates, u0, u1, c, accumulate, scratch):
+    """Every gate of unit groups ``u0 .. u1`` (units ``u*W .. u*W + W`` each) for rows ``r0 .. n``, into ``c
     (M, G * H)`` in its ordinary column order; ``bp`` packed with ``gates = G``."""
-    _gate_group(a[:, ::1], int(i0), int(mr), bp, int(gates), int(u), c[:, ::1], bool(accumulate), scratch)
+    _gate_groups(a[:, ::1], int(r0), int(n), bp, int(gates), int(u0), int(u1), c[:, ::1], bool(accumulate),
+                 scratch)
 
 
 @simd_jit(**_JIT)
-def _gate_group(a, i0, mr, bp, gates, u, c, accumulate, scratch):
-    W = bp.shape[2]
+def _gate_groups(a, r0, n, bp, gates, u0, u1, c, accumulate, scratch):
+    """Each group's weights cut into K blocks of :func:`k_block` (L1-sized: :mod:`.blocking`), each block read
+    once per step for all the row tiles; the tiles' sums go on from block to block in ``c``. Whole vectors
+    call the micro-kernel here: a call of :func:`block` per tile (four arrays' reference counts and ~50
+    arguments) cost 10-15% of a 6 x 4 tile over 128 K."""
+    K, W = bp.shape[1], bp.shape[2]
     H = c.shape[1] // gates
-    first = u * W
-    block(a, i0, mr, bp, u * gates, gates, c, first, H, min(W, H - first), accumulate, scratch)
+    mr_max = ROWS_BY_NV[gates]
+    kc = k_block(scratch, gates, W, K)
+    item = a.itemsize
+    lda, ldc = a.strides[0] // item, c.strides[0] // item
+    for u in range(u0, u1):
+        first = u * W
+        valid = min(W, H - first)
+        for k0 in range(0, max(K, 1), kc):    # K = 0: one empty block (the overwrite writes zeros)
+            k1 = min(K, k0 + kc)
+            b_addr = bp.ctypes.data + (u * gates * K + k0) * W * item
+            for i0 in range(r0, n, mr_max):
+                mr = min(mr_max, n - i0)
+                t0, t1 = k0, k1
+                if mr * gates <= SMALL_TILE:   # its sums' order depends on its K range: the whole K at once
+                    if k0 > 0:
+                        continue
+                    t1 = K
+                go_on = accumulate or t0 > 0
+                if valid < W:
+                    block(a, i0, mr, bp, u * gates, gates, c, first, H, valid, go_on, scratch, t0, t1)
+                    continue
+                tile(mr, gates, a.ctypes.data + (i0 * lda + t0) * item, lda, b_addr, K * W, t1 - t0,
+                     c.ctypes.data + (i0 * ldc + first) * item, ldc, H, go_on, bp.dtype.type(0))
 
 
-def new_scratch(dtype: Any) -> np.ndarray:
-    """The scratch tile of :func:`gemm` / :func:`block` for ``dtype``."""
-    return np.empty(_scratch_shape(np.dtype(dtype)), dtype)
+@register_jitable(inline="always")
+def k_block(scratch, gates, W, K):
+    """The K block of a ``gates``-vector tile: the budget the scratch carries (its last row, from
+    :func:`.blocking.budget`) over one K row of the block; the whole ``K`` when the budget is 0."""
+    budget = int(scratch[scratch.shape[0] - 1, 0])
+    if budget <= 0:
+        return max(K, 1)
+    return max(8, budget // (gates * W * scratch.itemsize))
+
+
+def new_scratch(dtype: Any, budget: int | None = None) -> np.ndarray:
+    """The scratch tile of :func:`gemm` / :func:`block` for ``dtype``; its last row carries the K-block budget
+    (``budget`` bytes, by default :func:`.blocking.budget`), read by the compiled products at run time."""
+    scratch = np.zeros(_scratch_shape(np.dtype(dtype)), dtype)
+    scratch[-1, 0] = blocking.budget() if budget is None else budget
+    return scratch
 
 
 @functools.cache
 def _scratch_shape(dtype: np.dtype) -> tuple[int, int]:
-    return max(max_rows(nv) for nv in range(1, MAX_NV + 1)), MAX_NV * vector_lanes(dtype)
+    return max(max_rows(nv) for nv in range(1, MAX_NV + 1)) + 1, MAX_NV * vector_lanes(dtype)
 
 
 @simd_jit(**_JIT)
 def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
     """:func:`gemm` on rows ``r0 .. r1``: column blocks outside, row tiles inside."""
     M = r1 - r0
-    NV, _, W = bp.shape
+    NV, K, W = bp.shape
     N = c.shape[1]
     if gates > 1:
-        mr_max = ROWS_BY_NV[gates]
-        for u in range(NV // gates):
-            for i0 in range(r0, r1, mr_max):
-                _gate_group(a, i0, min(mr_max, r1 - i0), bp, gates, u, c, accumulate, scratch)
+        _gate_groups(a, r0, r1, bp, gates, 0, NV // gates, c, accumulate, scratch)
         return
     nvb = MAX_NV if M <= MR_WIDE else 2
     mr_max = ROWS_BY_NV[nvb]
@@ -175,11 +215,11 @@ def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
             if valid < W and nv > 1:
                 # the full vectors straight into c, the last (partial) one through the scratch; its count
                 # is an int64, not the literal 1 (which would compile block and the micro-kernel again)
-                block(a, i0, mr, bp, v0, nv - 1, c, first, W, W, accumulate, scratch)
+                block(a, i0, mr, bp, v0, nv - 1, c, first, W, W, accumulate, scratch, 0, K)
                 block(a, i0, mr, bp, v0 + nv - 1, np.int64(1), c, first + (nv - 1) * W, W, valid, accumulate,
-                      scratch)
+                      scratch, 0, K)
             else:
-                block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch)
+                block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch, 0, K)
 
 
 @register_jitable(inline="always")

@@ -1,15 +1,15 @@
 """The SIMD micro-kernel of the packed GEMM: a numba intrinsic emitting LLVM vector IR, one variant per CPU.
 
 One call of :func:`tile` computes an ``mr x nv`` register tile of ``C = A @ B`` (``mr`` rows of ``A``,
-``nv`` vectors of ``W`` columns of ``B``) over the whole ``K`` axis and stores it (or adds it) into
-``C``. ``B`` is packed (:mod:`.packed_gemm`): vector column ``v`` is a contiguous ``(K, W)`` block, so
-every step of the K loop loads ``nv`` vectors, broadcasts ``mr`` elements of ``A`` and issues
-``mr * nv`` fused multiply-adds into accumulators that stay in registers::
+``nv`` vectors of ``W`` columns of ``B``) over a ``K`` range and stores it into ``C`` (or, accumulating,
+goes on from ``C``'s tile). ``B`` is packed (:mod:`.packed_gemm`): vector column ``v`` is a contiguous
+``(K, W)`` block, so every step of the K loop loads ``nv`` vectors, broadcasts ``mr`` elements of ``A``
+and issues ``mr * nv`` fused multiply-adds into accumulators that stay in registers::
 
     for kk in range(K):                                   # no unrolling (loop metadata): no spills
         b_v = B[v, kk, :]                                 # <W x float> loads, v < nv
         acc[i][v] = fma(splat(A[i, kk]), b_v, acc[i][v])  # i < mr
-    C[i, v * cvs : v * cvs + W] (+)= acc[i][v]
+    C[i, v * cvs : v * cvs + W] = acc[i][v]               # acc starts from C's tile when accumulating
 
 Variants (:data:`VARIANT`), chosen at import from the CPU numba compiles for (numba's
 ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` when set, else the host's features), or forced with the
@@ -100,6 +100,10 @@ def max_rows(nv: int, variant: str = VARIANT) -> int:
 
 ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 """``ROWS_BY_NV[nv] == max_rows(nv)`` for this variant, as a tuple compiled code can index."""
+
+SMALL_TILE = 4
+"""A tile of at most this many accumulators (``mr * nv``) sums :data:`SMALL_TILE_SETS` sets: its bits depend
+on where its K range starts and ends, so a K-blocked product runs such a tile over the whole K at once."""
 
 SMALL_TILE_SETS = 4 if _REGISTERS[VARIANT] == 32 else 2
 """Accumulator sets of a tile of at most 4 accumulators (a batch-1 step's GEMV): with 32 registers, 4 sets
@@ -236,30 +240,49 @@ class _Emitter:
         return kk, sets
 
     def tile(self, mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, done):
-        """One ``mr x nv`` tile: the K loop, then the stores; branches to ``done``. A tile of at most 4
-        accumulators would wait on the FMA latency: it runs :data:`SMALL_TILE_SETS` sets (``k`` modulo the
-        sets), then a remainder loop, and adds the sets."""
+        """One ``mr x nv`` tile: the K loop, then the stores; branches to ``done``. ``accumulate`` starts the
+        accumulators from ``C`` (the FMA chain goes on from it), so a product split into K blocks, each
+        accumulating, has the bits of the whole product at once (but for a small tile, below). A tile of at
+        most :data:`SMALL_TILE` accumulators would
+        wait on the FMA latency: it runs :data:`SMALL_TILE_SETS` sets (``k`` modulo the sets), then a
+        remainder loop, and adds the sets."""
         b, i64 = self.b, self.i64
         zeros = [[self.zero_vec] * nv for _ in range(mr)]
-        split = SMALL_TILE_SETS if mr * nv <= 4 else 1
-        kk, sets = self.k_loop(mr, nv, a, lda, bp, pstride, k, ir.Constant(i64, 0), [zeros] * split)
+        ptrs = [[self.gep(c, b.add(b.mul(ir.Constant(i64, i), ldc), b.mul(ir.Constant(i64, v), cvs)))
+                 for v in range(nv)] for i in range(mr)]
+        start = self.from_c_if(accumulate, ptrs, zeros)
+        split = SMALL_TILE_SETS if mr * nv <= SMALL_TILE else 1
+        first = [start] + [zeros] * (split - 1)
+        kk, sets = self.k_loop(mr, nv, a, lda, bp, pstride, k, ir.Constant(i64, 0), first)
         finals = sets[0]
         if split > 1:
             _, (finals,) = self.k_loop(mr, nv, a, lda, bp, pstride, k, kk, [sets[0]])
             for other in sets[1:]:
                 finals = [[b.fadd(finals[i][v], other[i][v]) for v in range(nv)] for i in range(mr)]
-        ptrs = [[self.gep(c, b.add(b.mul(ir.Constant(i64, i), ldc), b.mul(ir.Constant(i64, v), cvs)))
-                 for v in range(nv)] for i in range(mr)]
-        with b.if_else(accumulate) as (add, overwrite):
-            with add:
-                for i in range(mr):
-                    for v in range(nv):
-                        self.vstore(b.fadd(self.vload(ptrs[i][v]), finals[i][v]), ptrs[i][v])
-            with overwrite:
-                for i in range(mr):
-                    for v in range(nv):
-                        self.vstore(finals[i][v], ptrs[i][v])
+        for i in range(mr):
+            for v in range(nv):
+                self.vstore(finals[i][v], ptrs[i][v])
         b.branch(done)
+
+    def from_c_if(self, accumulate, ptrs, zeros):
+        """The accumulators' start: the tile of ``C`` at ``ptrs`` when ``accumulate``, else ``zeros``."""
+        b = self.b
+        with b.if_else(accumulate) as (load, zero):
+            with load:
+                loaded = [[self.vload(p) for p in row] for row in ptrs]
+                load_end = b.block
+            with zero:
+                zero_end = b.block
+        start = []
+        for loaded_row, zero_row in zip(loaded, zeros, strict=True):
+            row = []
+            for value, zero_value in zip(loaded_row, zero_row, strict=True):
+                phi = b.phi(self.vec)
+                phi.add_incoming(value, load_end)
+                phi.add_incoming(zero_value, zero_end)
+                row.append(phi)
+            start.append(row)
+        return start
 
 
 @intrinsic
@@ -339,7 +362,8 @@ def tile(mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, like):
 
     Addresses (``.ctypes.data``) and strides in elements: ``A[i, kk]`` at ``a + i*lda + kk``,
     ``B[v, kk, :]`` at ``bp + v*pstride + kk*W``, ``C[i, col]`` at ``c + i*ldc + col``; ``accumulate``
-    adds into ``C`` instead of overwriting; ``like`` is any scalar of the element type. ``1 <= mr <=
+    starts each sum from ``C`` instead of zero (so products over consecutive K blocks, all but the first
+    accumulating, give the whole product's bits); ``like`` is any scalar of the element type. ``1 <= mr <=
     max_rows(nv)``, ``1 <= nv <= MAX_NV`` (other values do nothing).
     """
     _tile_ir(mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate, like)

@@ -57,6 +57,7 @@ from ...core.spec import RNNSpec
 from ..in_flight import engine_call
 from ..numba_cache import background_enabled, location
 from ..thread_count import get_num_threads
+from . import blocking, gemm_tuning
 
 KINDS = ("lstm", "gru", "rnn")
 DTYPES = ("float32", "float64")
@@ -253,7 +254,16 @@ def _compile_elsewhere(job: Job, stop: threading.Event) -> None:
                      "calls of engine='auto' will compile them when they run", what, err)
     if not stop.is_set():
         mark_loaded(job)
+        blocking.reload()   # a family's child tunes the packed GEMM's blocking once per CPU
         forget_choices()
+
+
+def finish_family(family: Family) -> None:
+    """What ends a family's compile (ahead, or in the background's child): the packed GEMM's tuning pass,
+    once per CPU (:mod:`.gemm_tuning`, ~0.1 s: its products are compiled by then), then the family marked
+    loaded."""
+    gemm_tuning.tune(family.dtype)
+    mark_loaded(family)
 
 
 def loaded(call: Any) -> bool:
