@@ -215,3 +215,18 @@ def test_the_small_calls_bench_times_the_cell_step_rows_it_is_asked_for(capsys, 
     for r in rows:
         assert "<= 1.2" in r[7] and float(r[8]) < 1e-5  # issue 46's target; the sides agree
     assert "(default setting: no warmup)" in out
+
+
+def test_the_gemm_blocking_bench_times_every_budget_and_tunes(capsys, monkeypatch, tmp_path):
+    from arrayrnn.engines.numba import blocking, gemm_tuning
+
+    bench = _load_bench(monkeypatch, BENCH.parent / "bench_gemm_blocking.py")
+    monkeypatch.setattr(blocking, "record_path", lambda: tmp_path / blocking.RECORD_NAME)
+    try:
+        bench.main(["--rounds", "1", "--shapes", "7x40x24x4,3x9x16x3", "--peak", "100"])
+    finally:
+        blocking.reload()
+    out = capsys.readouterr().out
+    rows = [_table_row(out, f"| {shape} ") for shape in ("7x40x24x4", "3x9x16x3")]
+    assert all(len(r) == 1 + len(gemm_tuning._candidates()) for r in rows)
+    assert "tuning pass (forced): keeps" in out and (tmp_path / blocking.RECORD_NAME).exists()

@@ -119,6 +119,9 @@ rng = np.random.default_rng(2)
 for width in (3, 13, 21):
     a, b = rng.standard_normal((7, 5)).astype("float32"), rng.standard_normal((5, width)).astype("float32")
     np.testing.assert_allclose(packed_gemm.matmul(a, packed_gemm.pack_b(b), width), a @ b, rtol=1e-5)
+    b4 = rng.standard_normal((5, 4 * width)).astype("float32")   # gate groups: the kernel from two callers
+    grouped = packed_gemm.matmul(a, packed_gemm.pack_b(b4, 4), 4 * width, 4)
+    np.testing.assert_allclose(grouped, a @ b4, rtol=1e-5)
 print(len(packed_gemm.block.signatures), len(simd_ir.tile.signatures))
 """
 
@@ -126,7 +129,8 @@ print(len(packed_gemm.block.signatures), len(simd_ir.tile.signatures))
 def test_the_micro_kernel_has_one_signature(tmp_path):
     # a product whose last block has a partial vector after full ones (13 columns with 8-lane float32
     # vectors, 21 with 16) splits the block in two; a literal vector count there compiled block and the
-    # micro-kernel again (numba types a literal 1 apart: about 4 s of every first compile)
+    # micro-kernel again (numba types a literal 1 apart: about 4 s of every first compile); the gate groups
+    # call the kernel themselves and through block, with the same types
     assert _in_a_fresh_cache(_SIGNATURES, tmp_path) == "1 1"
 
 

@@ -104,21 +104,22 @@ def block(a, i0, mr, bp, v0, nv, c, c_col, cvs, valid, accumulate, scratch, k0, 
     lda, ldc = a.strides[0] // item, c.strides[0] // item
     a_addr = a.ctypes.data + (i0 * lda + k0) * item
     b_addr = bp.ctypes.data + (v0 * K + k0) * W * item
-    # one call site of the micro-kernel: each site inlines its K loops for every (nv, mr), which is most
-    # of the engine's compile time (issue 36); a partial vector goes through the scratch tile
-    if valid == W:
-        tile(mr, nv, a_addr, lda, b_addr, K * W, k1 - k0, c.ctypes.data + (i0 * ldc + c_col) * item, ldc, cvs,
-             accumulate, bp.dtype.type(0))
-        return
-    if accumulate:  # the kernel goes on from the partial sums: the lanes past `valid` start at zero
+    # one call site of the micro-kernel, its output address an int64 either way (a bare uint64 `.ctypes.data`
+    # compiles the kernel's chain again: issue 36); a partial vector goes through the scratch tile, where
+    # the kernel goes on from the partial sums (the lanes past `valid` start at 0)
+    whole = valid == W
+    if accumulate and not whole:
         for i in range(mr):
             row, dst = c[i0 + i], scratch[i]
             for v in range(nv):
                 base = c_col + v * cvs
                 for lane in range(W):
                     dst[v * W + lane] = row[base + lane] if lane < valid else 0.0
-    tile(mr, nv, a_addr, lda, b_addr, K * W, k1 - k0, scratch.ctypes.data, scratch.shape[1], W, accumulate,
-         bp.dtype.type(0))
+    out = c.ctypes.data + (i0 * ldc + c_col) * item if whole else scratch.ctypes.data + 0 * item
+    ld_out, step = (ldc, cvs) if whole else (scratch.shape[1], W)
+    tile(mr, nv, a_addr, lda, b_addr, K * W, k1 - k0, out, ld_out, step, accumulate, bp.dtype.type(0))
+    if whole:
+        return
     for i in range(mr):
         row, src = c[i0 + i], scratch[i]
         for v in range(nv):
@@ -206,6 +207,7 @@ def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
         return
     nvb = MAX_NV if M <= MR_WIDE else 2
     mr_max = ROWS_BY_NV[nvb]
+    k0 = np.int64(0)  # not the literal 0: a literal argument compiles block and the micro-kernel again
     for v0 in range(0, NV, nvb):
         nv = min(nvb, NV - v0)
         first = v0 * W
@@ -215,11 +217,11 @@ def _gemm_rows(a, r0, r1, bp, gates, c, accumulate, scratch):
             if valid < W and nv > 1:
                 # the full vectors straight into c, the last (partial) one through the scratch; its count
                 # is an int64, not the literal 1 (which would compile block and the micro-kernel again)
-                block(a, i0, mr, bp, v0, nv - 1, c, first, W, W, accumulate, scratch, 0, K)
+                block(a, i0, mr, bp, v0, nv - 1, c, first, W, W, accumulate, scratch, k0, K)
                 block(a, i0, mr, bp, v0 + nv - 1, np.int64(1), c, first + (nv - 1) * W, W, valid, accumulate,
-                      scratch, 0, K)
+                      scratch, k0, K)
             else:
-                block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch, 0, K)
+                block(a, i0, mr, bp, v0, nv, c, first, W, valid, accumulate, scratch, k0, K)
 
 
 @register_jitable(inline="always")
