@@ -3,9 +3,10 @@
 A gate-grouped product (:func:`.packed_gemm.gate_groups`: every gate of a few hidden units, the time loops'
 recurrent product) streams a ``G``-vector block of the packed weights, ``K x G x W`` elements, over every
 row tile of the batch. When that block outgrows L1 each row tile reads it from L2 again; cut into K blocks
-that fit, it is read from L2 once and from L1 by the other tiles (bench/RESULTS.md: S1's per-thread
-32 x 256 x 1024 product 75% -> 84% of one core's FMA peak). The blocking is a byte budget for one K block
-of one gate group, so one number serves float32 and float64 and every ``G``::
+that fit, it is read from L2 once and from L1 by the other tiles (bench/RESULTS.md, "Packed GEMM tuned per
+CPU": one thread's share of S2's LSTM step 123-126 -> 137-138 GFLOP/s, of S1's 133-165 -> 148-167, in two
+runs). The blocking is a byte budget for one K block of one gate group, so one number serves float32 and
+float64 and every ``G``::
 
     k_block = max(8, budget // (G * W * itemsize))     # budget 0: no blocking (the whole K at once)
 
@@ -16,9 +17,9 @@ How the budget is chosen, roughly::
 :func:`.gemm_tuning.tune` (run by :func:`arrayrnn.warmup` and the background compile, once per CPU) times
 S1- and S2-shaped gate-grouped products at a few budgets and keeps the fastest in a JSON record beside
 numba's on-disk cache (:func:`arrayrnn.engines.numba_cache.location`), keyed by the CPU (SIMD variant, LLVM's
-CPU name, L1d size).
-The bits of a product never depend on the budget (each K block's FMA chain goes on from the last one's sums,
-:func:`.simd_ir.tile`), so a budget tuned while a process runs changes its speed, never its results.
+CPU name, L1d size). The bits of a product never depend on the budget (each K block's FMA chain goes on from
+the last one's sums, :func:`.simd_ir.tile`), so a budget tuned while a process runs changes its speed, never
+its results.
 """
 
 from __future__ import annotations

@@ -144,8 +144,8 @@ def gate_groups(a, r0, n, bp, gates, u0, u1, c, accumulate, scratch):
 def _gate_groups(a, r0, n, bp, gates, u0, u1, c, accumulate, scratch):
     """Each group's weights cut into K blocks of :func:`k_block` (L1-sized: :mod:`.blocking`), each block read
     once per step for all the row tiles; the tiles' sums go on from block to block in ``c``. Whole vectors
-    call the micro-kernel here: a call of :func:`block` per tile (four arrays' reference counts and ~50
-    arguments) cost 10-15% of a 6 x 4 tile over 128 K."""
+    call the micro-kernel here: through a call of :func:`block` per tile (four arrays' reference counts and
+    ~50 arguments) the blocked product ran no faster than the unblocked one (bench/RESULTS.md)."""
     K, W = bp.shape[1], bp.shape[2]
     H = c.shape[1] // gates
     mr_max = ROWS_BY_NV[gates]
