@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,25 +28,19 @@ SHAPES = "32x256x256x4,32x256x256x3,16x512x256x4,8x512x512x4,64x256x256x4,32x512
 
 
 def rates(shape: tuple[int, int, int, int], budgets: list[int], rounds: int) -> dict[int, float]:
+    """GFLOP/s of the shape's product at each budget (the tuning pass's own timing), after checking that
+    every budget gives the same bits."""
     rows, K, H, G = shape
     rng = np.random.default_rng(0)
     a = rng.standard_normal((rows, K)).astype(np.float32)
     packed = pg.pack_b(rng.standard_normal((K, G * H)).astype(np.float32), G)
     outs = {b: np.empty((rows, G * H), np.float32) for b in budgets}
-    scratches = {b: pg.new_scratch(np.float32, b) for b in budgets}
-    repeats = max(1, int(4e7 / (2 * rows * K * G * H)))
     for b in budgets:
-        pg.gemm(a, packed, G, outs[b], False, scratches[b])
+        pg.gemm(a, packed, G, outs[b], False, pg.new_scratch(np.float32, b))
         if not np.array_equal(outs[b], outs[budgets[0]]):
             raise AssertionError(f"{shape}: budget {b} changed the bits")
-    best = dict.fromkeys(budgets, np.inf)
-    for _ in range(rounds):
-        for b in budgets:
-            start = time.perf_counter()
-            for _ in range(repeats):
-                pg.gemm(a, packed, G, outs[b], False, scratches[b])
-            best[b] = min(best[b], (time.perf_counter() - start) / repeats)
-    return {b: 2 * rows * K * G * H / t / 1e9 for b, t in best.items()}
+    seconds = gemm_tuning.best_times(shape, np.dtype(np.float32), budgets, rounds)
+    return {b: 2 * rows * K * G * H / t / 1e9 for b, t in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

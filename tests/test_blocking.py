@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+from support.fresh_process import run_fresh
 
 from arrayrnn.engines.numba import blocking, gemm_tuning, warmup
 from arrayrnn.frontend import compile_ahead
@@ -171,3 +172,35 @@ def test_compiling_a_family_tunes_once_per_cpu(monkeypatch):
     monkeypatch.setattr(gemm_tuning, "tune", lambda dtype: seen.append(dtype))
     compile_ahead.compile_family(compile_ahead.Family("gru", "float64", False))
     assert seen == ["float64"]
+
+
+_FRESH = """
+import json, time
+import numpy as np
+import arrayrnn as ar
+from arrayrnn.engines.numba import blocking
+spec = ar.RNNSpec(mode="gru", input_size=8, hidden_size=16)
+params = ar.PackedParams.init(spec, seed=0)
+x = np.ones((3, 2, 8), np.float32)
+first = ar.rnn_forward(params, x)
+deadline = time.time() + 500
+while time.time() < deadline and not (blocking.record_path().exists() and blocking.tuned_budget() is not None
+                                      and blocking.budget() == blocking.tuned_budget()):
+    ar.rnn_forward(params, x)
+    time.sleep(0.5)
+last = ar.rnn_forward(params, x)
+print(json.dumps({"first": first.engine, "last": last.engine, "tuned": blocking.tuned_budget(),
+                  "budget": blocking.budget(), "same": bool(np.allclose(first.y, last.y, atol=1e-6))}))
+"""
+
+
+def test_a_users_fresh_process_tunes_in_the_background_and_uses_the_record(tmp_path):
+    """The default setting: background compile on, an empty cache. The first call runs on the reference
+    engine; the family's child compiles, tunes and writes the record; this process then runs numba on the
+    recorded budget."""
+    out = run_fresh(_FRESH, tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["first"] == "reference" and got["last"] == "numba", got
+    assert isinstance(got["tuned"], int) and got["budget"] == got["tuned"], got
+    assert got["same"], got

@@ -98,11 +98,18 @@ def read_records() -> dict:
     return cpus if isinstance(cpus, dict) else {}
 
 
-def tuned_budget() -> int | None:
-    """The budget a tuning pass recorded for this CPU, or ``None``."""
+def tuned_record() -> dict | None:
+    """The record a tuning pass left for this CPU, if it holds a valid budget (an int >= 0); else ``None``."""
     record = read_records().get(cpu_key())
     budget = record.get("budget") if isinstance(record, dict) else None
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0 else None
+    valid = isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+    return record if valid else None
+
+
+def tuned_budget() -> int | None:
+    """The budget a tuning pass recorded for this CPU, or ``None``."""
+    record = tuned_record()
+    return None if record is None else record["budget"]
 
 
 def budget() -> int:

@@ -36,9 +36,9 @@ def tune(dtype: Any = np.float32, rounds: int = 5, force: bool = False) -> dict:
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"tune: rounds = {rounds!r}; expected an int >= 1")
-    key = blocking.cpu_key()
-    if not force and blocking.tuned_budget() is not None:
-        return blocking.read_records()[key]
+    record = None if force else blocking.tuned_record()
+    if record is not None:
+        return record
     rates = _measure(np.dtype(dtype), rounds)
     default = blocking.default_budget()
     best = min(rates, key=lambda b: (-rates[b], b != default))
@@ -47,7 +47,7 @@ def tune(dtype: Any = np.float32, rounds: int = 5, force: bool = False) -> dict:
     record = {"budget": best, "default": default, "dtype": str(np.dtype(dtype)),
               "gflops": {str(b): round(r, 1) for b, r in rates.items()},
               "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    blocking.write_record(key, record)
+    blocking.write_record(blocking.cpu_key(), record)
     blocking.use(best)
     return record
 
@@ -64,15 +64,17 @@ def _measure(dtype: np.dtype, rounds: int) -> dict[int, float]:
     seconds = dict.fromkeys(budgets, 0.0)
     flops = 0
     for shape in TUNING_SHAPES:
-        for b, t in _best_times(shape, dtype, budgets, rounds).items():
+        for b, t in best_times(shape, dtype, budgets, rounds).items():
             seconds[b] += t
         rows, K, H, G = shape
         flops += 2 * rows * K * G * H
     return {b: flops / t / 1e9 for b, t in seconds.items()}
 
 
-def _best_times(shape: tuple[int, int, int, int], dtype: np.dtype, budgets: list[int],
-                rounds: int) -> dict[int, float]:
+def best_times(shape: tuple[int, int, int, int], dtype: np.dtype, budgets: list[int],
+               rounds: int) -> dict[int, float]:
+    """Seconds of one ``(rows, K, H, G)`` gate-grouped product at each budget: best of ``rounds`` alternated
+    rounds, one thread (bench/bench_gemm_blocking.py prints them for more shapes)."""
     rows, K, H, G = shape
     rng = np.random.default_rng(0)
     a = rng.standard_normal((rows, K)).astype(dtype)

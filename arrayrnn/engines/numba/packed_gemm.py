@@ -186,7 +186,7 @@ def k_block(scratch, gates, W, K):
 def new_scratch(dtype: Any, budget: int | None = None) -> np.ndarray:
     """The scratch tile of :func:`gemm` / :func:`block` for ``dtype``; its last row carries the K-block budget
     (``budget`` bytes, by default :func:`.blocking.budget`), read by the compiled products at run time."""
-    scratch = np.zeros(_scratch_shape(np.dtype(dtype)), dtype)
+    scratch = np.empty(_scratch_shape(np.dtype(dtype)), dtype)  # the tiles write before they read
     scratch[-1, 0] = blocking.budget() if budget is None else budget
     return scratch
 
