@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +45,6 @@ DEFAULT_SHARE = 2 / 3            # of L1d: the block plus the rows of A and the 
 FALLBACK_L1D = 32 * 1024         # where the OS does not say (the smallest L1d of the x86 CPUs in use)
 
 _SYSFS_L1D = Path("/sys/devices/system/cpu/cpu0/cache/index0/size")
-_lock = threading.Lock()
 _budget: int | None = None       # this process's budget (bytes), read once; use() and forced() replace it
 
 
@@ -115,11 +113,10 @@ def tuned_budget() -> int | None:
 def budget() -> int:
     """This process's K-block budget in bytes (tuned for this CPU, else :func:`default_budget`)."""
     global _budget
+    # no lock: two threads at once both read the same record, where a lock held at a fork would hang the child
     if _budget is None:
-        with _lock:
-            if _budget is None:
-                tuned = tuned_budget()
-                _budget = default_budget() if tuned is None else tuned
+        tuned = tuned_budget()
+        _budget = default_budget() if tuned is None else tuned
     return _budget
 
 
