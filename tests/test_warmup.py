@@ -154,6 +154,9 @@ def test_probes_cover_the_family(kind, dtype):
             res = ar.cell_step(ar.PackedParams.init(spec, seed=0), np.ones((B, 5), dtype), training=True,
                                engine="numba")
             ar.cell_step_backward(res, dh=np.ones_like(res.h))
+            res = ar.rnn_forward(ar.PackedParams.init(spec.replace(num_layers=2, bidirectional=True), seed=0),
+                                 np.ones((1, B, 5), dtype), engine="numba")  # one step per layer-direction
+            assert res.engine == "numba"
     finally:
         ar.set_num_threads(threads)
     assert W.new_signatures(before, W.compiled_signatures()) == {}

@@ -19,8 +19,9 @@ reference; GPU: cudnn, cupy, reference) and takes the first that accepts; if non
 every candidate with its reason.
 
 **The seam.** The layers above (frontend, adapters) reach the engines through this module and the data
-types of :mod:`.base`: :func:`select_engine`, :func:`probe_call`, and for one cell step
-:func:`~.step.step_engine` (the engine's own step engine, else the shared :class:`~.step.StepEngine`);
+types of :mod:`.base`: :func:`select_engine`, :func:`probe_call`, for one cell step
+:func:`~.step.step_engine` (the engine's own step engine, else the shared :class:`~.step.StepEngine`), and
+for a one-step call :func:`~.one_step.serves_one_step` / :func:`~.one_step.one_step_forward`;
 ``tests/test_import_graph.py`` pins it.
 """
 
@@ -38,6 +39,7 @@ from ..core.spec import RNNSpec
 from .base import Call, DirectionForward, Engine
 from .derived import freeze as freeze_weights
 from .in_flight import engine_call
+from .one_step import one_step_forward, serves_one_step
 from .step import StepEngine, StepWeights, check_cell_spec, step_engine
 
 
@@ -264,5 +266,5 @@ _params.set_format_lookup(engine_for_format)
 __all__ = ["REGISTRY", "Call", "DirectionForward", "Engine", "EngineRecord", "StepEngine", "StepWeights",
            "auto_order", "available_engines", "check_cell_spec", "choices_epoch", "engine_for_format",
            "engine_names", "engine_unavailable_reason", "engines_for", "forget_choices", "freeze_weights",
-           "load_engine",
-           "probe_call", "register_engine", "select_engine", "step_engine", "unregister_engine"]
+           "load_engine", "one_step_forward", "probe_call", "register_engine", "select_engine",
+           "serves_one_step", "step_engine", "unregister_engine"]

@@ -132,6 +132,12 @@ class StepEngine:
         (the summed biases are made by :meth:`weights_of`)."""
         return False
 
+    def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
+        """Whether an inference call of the stack ``spec`` over ONE time step of ``rows`` rows runs here, one
+        step per layer-direction (:mod:`arrayrnn.frontend.one_step`), rather than through the stack
+        driver. Not here: the driver's own steps are the same work."""
+        return False
+
     # -- forward --------------------------------------------------------------------------------------
     def forward(self, sw: StepWeights, x: Array, h: Array, c: Array | None,
                 keep_cache: bool) -> DirectionForward:

@@ -66,6 +66,12 @@ def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: C
                          _read_thresholds(th), wavefront_schedule)
 
 
+def one_step_threads(spec: RNNSpec, rows: int) -> int:
+    """The threads of a plain forward's plan over ONE time step of ``rows`` full rows."""
+    return _forward_plan(spec, 1, rows, np.dtype(spec.dtype), (), available_threads(), False,
+                         _read_thresholds(th), wavefront_schedule).threads
+
+
 # the thresholds a plan reads (tests/test_loop_threads.py checks the list against this module's code)
 _read_thresholds = operator.attrgetter(
     "MIN_ROWS_PER_THREAD", "COLUMN_SPLIT_MIN_ROWS", "COLUMN_SPLIT_MAX_ROWS", "COLUMN_SPLIT_MIN_STEP_FMAS",

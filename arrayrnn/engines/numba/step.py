@@ -31,6 +31,7 @@ from ..step import StepEngine, StepWeights
 from . import direction
 from .bundles import Cell, GRUCell, no_variants
 from .packed_gemm import gemm, new_scratch, pack_b
+from .plan import one_step_threads
 
 Array = Any
 
@@ -108,6 +109,11 @@ class NumbaStep(StepEngine):
         copy; a few rows make BLAS's small GEMM slower than the packed one) of a cell whose loop takes its
         product from outside (:func:`.direction.takes_product_outside`)."""
         return rows == 1 and direction.takes_product_outside(spec)
+
+    def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
+        """Where the stack driver would run the call on one thread (:func:`.plan.one_step_threads`): the
+        steps skip its per-call Python (the batch order, the plan, every loop's buffers and bundles)."""
+        return one_step_threads(spec, rows) == 1
 
     def project(self, sw: StepWeights, x: Array) -> np.ndarray:
         xw = np.empty((1, x.shape[0], sw.spec.gate_size), x.dtype)
