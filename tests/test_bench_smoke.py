@@ -189,10 +189,10 @@ def test_the_streaming_bench_runs_every_row_and_the_two_sides_agree(capsys, monk
     finally:
         ar.set_num_threads(threads[0])
         torch.set_num_threads(threads[1])
-    rows = [line for line in capsys.readouterr().out.splitlines() if "forward, T = 1" in line]
-    assert len(rows) == 8
-    for line in rows:
-        assert float(line.strip("|").split("|")[-1]) < 1e-5  # the same weights on both sides
+    rows = [line for line in capsys.readouterr().out.splitlines() if ", T = 1" in line]
+    assert len(rows) == 16 and sum("train, T = 1" in line for line in rows) == 8
+    for line in rows:  # the same weights on both sides: outputs, and the training rows' W_ih gradients
+        assert float(line.strip("|").split("|")[-1]) < 1e-5
 
 
 def test_the_small_calls_bench_times_the_cell_step_rows_it_is_asked_for(capsys, monkeypatch):

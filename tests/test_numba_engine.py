@@ -245,3 +245,82 @@ def test_backward_peak_is_the_gradients_and_previous_states(mode, needed):
     # dpre_rec made it 7). h_prev/c_prev are dropped before the dx GEMM, whose output is dx itself
     _, peak = _step_memory(mode, None)
     assert peak < needed + 0.8
+
+
+# -- the backward's hoisted products ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("M, K, N", [(1024, 8, 256), (8, 1024, 256), (13, 17, 29), (0, 5, 3), (5, 0, 3),
+                                     (7, 3, 0)])
+def test_hoisted_products_equal_numpys(dtype, M, K, N):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((K, M)).astype(dtype).T  # strided, as dpre.T
+    b = rng.standard_normal((N, K)).astype(dtype).T
+    got = numba_engine.hoisted_product(a, b)
+    assert got.shape == (M, N) and got.dtype == dtype
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-4 if dtype == np.float32 else 1e-12)
+
+
+@pytest.fixture
+def blas_products(monkeypatch):
+    """The hoisted products that went to BLAS (split_matmul), as (M, K, N)."""
+    made = []
+    real = numba_engine.split_matmul
+
+    def counting(a, b, out=None):
+        made.append((*a.shape, b.shape[1]))
+        return real(a, b, out)
+
+    monkeypatch.setattr(numba_engine, "split_matmul", counting)
+    return made
+
+
+def test_a_small_one_thread_training_step_wakes_no_blas_thread(blas_products):
+    """T = 1, B = 8, H = 256: every product of the step runs on the packed kernel on the calling thread
+    (beside another busy process, BLAS's threads made this step 13x slower)."""
+    spec = ar.RNNSpec(mode="lstm", input_size=256, hidden_size=256, num_layers=2)
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((1, 8, 256)).astype(np.float32)
+    threads = ar.get_num_threads()
+    ar.set_num_threads(1)
+    try:
+        res = ar.rnn_forward(params, x, training=True, engine="numba")
+        grads = ar.rnn_backward(res, np.ones_like(res.y))
+    finally:
+        ar.set_num_threads(threads)
+    assert blas_products == []
+    want = ar.rnn_backward(ar.rnn_forward(params, x, training=True, engine="reference"), np.ones_like(res.y))
+    np.testing.assert_allclose(grads.dparams.data, want.dparams.data, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(grads.dx, want.dx, rtol=1e-4, atol=1e-5)
+
+
+def test_large_long_or_split_products_stay_on_blas(blas_products, monkeypatch):
+    a, b = np.ones((300, 64), np.float32), np.ones((64, 300), np.float32)
+    monkeypatch.setattr(numba_engine.th, "PACKED_PRODUCT_MAX", 300 * 64 * 300 - 1)
+    numba_engine.hoisted_product(a, b)
+    monkeypatch.setattr(numba_engine.th, "PACKED_PRODUCT_MAX", 300 * 64 * 300)
+    numba_engine.hoisted_product(a, b)
+    assert blas_products == [(300, 64, 300)]
+    numba_engine.hoisted_product(np.ones((65, 300), np.float32), b.T.copy())  # 65 rows: BLAS's
+    numba_engine.hoisted_product(np.ones((300, 65), np.float32), np.ones((65, 3), np.float32))
+    assert blas_products[1:] == [(65, 300, 64), (300, 65, 3)]
+    monkeypatch.setattr(numba_engine, "gemm_threads", lambda: 2)
+    numba_engine.hoisted_product(a, b)
+    assert blas_products[3:] == [(300, 64, 300)]
+
+
+def test_a_frozen_weight_is_packed_once_for_the_hoisted_products(monkeypatch):
+    from arrayrnn.engines import derived
+
+    packs = []
+    real = numba_engine.pack_b
+    monkeypatch.setattr(numba_engine, "pack_b", lambda b, *g: (packs.append(b.shape), real(b, *g))[1])
+    frozen = np.random.default_rng(0).standard_normal(64 * 32)
+    derived.freeze(frozen)
+    W, dpre = frozen.reshape(64, 32), np.ones((5, 64))
+    first = numba_engine.hoisted_product(dpre, W)
+    again = numba_engine.hoisted_product(dpre, W)
+    numba_engine.hoisted_product(dpre, W.copy())  # not frozen: packed at every call
+    assert packs == [(64, 32), (64, 32)]
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_allclose(first, dpre @ W, rtol=1e-12)
