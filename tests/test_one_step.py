@@ -245,3 +245,19 @@ def test_a_users_fresh_process_streams_through_the_one_step_path(tmp_path):
     runs a one-step call through the one-step path and compiles nothing more in the caller's process."""
     out = run_fresh(_FRESH, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_results_own_their_memory_and_a_later_call_never_writes_them(served, bidirectional):
+    spec = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=5, bidirectional=bidirectional,
+                      dtype="float64")
+    params = ar.PackedParams.init(spec, seed=5)
+    x, h0, c0 = _inputs(spec, 3)
+    first = ar.rnn_forward(params, x, h0=h0, c0=c0, engine="numba")
+    kept = [first.y.copy(), first.h_n.copy(), first.c_n.copy()]
+    arrays = [first.y, first.h_n, first.c_n, x, h0, c0, params.data]
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(arrays[:3]) for b in arrays[i + 1:])
+    ar.rnn_forward(params, 2 * x, h0=-h0, c0=c0, engine="numba")
+    for got, want in zip((first.y, first.h_n, first.c_n), kept, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert served == [1, 1]
