@@ -134,7 +134,7 @@ class StepEngine:
 
     def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
         """Whether an inference call of the stack ``spec`` over ONE time step of ``rows`` rows runs here, one
-        step per layer-direction (:mod:`arrayrnn.frontend.one_step`), rather than through the stack
+        step per layer-direction (:mod:`arrayrnn.engines.one_step`), rather than through the stack
         driver. Not here: the driver's own steps are the same work."""
         return False
 

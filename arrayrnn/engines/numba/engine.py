@@ -129,9 +129,10 @@ def _cell(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = False
 
 def hoisted_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` for the backward's hoisted products: on the packed kernel on this thread where the call
-    runs on one thread and the product is small (over at most :data:`~..thresholds.PACKED_PRODUCT_ROWS` of
-    the call's rows, the shorter of ``a``'s two axes, and :data:`~..thresholds.PACKED_PRODUCT_MAX`
-    multiply-adds; ``b`` packed once per frozen weight buffer), else :func:`.loop_threads.split_matmul`."""
+    runs on one thread and the product is small, else :func:`.loop_threads.split_matmul` (BLAS). Small: over
+    at most :data:`~arrayrnn.engines.thresholds.PACKED_PRODUCT_ROWS` of the call's rows (the shorter of
+    ``a``'s two axes) and :data:`~arrayrnn.engines.thresholds.PACKED_PRODUCT_MAX` multiply-adds; ``b`` is
+    packed once per frozen weight buffer."""
     M, K = a.shape
     N = b.shape[1]
     small = min(M, K) <= th.PACKED_PRODUCT_ROWS and M * K * N <= th.PACKED_PRODUCT_MAX
