@@ -189,25 +189,34 @@ def test_calls_it_leaves_to_the_driver(served, call):
 
 def test_a_call_the_driver_splits_over_threads_stays_with_the_driver(monkeypatch, served):
     spec = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=5, dtype="float64")
-    monkeypatch.setattr(numba_step, "one_step_threads", lambda spec, rows: 2)
+    monkeypatch.setattr(numba_step, "one_step_on_one_thread", lambda spec, rows: False)
     ar.rnn_forward(ar.PackedParams.init(spec, seed=0), _inputs(spec, 2)[0], engine="numba")
     assert served == []
-    monkeypatch.setattr(numba_step, "one_step_threads", lambda spec, rows: 1)
+    monkeypatch.setattr(numba_step, "one_step_on_one_thread", lambda spec, rows: True)
     ar.rnn_forward(ar.PackedParams.init(spec, seed=0), _inputs(spec, 2)[0], engine="numba")
     assert served == [1]
 
 
-def test_one_step_threads_is_the_drivers_plan():
-    from arrayrnn.engines.numba.plan import forward_plan, one_step_threads
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_one_step_on_one_thread_reads_the_drivers_plan(threads):
+    """Served exactly where the driver's plan runs every loop and projection on one thread (its call may
+    still hold BLAS to one thread at 8-15 rows, where a column split could run but does not)."""
+    from arrayrnn.engines.numba.plan import forward_plan, one_step_on_one_thread
 
-    spec = ar.RNNSpec(mode="lstm", input_size=256, hidden_size=256)
-    for rows in (1, 8, 64, 256):
-        x = np.zeros((1, rows, 256), np.float32)
-        assert one_step_threads(spec, rows) == forward_plan(spec, x, np.array([rows])).threads
     before = ar.get_num_threads()
-    ar.set_num_threads(1)
+    ar.set_num_threads(threads)
     try:
-        assert one_step_threads(spec, 256) == 1
+        for spec in (ar.RNNSpec(mode="lstm", input_size=256, hidden_size=256),
+                     ar.RNNSpec(mode="lstm", input_size=64, hidden_size=512),
+                     ar.RNNSpec(mode="gru", input_size=64, hidden_size=64, bidirectional=True, num_layers=2)):
+            for rows in (1, 8, 12, 16, 64, 256):
+                x = np.zeros((1, rows, spec.input_size), np.float32)
+                plan = forward_plan(spec, x, np.array([rows]))
+                alone = (plan.schedule is None and plan.row_threads == 1 and plan.column_parts == 1
+                         and all(plan.packed_projection))
+                assert one_step_on_one_thread(spec, rows) == alone
+                assert alone or threads > 1 or not all(plan.packed_projection)
+        assert one_step_on_one_thread(ar.RNNSpec(mode="lstm", input_size=256, hidden_size=256), 8)
     finally:
         ar.set_num_threads(before)
 

@@ -66,10 +66,14 @@ def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: C
                          _read_thresholds(th), wavefront_schedule)
 
 
-def one_step_threads(spec: RNNSpec, rows: int) -> int:
-    """The threads of a plain forward's plan over ONE time step of ``rows`` full rows."""
-    return _forward_plan(spec, 1, rows, np.dtype(spec.dtype), (), available_threads(), False,
-                         _read_thresholds(th), wavefront_schedule).threads
+def one_step_on_one_thread(spec: RNNSpec, rows: int) -> bool:
+    """Whether a plain forward's plan over ONE time step of ``rows`` full rows runs all of it on one thread:
+    no schedule, no rows or column split, every input projection on the packed kernel (a plan may still
+    give the call more threads, which would only hold BLAS to one: ``call_threads``)."""
+    plan = _forward_plan(spec, 1, rows, np.dtype(spec.dtype), (), available_threads(), False,
+                         _read_thresholds(th), wavefront_schedule)
+    return (plan.schedule is None and plan.row_threads == 1 and plan.column_parts == 1
+            and all(plan.packed_projection))
 
 
 # the thresholds a plan reads (tests/test_loop_threads.py checks the list against this module's code)

@@ -31,7 +31,7 @@ from ..step import StepEngine, StepWeights
 from . import direction
 from .bundles import Cell, GRUCell, no_variants
 from .packed_gemm import gemm, new_scratch, pack_b
-from .plan import one_step_threads
+from .plan import one_step_on_one_thread
 
 Array = Any
 
@@ -111,9 +111,10 @@ class NumbaStep(StepEngine):
         return rows == 1 and direction.takes_product_outside(spec)
 
     def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
-        """Where the stack driver would run the call on one thread (:func:`.plan.one_step_threads`): the
-        steps skip its per-call Python (the batch order, the plan, every loop's buffers and bundles)."""
-        return one_step_threads(spec, rows) == 1
+        """Where the stack driver would run all of the call on one thread
+        (:func:`.plan.one_step_on_one_thread`): the steps skip its per-call Python (the batch order, the
+        plan, every loop's buffers and bundles)."""
+        return one_step_on_one_thread(spec, rows)
 
     def project(self, sw: StepWeights, x: Array) -> np.ndarray:
         xw = np.empty((1, x.shape[0], sw.spec.gate_size), x.dtype)
