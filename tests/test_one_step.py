@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from support.fresh_process import run_fresh
+from support.twin_cells import TWINS, twin_params
 
 import arrayrnn as ar
 from arrayrnn.engines.numba import step as numba_step
@@ -106,14 +107,28 @@ def test_one_step_equals_the_stack_driver(served, options, dtype, B, batch_first
     with _driver():
         slow = ar.rnn_forward(params, x, h0=h0, c0=c0, batch_first=batch_first, engine="numba")
         slow_zeros = ar.rnn_forward(params, x, batch_first=batch_first, engine="numba")
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-13)
-    for a, b in ((fast, slow), (zeros, slow_zeros)):
+    for a, b in ((fast, slow), (zeros, slow_zeros)):  # the driver's bits: the same packed products
         assert a.y.shape == b.y.shape and a.y.dtype == b.y.dtype and a.y.flags.c_contiguous
         for name in ("y", "h_n", "c_n"):
             got, want = getattr(a, name), getattr(b, name)
             assert (got is None) == (want is None)
             if got is not None:
-                np.testing.assert_allclose(got, want, **tol)
+                np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("mode", list(TWINS))
+def test_a_twin_cell_gives_the_builtin_bits_in_one_step(served, mode, B):
+    """docs/guide/custom_cells.md: each twin gives the built-in's bits, engine by engine; here on the one-step
+    path (a one-row built-in step that read the weights through BLAS would not)."""
+    spec = ar.RNNSpec(mode, input_size=5, hidden_size=6, num_layers=2, bidirectional=True, dtype="float32")
+    params = ar.PackedParams.init(spec, seed=3)
+    x, h0, c0 = _inputs(spec, B)
+    builtin = ar.rnn_forward(params, x, h0=h0, c0=c0, engine="numba")
+    twin = ar.rnn_forward(twin_params(params), x, h0=h0, c0=c0, engine="numba")
+    assert served == [1, 1]
+    for a, b in ((builtin.y, twin.y), (builtin.h_n, twin.h_n), (builtin.c_n, twin.c_n)):
+        assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
 
 
 def test_backward_after_a_one_step_forward_equals_the_driver(served):

@@ -13,8 +13,9 @@ frontend runs it through :func:`one_step_forward` instead, on step weights made 
         inp = concatenate([h for h, c in outs], axis=1)      # of one step: a step from its own state
     y = inp[None]; h_n, c_n = stack of every (h, c)
 
-which is what the stack driver computes for ``T = 1`` (the same cell loops, compiled once for both);
-products may round differently (one row reads the weights through BLAS), within the engines' tolerance.
+which is what the stack driver computes for ``T = 1``, bit for bit: the same cell loops (compiled once for
+both) and the same packed products (a step over a frozen copy never reads the weights through BLAS, which
+would round a row otherwise).
 """
 
 from __future__ import annotations

@@ -55,16 +55,6 @@ MIN_CHUNK_STEPS = 4
 # one thread: a BLAS call that small gains nothing from BLAS's threads, and on a busy machine waiting on
 # them cost more than the product (S3: 23 ms for a 200x64 @ 64x512 projection, its time loop 3 ms).
 PACKED_PROJECTION_MAX = 1 << 24
-# The backward's hoisted products (weight gradients, dx) of a one-thread call over at most
-# PACKED_PRODUCT_ROWS of its (step, row) pairs, up to PACKED_PRODUCT_MAX multiply-adds: on the packed kernel
-# on the calling thread (a weight operand packed once per frozen weight buffer), not on BLAS's threads. A
-# T = 1, B = 8, H = 256 LSTM training step beside another busy process: 20 ms on OpenBLAS's two threads,
-# 1.5 ms with them held to one; on a quiet machine the packed products gave T = 1, B = 1, H = 256 0.70x
-# (LSTM) and 0.75x (GRU) of BLAS's time, B = 8 1.05x. Over more rows BLAS keeps them: at S3 (200 rows) the
-# packed products made a quiet machine's training step 1.04-1.12x (LSTM) and 1.2-1.4x (GRU) slower than
-# BLAS's two threads.
-PACKED_PRODUCT_ROWS = 64
-PACKED_PRODUCT_MAX = 1 << 24
 # Variable lengths: where at most ACTIVE_PROJECTION_MAX_FILL of the (step, row) entries are active and a
 # step has ACTIVE_PROJECTION_MIN_ROWS active rows or more on average, the projection runs step by step on
 # each step's active rows (the packed kernel, W_ih packed once). S5 (lengths uniform in 1..T, about half

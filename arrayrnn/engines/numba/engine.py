@@ -49,7 +49,6 @@ import numpy as np
 
 from ...core.spec import RNNSpec
 from .. import derived, numba_cache
-from .. import thresholds as th
 from ..base import (
     Call,
     CellMasks,
@@ -68,7 +67,6 @@ from .direction import LoopCall, cell_of, variants_of
 from .loop_threads import (
     available_threads,
     engine_threads,
-    gemm_threads,
     in_parallel_split,
     run_columns,
     run_split,
@@ -125,23 +123,6 @@ def _cell(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = False
     """:func:`.direction.cell_of`, packed once per frozen weight buffer (:mod:`..derived`)."""
     return derived.cached(w.W_hh, ("cell", spec, np.dtype(dtype).str, backward),
                           lambda: cell_of(spec, w, dtype, backward))
-
-
-def hoisted_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` for the backward's hoisted products: on the packed kernel on this thread where the call
-    runs on one thread and the product is small, else :func:`.loop_threads.split_matmul` (BLAS). Small: over
-    at most :data:`~arrayrnn.engines.thresholds.PACKED_PRODUCT_ROWS` of the call's rows (the shorter of
-    ``a``'s two axes) and :data:`~arrayrnn.engines.thresholds.PACKED_PRODUCT_MAX` multiply-adds; ``b`` is
-    packed once per frozen weight buffer."""
-    M, K = a.shape
-    N = b.shape[1]
-    small = min(M, K) <= th.PACKED_PRODUCT_ROWS and M * K * N <= th.PACKED_PRODUCT_MAX
-    if gemm_threads() > 1 or not small or a.dtype not in (np.float32, np.float64):
-        return split_matmul(a, b)
-    out = np.empty((M, N), a.dtype)
-    gemm(np.ascontiguousarray(a), derived.cached(b, "packed B", lambda: pack_b(b)), 1, out, False,
-         new_scratch(a.dtype))
-    return out
 
 
 def _packed_input_weights(w: DirectionWeights) -> np.ndarray:
@@ -277,7 +258,7 @@ class NumbaEngine(StackEngine):
         return NumbaStep(self)
 
     def matmul(self, a: Array, b: Array) -> Array:
-        return hoisted_product(a, b)
+        return split_matmul(a, b)
 
     # -- forward --------------------------------------------------------------------------------
     def forward_sorted(self, params: Any, x: Array, batch_sizes: np.ndarray, h0: Array, c0: Array | None,

@@ -23,6 +23,7 @@ import numpy as np
 from ...core.backend import same_bits, same_memory
 from ...core.params import PackedParams
 from ...core.spec import RNNSpec
+from .. import derived
 from ..base import DirectionForward, DirectionGrads, DirectionWeights
 from ..cells import split_biases
 from ..in_flight import engine_call
@@ -128,7 +129,9 @@ class NumbaStep(StepEngine):
         kept = sw.packed.get(key)
         if kept is None or kept.rows != rows or kept.dtype != dtype:
             spec = sw.spec
-            outside = self.steps_from_source(spec, rows)
+            # a frozen buffer's packed forms can never go stale: then the packed products (the stack
+            # driver's bits, and a custom cell twin's) cost no comparison to skip
+            outside = self.steps_from_source(spec, rows) and not derived.is_frozen(sw.source)
             cell = _outside_cell(sw, dtype) if outside else self._cell(sw, False)
             kept = sw.packed[key] = _KeptLoop(spec, cell, rows, dtype, outside)
         return kept
