@@ -3,7 +3,7 @@
 A streaming call (``T = 1``, inference) spends most of its time in the stack driver's per-call Python (the
 batch order, the plan, each direction's loop buffers and bundles), not in its arithmetic. Where the
 engine's own step engine (:class:`~arrayrnn.engines.numba.step.NumbaStep`) serves such a call
-(:meth:`~arrayrnn.engines.step.StepEngine.serves_one_step`: the driver would run it on one thread), the
+(:meth:`~arrayrnn.engines.step.StepEngine.serves_one_step`: the driver would run all of it on one thread), the
 frontend runs it through :func:`one_step_forward` instead, on step weights made once per frozen copy of
 ``params.data`` (:mod:`.derived`) and each thread's kept one-step loops. Semantics roughly equal to::
 
@@ -28,8 +28,8 @@ from ..core.layout import layout_of
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec
 from . import derived
-from .base import Call, Engine
-from .stack import direction_weights
+from .base import Call, Engine, StackForward
+from .stack import SortedInput, direction_weights
 from .step import StepEngine, StepWeights, step_engine
 
 Array = Any
@@ -46,13 +46,13 @@ def serves_one_step(engine: Engine, call: Call) -> bool:
             and step_engine(engine).serves_one_step(spec, call.batch))
 
 
-def one_step_forward(engine: Engine, frozen: np.ndarray, spec: RNNSpec, x: Array, h0: Array,
-                     c0: Array | None) -> tuple[Array, Array, Array | None]:
-    """``(y (B, D*H_out), h_n (L*D, B, H_out), c_n (L*D, B, C) or None)`` of the stack ``spec`` over one
-    step of ``x (B, I)`` from ``h0`` / ``c0`` (``(L*D, B, .)`` arrays), on ``frozen``, a frozen canonical
-    buffer of ``spec`` (the guard's private copy of ``params.data``)."""
+def one_step_forward(engine: Engine, frozen: np.ndarray, spec: RNNSpec, x: SortedInput, h0: Array,
+                     c0: Array | None, batch_first: bool) -> StackForward:
+    """The stack ``spec``'s forward over one step (no cache) of ``x``, the engine's copy of the input (its
+    ``take_input``: every row full, so the caller's order), from ``h0`` / ``c0`` (``(L*D, B, .)`` arrays), on
+    ``frozen``, a frozen canonical buffer of ``spec`` (the guard's private copy of ``params.data``)."""
     stepper, D = step_engine(engine), spec.num_directions
-    states, inp = [], x
+    states, inp = [], x.x[0]
     for layer in range(spec.num_layers):
         outs = [stepper.forward(_weights(stepper, spec, frozen, layer, d), inp, h0[k],
                                 c0[k] if c0 is not None else None, keep_cache=False)
@@ -60,7 +60,8 @@ def one_step_forward(engine: Engine, frozen: np.ndarray, spec: RNNSpec, x: Array
         states += outs
         inp = outs[0].h_n if D == 1 else np.concatenate([out.h_n for out in outs], axis=1)
     h_n = np.stack([out.h_n for out in states])
-    return inp, h_n, (np.stack([out.c_n for out in states]) if c0 is not None else None)
+    c_n = np.stack([out.c_n for out in states]) if c0 is not None else None
+    return StackForward(inp[:, None] if batch_first else inp[None], h_n, c_n, None)
 
 
 def _weights(stepper: StepEngine, spec: RNNSpec, frozen: np.ndarray, layer: int, direction: int

@@ -40,7 +40,7 @@ from ..core.errors import FormatConversionWarning
 from ..core.params import PackedParams
 from ..core.spec import RNNSpec, check_flag, check_seed
 from ..engines import one_step_forward, select_engine, serves_one_step
-from ..engines.base import Call, Engine, StackForward
+from ..engines.base import Call, Engine
 from . import guard
 from .dropout import cell_masks, dropout_masks
 
@@ -206,7 +206,7 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
         masks = dropout_masks(spec, T, B, seed, xp) if training else None
         variants = _variant_arguments(spec, seed, B, T, training, xp, return_all_states)
     if frozen is not None and serves_one_step(chosen, call):  # a streaming call
-        out = _one_step(chosen, run_params, x, h0, c0, batch_first)
+        out = one_step_forward(chosen, run_params.data, spec, x, h0, c0, batch_first)
     else:
         out = chosen.forward(run_params, x, host_lengths, h0, c0, masks, batch_first=batch_first,
                              keep_cache=training, **variants)
@@ -215,16 +215,6 @@ def rnn_forward(params: PackedParams, x: Any, lengths: Any = None, h0: Any = Non
                    masks, out.cache, weights, variants)
     return RNNResult(y=out.y, h_n=out.h_n, c_n=out.c_n, params=params, training=training, engine=chosen.name,
                      _saved=saved, h_all=out.h_all, c_all=out.c_all)
-
-
-def _one_step(engine: Engine, params: PackedParams, x: Any, h0: Array, c0: Array | None,
-              batch_first: bool) -> StackForward:
-    """The engine's forward of a one-step call, as one cell step per layer-direction
-    (:func:`~arrayrnn.engines.one_step.one_step_forward`);
-    ``x`` is the engine's copy of the input (the caller's rows: every row is full)."""
-    rows = x.x[0]
-    y, h_n, c_n = one_step_forward(engine, params.data, params.spec, rows, h0, c0)
-    return StackForward(y[:, None] if batch_first else y[None], h_n, c_n, None)
 
 
 def _variant_arguments(spec: RNNSpec, seed: int | None, batch: int, seq_len: int, training: bool, xp: Any,
