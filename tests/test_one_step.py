@@ -285,3 +285,23 @@ def test_results_own_their_memory_and_a_later_call_never_writes_them(served, bid
     for got, want in zip((first.y, first.h_n, first.c_n), kept, strict=True):
         np.testing.assert_array_equal(got, want)
     assert served == [1, 1]
+
+
+def test_two_caller_threads_streaming_on_the_same_weights_get_the_single_thread_results(served):
+    """Each thread steps on its own kept loop over the same step weights (made once per frozen copy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = ar.RNNSpec(mode="lstm", input_size=4, hidden_size=5, num_layers=2, dtype="float64")
+    params = ar.PackedParams.init(spec, seed=6)
+    inputs = [_inputs(spec, 2, seed=k) for k in range(8)]
+    alone = [ar.rnn_forward(ar.PackedParams(spec, params.data.copy()), x, h0=h0, c0=c0, engine="numba")
+             for x, h0, c0 in inputs]
+
+    def streams(k: int) -> bool:
+        x, h0, c0 = inputs[k]
+        return all(np.array_equal(ar.rnn_forward(params, x, h0=h0, c0=c0, engine="numba").h_n, alone[k].h_n)
+                   for _ in range(50))
+
+    with ThreadPoolExecutor(2) as pool:
+        assert all(pool.map(streams, range(len(inputs))))
+    assert len(served) == len(inputs) * 51
