@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import statistics
 import sys
@@ -233,9 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     pairs = 5 if args.quick else args.pairs
     rows = []
     for engine, mode, name, prec in plan(args.quick):
-        if importlib.util.find_spec(f"arrayrnn.engines.{engine}_engine") is None:
-            print(f"note: engine {engine!r} skipped: arrayrnn/engines/{engine}_engine.py is missing")
-            continue
         with precision(tf32=prec == "tf32"):
             r = _case(engine, mode, _shapes(args.quick)[name], pairs)
         rows.append({"engine": engine, "mode": mode, "shape": name, "precision": prec, **r})

@@ -111,3 +111,27 @@ def test_kernel_compiles_to_ptx_for_sm90(name: str, dtype: type) -> None:
     assert len(cl.PackedArgs(specs, args).slots) == len(params)  # one slot per parameter
     assert cl.entry_name(ptx) in ptx and name in cl.entry_name(ptx)
     assert cl.link_cubin(ptx, (9, 0))[:4] == b"\x7fELF"
+
+
+def _two_products(a, b, c, d, out):  # a kernel body: out[0] = a*b + c*d, which NVVM's -fma=1 would fuse
+    out[0] = a[0] * b[0] + c[0] * d[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_kernels_round_each_product_and_sum_as_written(dtype: type) -> None:
+    """The engine compiles with contraction off (:func:`~arrayrnn.engines.cupy.launch.compile_ptx`): ``a * b +
+    c * d`` stays two products and a sum. With NVVM's default the built-in LSTM kernel fused ``i * g`` and its
+    custom-cell twin ``f * c`` (an H200, 2026-11-30: 1-ulp differences); the one fused sum the engine wants,
+    the step GEMM's, asks for it (``cuda.fma``) and keeps it."""
+    from numba import cuda
+
+    x = np.zeros(1, dtype)
+    kind = "f32" if dtype is np.float32 else "f64"
+    specs = tuple(cl.describe(x, i, "two products") for i in range(5))
+    ptx = cl.compile_ptx(cuda.jit(_two_products), specs, (9, 0))
+    assert not re.search(r"\bfma\.", ptx) and len(re.findall(rf"\bmul\.(rn\.)?{kind}\b", ptx)) == 2
+    assert re.search(rf"\badd\.(rn\.)?{kind}\b", ptx)
+    args = _example_args("product_step", dtype)
+    specs = tuple(cl.describe(a, i, "product_step") for i, a in enumerate(args))
+    product = cl.compile_ptx(ck.product_step, specs, (9, 0))
+    assert re.search(rf"\bfma\.rn\.{kind}\b", product)

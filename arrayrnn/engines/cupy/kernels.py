@@ -170,7 +170,8 @@ def product_slices(k: int) -> int:
 def product_step(t, n, one, a, a_per_step, w, out, out_per_step, slices):
     """``out[s, :n] = a[r, :n] @ w`` (``s``, ``r``: ``t`` if per step, else 0): a step's recurrent GEMM as a
     kernel, because CuPy refuses every cuBLAS call while a stream captures (``cupy_backends/cuda/libs/
-    cublas.pyx``, ``setStream``). Sums run in the compute dtype.
+    cublas.pyx``, ``setStream``). Sums run in the compute dtype, each term fused (``cuda.fma``: the kernels
+    are compiled without contraction, :func:`.launch.compile_ptx`).
 
     ``slices > 1`` (launched in blocks of ``PRODUCT_COLUMNS * slices`` threads, one per row and 32 columns):
     a block computes ``PRODUCT_COLUMNS`` neighbouring columns of one row ``b``; its warps split ``K`` (warp
@@ -186,7 +187,7 @@ def product_step(t, n, one, a, a_per_step, w, out, out_per_step, slices):
             return
         acc = one - one
         for k in range(w.shape[0]):
-            acc += a[r, b, k] * w[k, j]
+            acc = cuda.fma(a[r, b, k], w[k, j], acc)
         out[t if out_per_step else 0, b, j] = acc
         return
     groups = (width + PRODUCT_COLUMNS - 1) // PRODUCT_COLUMNS
@@ -199,7 +200,7 @@ def product_step(t, n, one, a, a_per_step, w, out, out_per_step, slices):
     acc = one - one
     if j < width:
         for k in range(s, w.shape[0], slices):
-            acc += a[r, b, k] * w[k, j]
+            acc = cuda.fma(a[r, b, k], w[k, j], acc)
     partial = cuda.shared.array(_PRODUCT_PARTIALS, w.dtype)
     partial[cuda.threadIdx.x] = acc
     cuda.syncthreads()

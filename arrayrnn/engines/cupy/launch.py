@@ -200,10 +200,25 @@ def entry_name(ptx: str) -> str:
 
 
 def compile_ptx(kernel: Any, specs: Sequence[ArgSpec], cc: tuple[int, int]) -> str:
-    """The PTX numba-cuda makes of ``kernel`` (a ``@cuda.jit`` dispatcher) for these parameters."""
-    from numba import cuda
+    """The PTX numba-cuda makes of ``kernel`` (a ``@cuda.jit`` dispatcher) for these parameters, with NVVM's
+    floating-point contraction off (``-fma=0``): every ``*`` and ``+`` rounds as written, as on the CPU.
 
-    ptx, _ = cuda.compile_ptx(kernel.py_func, numba_signature(specs), cc=cc)
+    numba-cuda leaves NVVM's default on (``-fma=1``, ``numba_cuda/numba/cuda/cudadrv/nvvm.py``,
+    ``compile_ir``: only ``fastmath`` sets it), and NVVM then fuses ``a * b + c * d`` into one FMA, choosing
+    which product by how often each operand is used elsewhere in the kernel. So the same expression rounded
+    differently in two kernels: the built-in LSTM kernel computed ``fma(i, g, f * c)`` and its custom-cell
+    twin ``fma(f, c, i * g)`` (an H200 run, 2026-11-30: 20% of outputs 1 ulp apart). A kernel that wants a
+    fused product asks for it (``cuda.fma``). numba-cuda's public ``compile_ptx`` takes no NVVM option: the
+    library it compiles is asked for its PTX with the option added (``CUDACodeLibrary.get_asm_strs`` reads
+    ``_nvvm_options``); ``tests/test_cuda_kernels_ptx.py`` checks that no product is fused."""
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.cuda import compiler
+
+    with global_compiler_lock:
+        library, _ = compiler._compile_pyfunc_with_fixup(kernel.py_func, numba_signature(specs), device=False,
+                                                         cc=cc, abi="numba")
+        library._nvvm_options = {**library._nvvm_options, "fma": False}
+        (ptx,) = library.get_asm_strs(cc=cc)
     return ptx
 
 
