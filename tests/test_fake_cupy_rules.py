@@ -185,3 +185,21 @@ def test_allocations_are_refused_while_capturing_a_rule_stricter_than_cupy(cp):
         for allocate in (lambda: cp.empty((2,)), lambda: a + a, lambda: a.copy()):
             with pytest.raises(RuntimeError, match="while the current stream captures a graph"):
                 allocate()
+
+
+def test_a_device_copy_in_a_capture_is_a_node_replayed_at_every_launch(cp):
+    """CUDA records ``cudaMemcpyAsync`` on a capturing stream as a memcpy node (CUDA programming guide, stream
+    capture; CuPy passes it through: ``cupy_backends/cuda/api/runtime.pyx``, ``memcpyAsync``): the stand-in
+    records it, copies nothing at capture time and copies again at each launch."""
+    src, dst = cp.asarray(np.arange(4.0)), cp.zeros(4)
+    rt = cp.cuda.runtime
+    with capturing(cp) as stream:
+        rt.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, rt.memcpyDeviceToDevice, stream.ptr)
+        graph = stream.end_capture()
+    assert graph.nodes == ("memcpyAsync",)
+    np.testing.assert_array_equal(cp.asnumpy(dst), 0.0)  # not copied at capture time
+    graph.launch(stream)
+    np.testing.assert_array_equal(cp.asnumpy(dst), np.arange(4.0))
+    src += 1
+    graph.launch(stream)
+    np.testing.assert_array_equal(cp.asnumpy(dst), np.arange(4.0) + 1)

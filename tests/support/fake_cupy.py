@@ -242,8 +242,14 @@ def alloc_pinned_memory(size: int) -> bytearray:
 
 
 def _memcpy_async(dst: int, src: int, size: int, kind: int, stream: int) -> None:
-    """``cupy.cuda.runtime.memcpyAsync``: the stand-in's "device" memory is host memory."""
-    ctypes.memmove(dst, src, size)
+    """``cupy.cuda.runtime.memcpyAsync``: the stand-in's "device" memory is host memory. On the current
+    stream it is an operation like any other: recorded while that stream captures (CUDA makes it a memcpy
+    node of the graph, ``cudaMemcpyAsync`` in stream capture, CUDA programming guide), run now otherwise."""
+    current = get_current_stream()
+    if stream != current.ptr:
+        ctypes.memmove(dst, src, size)
+        return
+    _issue("memcpyAsync", lambda: ctypes.memmove(dst, src, size), current)
 
 
 # -- what was issued ------------------------------------------------------------------------------
@@ -644,6 +650,7 @@ class _Runtime(types.SimpleNamespace):
     CUDARuntimeError = CUDARuntimeError
 
     memcpyDeviceToHost = 2  # noqa: N815 - CuPy's name
+    memcpyDeviceToDevice = 3  # noqa: N815 - CuPy's name (cupy_backends/cuda/api/runtime.pyx, CUDA's value)
     memcpyAsync = staticmethod(_memcpy_async)  # noqa: N815 - CuPy's name
 
     @staticmethod
