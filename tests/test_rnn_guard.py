@@ -241,3 +241,40 @@ def test_the_cudnn_engine_reports_a_write_and_only_a_write(monkeypatch, training
         else:
             guard.synchronize()
     guard._PENDING.clear()
+
+
+@requires_cudnn
+def test_on_a_gpu_the_fingerprint_follows_the_engines_launches(monkeypatch):
+    """On CuPy arrays the forward's fingerprint of ``params.data`` is taken after the engine's forward has
+    enqueued its work (the stream orders it after the forward's reads, and its host work no longer delays the
+    first kernel); on NumPy the host copy is taken before, since the engine reads the frozen copy."""
+    from support import cudnn_dry_run
+
+    from arrayrnn.engines.numba.engine import NumbaEngine
+    from arrayrnn.frontend import guard
+
+    order = []
+    monkeypatch.setattr(NumbaEngine, "forward", _recorded(NumbaEngine.forward, "forward", order))
+    monkeypatch.setattr(guard, "snapshot", _recorded(guard.snapshot, "snapshot", order))
+    spec = ar.RNNSpec(mode="lstm", input_size=3, hidden_size=4, dtype="float64")
+    with cudnn_dry_run.installed() as cp:
+        from arrayrnn.engines.cudnn.engine import CudnnEngine
+
+        monkeypatch.setattr(CudnnEngine, "forward", _recorded(CudnnEngine.forward, "forward", order))
+        params = ar.PackedParams.init(spec, seed=1, xp=cp).to_format("cudnn")
+        res = ar.rnn_forward(params, cp.ones((5, 2, 3)), training=True, engine="cudnn")
+        assert order == ["forward", "snapshot"]
+        params.data[0] += 1.0  # after the forward: still found
+        ar.rnn_backward(res, dy=cp.ones_like(res.y))
+        with pytest.raises(ValueError, match="modified in place"):
+            guard.synchronize()
+    order.clear()
+    ar.rnn_forward(ar.PackedParams.init(spec, seed=1), np.ones((5, 2, 3)), engine="numba")
+    assert order == ["snapshot", "forward"]
+
+
+def _recorded(function, name, order):
+    def recorded(*args, **kwargs):
+        order.append(name)
+        return function(*args, **kwargs)
+    return recorded
