@@ -342,8 +342,9 @@ def test_the_plan_memo_is_keyed_on_every_threshold_the_plan_reads(monkeypatch):
     """forward_plan is made once per shape; the thresholds it reads key it too, so a test or bench that sets
     one (as the tests above do) gets a new plan: the list must name every threshold plan.py reads."""
     source = inspect.getsource(plan)
-    read = set(re.findall(r"\bth\.([A-Z_]+)", source)) - {"ACTIVE_PROJECTION_MAX_FILL",
-                                                          "ACTIVE_PROJECTION_MIN_ROWS"}  # read per call
+    read = set(re.findall(r"\bth\.([A-Z_]+)", source)) - {  # read per call (the backward's plan too)
+        "ACTIVE_PROJECTION_MAX_FILL", "ACTIVE_PROJECTION_MIN_ROWS", "BLAS_ONE_THREAD_MAX_ROWS",
+        "BLAS_ONE_THREAD_MAX"}
     assert read == set(plan._read_thresholds.__reduce__()[1])
     spec = ar.RNNSpec(mode="lstm", input_size=8, hidden_size=64)
     x = np.zeros((3, 12, 8), np.float32)
@@ -353,3 +354,34 @@ def test_the_plan_memo_is_keyed_on_every_threshold_the_plan_reads(monkeypatch):
     monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
     after = plan.forward_plan(spec, x, bs, threads=2)
     assert after.column_parts == 2 and before.column_parts == 1
+
+
+@pytest.mark.parametrize("steps, rows, hidden, held", [(1, 8, 32, True), (1, 8, 256, True), (4, 16, 32, True),
+                                                       (8, 16, 32, False), (1, 64, 512, False)])
+def test_a_small_one_thread_backward_holds_blas_to_one_thread(monkeypatch, steps, rows, hidden, held):
+    """A one-thread backward over few (step, row) pairs and small weight-gradient products runs its BLAS
+    products on one thread (beside a busy process OpenBLAS's second thread only spins); a larger one keeps
+    BLAS's threads; both give back BLAS's own count after."""
+    import threadpoolctl
+
+    spec = ar.RNNSpec(mode="lstm", input_size=hidden, hidden_size=hidden)
+    assert plan.small_backward(spec, steps * rows) is held
+    seen = []
+    matmul = numba_engine.NumbaEngine.matmul
+
+    def blas_threads():
+        return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
+
+    def recording(self, a, b):
+        seen.extend(blas_threads())
+        return matmul(self, a, b)
+
+    monkeypatch.setattr(numba_engine.NumbaEngine, "matmul", recording)
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((steps, rows, hidden)).astype(np.float32)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"), loop_threads.one_thread():
+        res = ar.rnn_forward(params, x, training=True, engine="numba")
+        seen.clear()
+        ar.rnn_backward(res, dy=np.ones_like(res.y))
+        assert seen and set(seen) == ({1} if held else {2})
+        assert blas_threads() == {2}

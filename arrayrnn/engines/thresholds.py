@@ -55,6 +55,13 @@ MIN_CHUNK_STEPS = 4
 # one thread: a BLAS call that small gains nothing from BLAS's threads, and on a busy machine waiting on
 # them cost more than the product (S3: 23 ms for a 200x64 @ 64x512 projection, its time loop 3 ms).
 PACKED_PROJECTION_MAX = 1 << 24
+# A one-thread backward over at most this many (step, row) pairs whose weight-gradient products come to at
+# most BLAS_ONE_THREAD_MAX multiply-adds a layer-direction holds NumPy's BLAS to one thread: OpenBLAS threads
+# products above its own threshold (~262k multiply-adds), and beside a busy process its second thread spins
+# on the busy core (T = 1 LSTM training step, B = 8, H = 256: 1.51x nn.LSTM's beside one busy process, 0.90x
+# quiet).
+BLAS_ONE_THREAD_MAX_ROWS = 64
+BLAS_ONE_THREAD_MAX = 1 << 24
 # Variable lengths: where at most ACTIVE_PROJECTION_MAX_FILL of the (step, row) entries are active and a
 # step has ACTIVE_PROJECTION_MIN_ROWS active rows or more on average, the projection runs step by step on
 # each step's active rows (the packed kernel, W_ih packed once). S5 (lengths uniform in 1..T, about half

@@ -310,8 +310,8 @@ class NumbaEngine(StackEngine):
     def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,
                         dh_all: Array | None = None, dc_all: Array | None = None,
                         plan: NumbaPlan | None = None) -> StackGrads:
-        plan = plan or backward_plan(cache.params.spec, cache.x.shape[1])
-        with engine_threads(plan.threads):
+        plan = plan or backward_plan(cache.params.spec, cache.x.shape[1], steps=cache.x.shape[0])
+        with engine_threads(plan.threads, hold_blas=plan.blas_one_thread):
             return super().backward_sorted(cache, dy, dh_n, dc_n, dh_all, dc_all, plan)
 
     def norm_input_backward(self, back: StackBackRun, layer: int, direction: int, w: DirectionWeights,

@@ -33,6 +33,7 @@ one thread too.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -211,13 +212,15 @@ def _settle_blas() -> None:
 
 
 @contextmanager
-def engine_threads(threads: int) -> Iterator[int]:
+def engine_threads(threads: int, hold_blas: bool = False) -> Iterator[int]:
     """The scope of one engine call that may split over ``threads`` threads (its plan's): yields them; with
     more than one, BLAS is held to one thread and :func:`split_matmul` splits the products (module doc).
-    With one, BLAS keeps its own threads."""
+    With one, BLAS keeps its own threads unless ``hold_blas`` (a small call's products, where BLAS's
+    threads only wait)."""
     with workers.engine_call():
         if threads == 1:
-            yield 1
+            with _blas_single_threaded() if hold_blas else contextlib.nullcontext():
+                yield 1
             return
         before = gemm_threads()
         try:

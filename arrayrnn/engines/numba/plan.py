@@ -16,7 +16,8 @@ use (:func:`.loop_threads.available_threads`) and the cell variants it applies:
   packed kernel (:func:`packed_projection`) or on BLAS.
 
 A backward's plan (:func:`backward_plan`) has the threads and the schedule only (a bidirectional layer's
-directions side by side below the rows split); its loops split their rows.
+directions side by side below the rows split); its loops split their rows. A small one-thread backward
+(:func:`small_backward`) also holds NumPy's BLAS to one thread.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class NumbaPlan:
     active_projection: bool = False       # the input projection on each step's active rows only
     packed_projection: tuple[bool, ...] = ()   # per layer: the input projection on the packed kernel
     variants: tuple[str, ...] = ()        # the cell variants' masks the call applies (CellMasks fields)
+    blas_one_thread: bool = False         # a one-thread call that holds BLAS to one thread too (small)
 
     @property
     def direction_threads(self) -> int:
@@ -96,12 +98,23 @@ def _forward_plan(spec: RNNSpec, T: int, B: int, dtype: Any, variants: tuple[str
                      active, packed, variants)
 
 
-def backward_plan(spec: RNNSpec, rows: int, threads: int | None = None) -> NumbaPlan:
-    """The plan of a backward over ``rows`` batch rows."""
+def backward_plan(spec: RNNSpec, rows: int, threads: int | None = None,
+                  steps: int | None = None) -> NumbaPlan:
+    """The plan of a backward over ``rows`` batch rows (and ``steps`` time steps, if known)."""
     threads = available_threads() if threads is None else threads
     schedule = wavefront_schedule(spec, rows, threads, columns=False, backward=True)
     row_threads = rows_split(rows, 1 if schedule else threads)
-    return NumbaPlan(call_threads(rows, threads, schedule), schedule, row_threads, column_parts=1)
+    call = call_threads(rows, threads, schedule)
+    small = call == 1 and steps is not None and small_backward(spec, steps * rows)
+    return NumbaPlan(call, schedule, row_threads, column_parts=1, blas_one_thread=small)
+
+
+def small_backward(spec: RNNSpec, pairs: int) -> bool:
+    """Whether a backward over ``pairs`` (step, row) pairs is small enough that its weight-gradient products
+    (``dW_ih``, ``dW_hh`` of the widest layer-direction) run best on one BLAS thread
+    (:data:`~arrayrnn.engines.thresholds.BLAS_ONE_THREAD_MAX`)."""
+    width = max(spec.input_size, spec.num_directions * spec.output_size) + spec.output_size
+    return pairs <= th.BLAS_ONE_THREAD_MAX_ROWS and pairs * spec.gate_size * width <= th.BLAS_ONE_THREAD_MAX
 
 
 def loop_plan(spec: RNNSpec, rows: int, dtype: Any, variants: tuple[str, ...], threads: int) -> NumbaPlan:
