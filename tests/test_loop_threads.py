@@ -344,7 +344,7 @@ def test_the_plan_memo_is_keyed_on_every_threshold_the_plan_reads(monkeypatch):
     source = inspect.getsource(plan)
     read = set(re.findall(r"\bth\.([A-Z_]+)", source)) - {  # read per call (the backward's plan too)
         "ACTIVE_PROJECTION_MAX_FILL", "ACTIVE_PROJECTION_MIN_ROWS", "BLAS_ONE_THREAD_MAX_ROWS",
-        "BLAS_ONE_THREAD_MAX"}
+        "BLAS_ONE_THREAD_MAX", "OPENBLAS_THREADED_MIN"}
     assert read == set(plan._read_thresholds.__reduce__()[1])
     spec = ar.RNNSpec(mode="lstm", input_size=8, hidden_size=64)
     x = np.zeros((3, 12, 8), np.float32)
@@ -356,16 +356,18 @@ def test_the_plan_memo_is_keyed_on_every_threshold_the_plan_reads(monkeypatch):
     assert after.column_parts == 2 and before.column_parts == 1
 
 
-@pytest.mark.parametrize("steps, rows, hidden, held", [(1, 8, 32, True), (1, 8, 256, True), (4, 16, 32, True),
-                                                       (8, 16, 32, False), (1, 64, 512, False)])
+@pytest.mark.parametrize("steps, rows, hidden, held", [
+    (1, 8, 256, True), (4, 16, 64, True),                      # products OpenBLAS would thread, small
+    (1, 8, 32, False), (1, 1, 256, False),                     # OpenBLAS runs one thread anyway
+    (8, 16, 32, False), (1, 64, 512, False)])                  # too many pairs; too large a product
 def test_a_small_one_thread_backward_holds_blas_to_one_thread(monkeypatch, steps, rows, hidden, held):
-    """A one-thread backward over few (step, row) pairs and small weight-gradient products runs its BLAS
-    products on one thread (beside a busy process OpenBLAS's second thread only spins); a larger one keeps
-    BLAS's threads; both give back BLAS's own count after."""
+    """A one-thread backward over few (step, row) pairs whose products OpenBLAS would thread but which are
+    small runs them on one BLAS thread (beside a busy process OpenBLAS's second thread only spins); any other
+    keeps BLAS's threads; both give back BLAS's own count after."""
     import threadpoolctl
 
     spec = ar.RNNSpec(mode="lstm", input_size=hidden, hidden_size=hidden)
-    assert plan.small_backward(spec, steps * rows) is held
+    assert plan.backward_holds_blas(spec, steps * rows) is held
     seen = []
     matmul = numba_engine.NumbaEngine.matmul
 

@@ -55,12 +55,16 @@ MIN_CHUNK_STEPS = 4
 # one thread: a BLAS call that small gains nothing from BLAS's threads, and on a busy machine waiting on
 # them cost more than the product (S3: 23 ms for a 200x64 @ 64x512 projection, its time loop 3 ms).
 PACKED_PROJECTION_MAX = 1 << 24
-# A one-thread backward over at most this many (step, row) pairs whose weight-gradient products come to at
-# most BLAS_ONE_THREAD_MAX multiply-adds a layer-direction holds NumPy's BLAS to one thread: OpenBLAS threads
-# products above its own threshold (~262k multiply-adds), and beside a busy process its second thread spins
-# on the busy core (T = 1 LSTM training step, B = 8, H = 256: 1.51x nn.LSTM's beside one busy process, 0.90x
-# quiet).
+# A one-thread backward over at most BLAS_ONE_THREAD_MAX_ROWS (step, row) pairs whose widest product has
+# more than OPENBLAS_THREADED_MIN and at most BLAS_ONE_THREAD_MAX multiply-adds holds NumPy's BLAS to one
+# thread: beside a busy process OpenBLAS's second thread spins on the busy core (T = 1 LSTM training step,
+# B = 8, H = 256: 2.11x nn.LSTM's beside one busy process, 1.01x held; quiet 0.91-0.94x, 0.99-1.01x held).
+# Up to OPENBLAS_THREADED_MIN a float32 product took the same time at one and two OpenBLAS threads (NumPy's
+# OpenBLAS, a 2-core Xeon: (1024, 8) @ (8, 64) 12.1 / 12.4 us; from ~1M multiply-adds two threads ran up to
+# 2x faster, or 7x slower when its threads had to wake), so holding it there would only cost the two
+# thread-count settles (~11 us).
 BLAS_ONE_THREAD_MAX_ROWS = 64
+OPENBLAS_THREADED_MIN = 1 << 19
 BLAS_ONE_THREAD_MAX = 1 << 24
 # Variable lengths: where at most ACTIVE_PROJECTION_MAX_FILL of the (step, row) entries are active and a
 # step has ACTIVE_PROJECTION_MIN_ROWS active rows or more on average, the projection runs step by step on

@@ -17,7 +17,7 @@ use (:func:`.loop_threads.available_threads`) and the cell variants it applies:
 
 A backward's plan (:func:`backward_plan`) has the threads and the schedule only (a bidirectional layer's
 directions side by side below the rows split); its loops split their rows. A small one-thread backward
-(:func:`small_backward`) also holds NumPy's BLAS to one thread.
+(:func:`backward_holds_blas`) also holds NumPy's BLAS to one thread.
 """
 
 from __future__ import annotations
@@ -105,16 +105,18 @@ def backward_plan(spec: RNNSpec, rows: int, threads: int | None = None,
     schedule = wavefront_schedule(spec, rows, threads, columns=False, backward=True)
     row_threads = rows_split(rows, 1 if schedule else threads)
     call = call_threads(rows, threads, schedule)
-    small = call == 1 and steps is not None and small_backward(spec, steps * rows)
-    return NumbaPlan(call, schedule, row_threads, column_parts=1, blas_one_thread=small)
+    hold = call == 1 and steps is not None and backward_holds_blas(spec, steps * rows)
+    return NumbaPlan(call, schedule, row_threads, column_parts=1, blas_one_thread=hold)
 
 
-def small_backward(spec: RNNSpec, pairs: int) -> bool:
-    """Whether a backward over ``pairs`` (step, row) pairs is small enough that its weight-gradient products
-    (``dW_ih``, ``dW_hh`` of the widest layer-direction) run best on one BLAS thread
-    (:data:`~arrayrnn.engines.thresholds.BLAS_ONE_THREAD_MAX`)."""
-    width = max(spec.input_size, spec.num_directions * spec.output_size) + spec.output_size
-    return pairs <= th.BLAS_ONE_THREAD_MAX_ROWS and pairs * spec.gate_size * width <= th.BLAS_ONE_THREAD_MAX
+def backward_holds_blas(spec: RNNSpec, pairs: int) -> bool:
+    """Whether a one-thread backward over ``pairs`` (step, row) pairs holds NumPy's BLAS to one thread: few
+    pairs, and a widest product (``pairs x gate_size x`` the widest input or state) that OpenBLAS would thread
+    but that is small (:data:`~arrayrnn.engines.thresholds.BLAS_ONE_THREAD_MAX`, the comment above it)."""
+    widest = pairs * spec.gate_size * max(spec.input_size, spec.num_directions * spec.output_size,
+                                          spec.output_size)
+    few = pairs <= th.BLAS_ONE_THREAD_MAX_ROWS
+    return few and th.OPENBLAS_THREADED_MIN < widest <= th.BLAS_ONE_THREAD_MAX
 
 
 def loop_plan(spec: RNNSpec, rows: int, dtype: Any, variants: tuple[str, ...], threads: int) -> NumbaPlan:
