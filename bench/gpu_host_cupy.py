@@ -4,9 +4,10 @@ after (arguments packed once; each time loop step by step, or replayed as one CU
 No GPU is needed or used: CuPy is the project's NumPy-backed stand-in (tests/support/fake_cupy.py) and only
 the final call to the GPU is stubbed on each path:
 
-- ``cupy@<rev> (numba dispatcher)``: the engine as it was at ``--before`` (git), launching through
-  numba-cuda's real dispatcher (argument typing, ``_prepare_args``, launch configuration); its context, device
-  and module load answered by stubs, ``cuda.core.launch`` (the driver call) a no-op;
+- ``cupy@<rev>``, with ``--before REV``: the engine as it was at that git revision, on this tree's other
+  modules (a revision from after the GPU wings' move, 41186e2; issue 33's own "before", 9068b53, launched
+  through numba-cuda's real dispatcher and no longer runs here: its table is in bench/RESULTS.md);
+  numba-cuda's context, device and module load answered by stubs, ``cuda.core.launch`` a no-op;
 - ``cupy (step by step)``: this tree with ``cuda_graphs.use_graphs = False`` (what a shape's first call, or
   every call of ever-changing lengths, costs); ``cuLaunchKernel`` a no-op;
 - ``cupy (graph)``: this tree from a shape's third call on (its loops replayed as graphs); the graph launch
@@ -22,7 +23,7 @@ is the frontend and the stack driver. Times are the calling thread's CPU time (`
 bench_gpu_host.py's), so other processes on a shared machine do not count; medians of ``--rounds`` calls
 (at least 7).
 
-    python bench/gpu_host_cupy.py [--quick] [--rounds 9] [--before 9068b53]
+    python bench/gpu_host_cupy.py [--quick] [--rounds 9] [--before REV]
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ from arrayrnn.engines.cupy.engine import ENGINE  # noqa: E402
 
 SHAPES = {"S1": 100, "S3": 200}  # bench_gpu.py's S1 and S3 lengths; 1 layer, unidirectional
 B, I, H = 2, 8, 8
-BEFORE = "9068b53"  # the last commit before issue 33: launches through numba-cuda's dispatcher
 
 
 # -- the paths ----------------------------------------------------------------------------------------
@@ -98,8 +98,12 @@ def _engine_at(rev: str) -> types.ModuleType:
     """arrayrnn/engines/cupy/engine.py as it was at ``rev``, on this tree's other engine modules (``rev`` from
     after the GPU wings' move: before it the file was arrayrnn/engines/cupy_engine.py, beside siblings of
     other names)."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:arrayrnn/engines/cupy/engine.py"],
-                            capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:arrayrnn/engines/cupy/engine.py"],
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise ValueError(f"--before {rev}: git has no arrayrnn/engines/cupy/engine.py at that revision "
+                         f"({shown.stderr.strip()}); give one from after the GPU wings' move (41186e2)")
+    source = shown.stdout
     module = types.ModuleType("arrayrnn.engines.cupy._engine_before")
     module.__package__ = "arrayrnn.engines.cupy"
     exec(compile(source, f"cupy/engine.py@{rev}", "exec"), module.__dict__)
@@ -216,27 +220,25 @@ def _measure(call: Callable[[], None], kernel: Any, launches: Callable[[], int],
             "cupy_ops": len(log), "kernel_launches": launches() - before}
 
 
-def rows(quick: bool, rounds: int = 7, before: str = BEFORE) -> list[dict]:
-    """Host time per call and per step of the cupy engine's paths (see the module docstring)."""
+def rows(quick: bool, rounds: int = 7, before: str | None = None) -> list[dict]:
+    """Host time per call and per step of the cupy engine's paths (see the module docstring); the engine at
+    git revision ``before`` too, if given."""
     rounds = max(rounds, 7)
-    paths = {f"cupy@{before} (numba dispatcher)": lambda: _before(before),
-             "cupy (step by step)": lambda: _after(graphs=False),
-             "cupy (graph)": lambda: _after(graphs=True)}
+    paths = {"cupy (step by step)": lambda: _after(graphs=False), "cupy (graph)": lambda: _after(graphs=True)}
+    if before is not None:
+        paths = {f"cupy@{before}": lambda: _before(before), **paths}
     modes = ("lstm",) if quick else ("lstm", "gru")
     out = []
     with fake_cupy.installed() as cupy, cupy.cuda.Stream(), np.errstate(all="ignore"):
         for label, path in paths.items():
-            try:
-                with path() as (engine, kernel, launches):
-                    for mode in modes:
-                        for shape, T in SHAPES.items():
-                            for what in ("forward", "train_step"):
-                                r = _measure(_call(cupy, engine, mode, T, what), kernel, launches, rounds)
-                                out.append({"engine": label, "mode": mode, "shape": shape, "what": what,
-                                            "steps": T, **r, "us_per_step": r["us_per_call"] / T,
-                                            "loop_us_per_step": r["loop_us_per_call"] / T})
-            except (subprocess.CalledProcessError, ImportError, AttributeError) as err:
-                print(f"note: {label} skipped: {type(err).__name__}: {err}", file=sys.stderr)
+            with path() as (engine, kernel, launches):
+                for mode in modes:
+                    for shape, T in SHAPES.items():
+                        for what in ("forward", "train_step"):
+                            r = _measure(_call(cupy, engine, mode, T, what), kernel, launches, rounds)
+                            out.append({"engine": label, "mode": mode, "shape": shape, "what": what,
+                                        "steps": T, **r, "us_per_step": r["us_per_call"] / T,
+                                        "loop_us_per_step": r["loop_us_per_call"] / T})
     return out
 
 
@@ -244,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="LSTM only")
     parser.add_argument("--rounds", type=int, default=7, help="timed calls per row (at least 7)")
-    parser.add_argument("--before", default=BEFORE, help="the git revision of the 'before' engine")
+    parser.add_argument("--before", default=None,
+                        help="also the engine at this git revision (from after the GPU wings' move, 41186e2)")
     args = parser.parse_args(argv)
     rounds = max(args.rounds, 7)
     print(f"host time per call, CPU, CuPy stand-in, B={B} I={I} H={H}, float32, median of {rounds}")
