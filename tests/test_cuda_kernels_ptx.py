@@ -13,6 +13,7 @@ fails here, not on a GPU), and that the PTX links to an sm_90 cubin.
 from __future__ import annotations
 
 import re
+import warnings
 
 import numba
 import numpy as np
@@ -135,3 +136,33 @@ def test_kernels_round_each_product_and_sum_as_written(dtype: type) -> None:
     specs = tuple(cl.describe(a, i, "product_step") for i, a in enumerate(args))
     product = cl.compile_ptx(ck.product_step, specs, (9, 0))
     assert re.search(rf"\bfma\.rn\.{kind}\b", product)
+
+
+def test_without_numba_cudas_internal_path_the_kernels_compile_with_a_warning(monkeypatch) -> None:
+    """A numba-cuda without the internal compile step :func:`~arrayrnn.engines.cupy.launch.compile_ptx`
+    uses to switch contraction off still compiles every kernel, through its public ``compile_ptx`` (NVVM's
+    default contraction), and says once what that costs."""
+    from numba import cuda
+    from numba.cuda import compiler
+
+    class WithoutOptions:  # a compiled library of a numba-cuda that keeps its NVVM options elsewhere
+        def __init__(self, library):
+            self._library = library
+
+        def __getattr__(self, name):
+            if name == "_nvvm_options":
+                raise AttributeError(f"no attribute {name!r}", name=name, obj=self)
+            return getattr(self._library, name)
+
+    internal = compiler._compile_pyfunc_with_fixup
+    monkeypatch.setattr(compiler, "_compile_pyfunc_with_fixup",
+                        lambda *a, **k: (WithoutOptions(internal(*a, **k)[0]), None))
+    monkeypatch.setattr(cl, "_WARNED", set())
+    x = np.zeros(1, np.float32)
+    specs = tuple(cl.describe(x, i, "two products") for i in range(5))
+    with pytest.warns(RuntimeWarning, match="'_nvvm_options'.*-fma=1"):
+        ptx = cl.compile_ptx(cuda.jit(_two_products), specs, (9, 0))
+    assert re.search(r"\bfma\.rn\.f32\b", ptx)  # contraction on: one product fused
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cl.compile_ptx(cuda.jit(_two_products), specs, (9, 0))  # said once

@@ -29,6 +29,7 @@ import functools
 import inspect
 import re
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -214,12 +215,34 @@ def compile_ptx(kernel: Any, specs: Sequence[ArgSpec], cc: tuple[int, int]) -> s
     from numba.core.compiler_lock import global_compiler_lock
     from numba.cuda import compiler
 
+    signature = numba_signature(specs)
     with global_compiler_lock:
-        library, _ = compiler._compile_pyfunc_with_fixup(kernel.py_func, numba_signature(specs), device=False,
-                                                         cc=cc, abi="numba")
-        library._nvvm_options = {**library._nvvm_options, "fma": False}
+        try:
+            library, _ = compiler._compile_pyfunc_with_fixup(kernel.py_func, signature, device=False, cc=cc,
+                                                             abi="numba")
+            options = library._nvvm_options
+        except AttributeError as err:  # another numba-cuda: its public path, NVVM's default contraction
+            _warn_contraction(err)
+            ptx, _ = compiler.compile_ptx(kernel.py_func, signature, cc=cc)
+            return ptx
+        library._nvvm_options = {**options, "fma": False}
         (ptx,) = library.get_asm_strs(cc=cc)
     return ptx
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_contraction(err: AttributeError) -> None:
+    """Once per missing name: the kernels fall back to numba-cuda's public path (contraction on)."""
+    name = err.name or str(err)
+    if name in _WARNED:
+        return
+    _WARNED.add(name)
+    warnings.warn(f"this numba-cuda has no {name!r}, through which arrayrnn compiles its CUDA kernels "
+                  "without FMA contraction; they are compiled with NVVM's default (-fma=1) instead, so a "
+                  "custom cell's results may differ from its built-in twin's by an ulp (numba-cuda 0.30 is "
+                  "the version checked)", RuntimeWarning, stacklevel=3)
 
 
 def link_cubin(ptx: str, cc: tuple[int, int]) -> bytes:
