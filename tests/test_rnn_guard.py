@@ -253,6 +253,8 @@ def test_on_a_gpu_the_fingerprint_follows_the_engines_launches(monkeypatch):
     from arrayrnn.engines.numba.engine import NumbaEngine
     from arrayrnn.frontend import guard
 
+    monkeypatch.delenv("ARRAYRNN_SYNC_GUARD", raising=False)
+    guard._PENDING.clear()
     order = []
     monkeypatch.setattr(NumbaEngine, "forward", _recorded(NumbaEngine.forward, "forward", order))
     monkeypatch.setattr(guard, "snapshot", _recorded(guard.snapshot, "snapshot", order))
@@ -268,6 +270,7 @@ def test_on_a_gpu_the_fingerprint_follows_the_engines_launches(monkeypatch):
         ar.rnn_backward(res, dy=cp.ones_like(res.y))
         with pytest.raises(ValueError, match="modified in place"):
             guard.synchronize()
+    guard._PENDING.clear()
     order.clear()
     ar.rnn_forward(ar.PackedParams.init(spec, seed=1), np.ones((5, 2, 3)), engine="numba")
     assert order == ["snapshot", "forward"]
@@ -278,3 +281,21 @@ def _recorded(function, name, order):
         order.append(name)
         return function(*args, **kwargs)
     return recorded
+
+
+def test_the_host_copy_compares_values_and_an_untouched_buffer_costs_one_memcmp(monkeypatch):
+    """A NumPy forward's record: unchanged bits pass through one ``memcmp`` (no elementwise comparison); a
+    write that changes no value passes too (``-0.0`` over ``0.0``, another NaN over a NaN); one ulp raises."""
+    from arrayrnn.frontend.guard import HostSnapshot
+
+    data = np.array([0.0, 1.0, np.nan, 2.5], np.float32)
+    record = HostSnapshot(data)
+    with monkeypatch.context() as m:
+        m.setattr(np, "array_equal", None)  # an elementwise comparison would fail
+        record.assert_unchanged(data)
+    data[0] = -0.0
+    data.view(np.uint32)[2] ^= 1  # another NaN payload
+    record.assert_unchanged(data)
+    data[3] = np.nextafter(np.float32(2.5), np.float32(3))
+    with pytest.raises(ValueError, match="modified in place"):
+        record.assert_unchanged(data)
