@@ -73,7 +73,7 @@ class HostSnapshot:
         # untouched, the common case: one memcmp (equal bits are equal values, no temporary); else the value
         # comparisons (a write of -0.0 over 0.0 changes no value), the plain one 10x cheaper than the
         # NaN-aware one that only a buffer holding NaN needs
-        if same_bits(self.copy, data):
+        if self.holds(data):
             return
         if not np.array_equal(self.copy, data) and not np.array_equal(self.copy, data, equal_nan=True):
             raise ValueError(_MESSAGE)
