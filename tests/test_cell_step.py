@@ -14,7 +14,7 @@ from support.rnn_cases import host, make_case, on_device, xp_of
 
 import arrayrnn as ar
 from arrayrnn import RNNSpec
-from arrayrnn.engines import load_engine, step_engine
+from arrayrnn.engines import load_engine, step_engine, thresholds
 from arrayrnn.engines.base import Engine
 from arrayrnn.engines.step import StepEngine
 
@@ -255,13 +255,16 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
         np.testing.assert_array_equal(fast.h_n, h_then)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rnn-tanh-single-inp"])
-def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name):
-    """Steps from the caller's buffer need no prepare: any write (a bias included) reaches the next step."""
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn-tanh-single-inp", "lstm-clip-nobias", "gru-single-rec"])
+def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name, rows, monkeypatch):
+    """Steps from the caller's buffer need no prepare: any write (a bias included) reaches the next step.
+    One row reads it with two GEMVs, more rows as ``W @ x.T`` (here at any size of weights: the table set)."""
     pytest.importorskip("numba")
-    case = cell_case(name, B=1, dtype="float64")
+    monkeypatch.setattr(thresholds, "SOURCE_STEP_ROWS", ((4, 0),))
+    case = cell_case(name, B=rows, dtype="float64")
     stepper = step_engine(load_engine("numba"))
-    assert stepper.steps_from_source(case.spec, 1) and not stepper.steps_from_source(case.spec, 2)
+    assert stepper.steps_from_source(case.spec, rows) and not stepper.steps_from_source(case.spec, 5)
     data = case.params.data.copy()
     sw = stepper.prepare(case.spec, data)
     args = (case.x[0], case.h0[0], case.c0[0] if case.c0 is not None else None)
@@ -270,6 +273,26 @@ def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_cal
         got = stepper.forward(sw, *args, keep_cache=False)
         want = ar.cell_step(ar.PackedParams(case.spec, data.copy()), *args, engine="reference")
         np.testing.assert_allclose(got.h_n, want.h, rtol=1e-12, atol=1e-14)
+        if want.c is not None:
+            np.testing.assert_allclose(got.c_n, want.c, rtol=1e-12, atol=1e-14)
+
+
+def test_which_inference_steps_read_the_source():
+    """One or two rows always; up to 8 from 512 KiB of weights, up to 16 from 2 MiB; never a cell whose
+    loop makes its own recurrent product (projection, layer norm, reset-before GRU, a custom cell)."""
+    pytest.importorskip("numba")
+    stepper = step_engine(load_engine("numba"))
+
+    def reads(rows, H, dtype="float32", mode="lstm", **kw):
+        return stepper.steps_from_source(RNNSpec(mode, input_size=H, hidden_size=H, dtype=dtype, **kw), rows)
+
+    assert reads(2, 4) and not reads(3, 4)
+    assert reads(8, 128) and not reads(9, 128) and not reads(8, 96)  # 8 * 128 * 128 * 4 B = 512 KiB
+    assert reads(16, 256) and not reads(17, 256) and reads(16, 182, "float64")
+    assert reads(16, 300, mode="gru") and reads(8, 256, mode="rnn_tanh")
+    assert not reads(9, 256, mode="rnn_tanh")
+    for other in ({"proj_size": 8}, {"layer_norm": True}, {"mode": "gru", "reset_after": False}):
+        assert not reads(1, 256, **other)
 
 
 def test_threads_stepping_one_cell_at_once_each_get_their_own_results():

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from arrayrnn.engines import thresholds
 from arrayrnn.torch import GRUCell, LSTMCell, RNNCell
 
 PAIRS = {"LSTMCell": (LSTMCell, nn.LSTMCell), "GRUCell": (GRUCell, nn.GRUCell),
@@ -194,13 +195,17 @@ def test_every_way_of_changing_the_weights_is_seen_by_the_next_step(update, name
     assert step_engine_of(ours) == step_on.engine
 
 
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize(("rows", "table"), [(1, None), (3, None), (3, ((4, 0),))])
 @pytest.mark.parametrize("name", ["LSTMCell", "GRUCell"])
 @pytest.mark.parametrize("update", UPDATES)
-def test_every_way_of_changing_the_weights_is_seen_by_the_next_inference_step(update, name, rows, step_on):
-    """Under ``no_grad`` the numba step of one row reads the weights' buffer itself (nothing kept to
-    compare), of more rows its packed copy after a comparison: every write, whichever way, reaches the next
-    step, before and after steps with a gradient."""
+def test_every_way_of_changing_the_weights_is_seen_by_the_next_inference_step(update, name, rows, table,
+                                                                                 step_on, monkeypatch):
+    """Under ``no_grad`` the numba step of a few rows reads the weights' buffer itself (nothing kept to
+    compare: one row always, more where the weights are large, ``table`` here), else its packed copy after
+    a comparison: every write, whichever way, reaches the next step, before and after steps with a
+    gradient."""
+    if table is not None:
+        monkeypatch.setattr(thresholds, "SOURCE_STEP_ROWS", table)
     ours, theirs = pair(name, 3, 4)
     x, hx = torch.randn(rows, 3), states(name, rows, 4, torch.float32)
     for cell in (ours, theirs):
@@ -212,6 +217,9 @@ def test_every_way_of_changing_the_weights_is_seen_by_the_next_inference_step(up
     with torch.no_grad():
         torch.testing.assert_close(ours(x, hx), theirs(x, hx))
     assert step_engine_of(ours) == step_on.engine
+    step = ours.__dict__["_prepared"][0][1]
+    assert step.stepper.steps_from_source(step.weights.spec, rows) == (step_on.engine == "numba" and
+                                                                       (rows == 1 or table is not None))
 
 
 @pytest.mark.parametrize("rows", [1, 2])

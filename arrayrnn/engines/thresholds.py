@@ -74,6 +74,15 @@ BLAS_ONE_THREAD_MAX = 1 << 24
 ACTIVE_PROJECTION_MAX_FILL = 0.9
 ACTIVE_PROJECTION_MIN_ROWS = 4
 
+# -- the numba engine: one cell step (.numba.step) -------------------------------------------------------
+# An inference step of at most R rows of a plain built-in cell whose weights take at least N bytes ((R, N)
+# pairs) reads the caller's weights with NumPy's BLAS (``W @ x.T``: no private copy, nothing to compare);
+# any other step compares the buffer with its private copy (one memcmp, reading both) and runs the packed
+# products. Both products of a float32 LSTM, one thread, BLAS from the buffer / memcmp + packed (us): 128
+# KiB (H = 64) 6 / 23 at 1 row, 9 / 22 at 2, 16 / 14 at 4; 512 KiB (H = 128) 23 / 38 at 4, 35 / 55 at 8,
+# 85 / 76 at 16; 2 MiB (H = 256) 198 / 260 at 8, 239 / 314 at 16; 8 MiB (H = 512) 981 / 1167 at 16.
+SOURCE_STEP_ROWS = ((2, 0), (8, 1 << 19), (16, 1 << 21))
+
 # -- cuDNN ----------------------------------------------------------------------------------------------
 # "auto" leaves sequences shorter than this to the CuPy engine. NOT MEASURED: no GPU was available when
 # this was written; 16 is a placeholder to be replaced by bench/bench_gpu.py's crossover on a GPU.

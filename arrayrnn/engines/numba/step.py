@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from ...core.backend import same_bits, same_memory
+from ...core.layout import layout_of
 from ...core.params import PackedParams
 from ...core.spec import RNNSpec
-from .. import derived
+from .. import derived, thresholds
 from ..base import DirectionForward, DirectionGrads, DirectionWeights
 from ..cells import split_biases
 from ..in_flight import engine_call
@@ -106,10 +107,11 @@ class NumbaStep(StepEngine):
             return kept.run(h, c)
 
     def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
-        """One row (a GEMV: BLAS reads each weight once, faster than comparing the buffer with the private
-        copy; a few rows make BLAS's small GEMM slower than the packed one) of a cell whose loop takes its
-        product from outside (:func:`.direction.takes_product_outside`)."""
-        return rows == 1 and direction.takes_product_outside(spec)
+        """A cell whose loop takes its product from outside (:func:`.direction.takes_product_outside`) over
+        few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): BLAS reads each weight
+        once, where the packed products need the buffer compared with the private copy first (both read
+        whole); over more rows the packed GEMM's speed pays for the comparison."""
+        return _reads_source(spec, rows, thresholds.SOURCE_STEP_ROWS)
 
     def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
         """Where the stack driver would run all of the call on one thread
@@ -186,6 +188,7 @@ class _KeptLoop:
         self.xw, self.rows, self.dtype, self.cell = xw, rows, dtype, cell
         self.product = direction.product_buffer(call) if outside else None
         self.product_adds = self.product is not None and self.product.base is xw  # into the input side
+        self.columns = _SourceColumns(spec, rows, dtype) if outside and rows > 1 else None
         self._loop, self._args = call.loop, call.plain_args()
 
     def run(self, h: Array, c: Array | None) -> DirectionForward:
@@ -196,6 +199,16 @@ class _KeptLoop:
         self._loop(0, self.rows, *self._args, _scratch(self.dtype))
         h_n = state.h_n.copy()
         return DirectionForward(h_n[None], h_n, state.c_n.copy() if c is not None else None, None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reads_source(spec: RNNSpec, rows: int, table: tuple[tuple[int, int], ...]) -> bool:
+    """:meth:`NumbaStep.steps_from_source` for the thresholds ``table`` (an argument: a test may set
+    another; the answer is asked at every step)."""
+    if not direction.takes_product_outside(spec):
+        return False
+    nbytes = layout_of(spec).size * np.dtype(spec.dtype).itemsize
+    return any(rows <= most and nbytes >= least for most, least in table)
 
 
 def _source_views(sw: StepWeights) -> DirectionWeights:
@@ -212,6 +225,26 @@ def _outside_cell(sw: StepWeights, dtype: np.dtype) -> Cell:
     return cell._replace(b_hn=np.zeros(sw.spec.hidden_size, dtype)) if isinstance(cell, GRUCell) else cell
 
 
+class _SourceColumns:
+    """A kept loop's buffers for the products of more than one row from the caller's buffer, computed as
+    ``W @ x.T`` into columns: OpenBLAS runs ``x @ W.T`` over 2-16 rows as a GEMM that is 2-6x slower
+    (``(8, 256) @ (256, 1024)``: 164 us against 86)."""
+
+    def __init__(self, spec: RNNSpec, rows: int, dtype: np.dtype):
+        G = spec.gate_size
+        self.x_t = np.empty((spec.input_size, rows), dtype)
+        self.h_t = np.empty((spec.output_size, rows), dtype)
+        self.input_side, self.recurrent = np.empty((G, rows), dtype), np.empty((G, rows), dtype)
+
+    def products(self, w: DirectionWeights, x: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(x @ W_ih.T, h @ W_hh.T)``, transposed views of this object's buffers."""
+        self.x_t[...] = x.T
+        self.h_t[...] = h.T
+        np.matmul(w.W_ih, self.x_t, out=self.input_side)
+        np.matmul(w.W_hh, self.h_t, out=self.recurrent)
+        return self.input_side.T, self.recurrent.T
+
+
 def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
     """Both products of an inference step, on NumPy's BLAS straight from the caller's buffer (no private
     copy, no packing, nothing to compare): ``x @ W_ih.T`` plus the input-side biases into ``kept.xw``, ``h @
@@ -219,13 +252,21 @@ def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np
     w = _source_views(sw)
     input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
     xw = kept.xw[0]
-    np.matmul(x, w.W_ih.T, out=xw)
-    if input_bias is not None:
-        xw += input_bias
-    if kept.product_adds:
-        xw += h @ w.W_hh.T
+    if kept.columns is None:  # one row: two GEMVs
+        np.matmul(x, w.W_ih.T, out=xw)
+        recurrent = h @ w.W_hh.T
+        if input_bias is not None:
+            xw += input_bias
     else:
-        np.matmul(h, w.W_hh.T, out=kept.product)
+        input_side, recurrent = kept.columns.products(w, x, h)
+        if input_bias is not None:
+            np.add(input_side, input_bias, out=xw)
+        else:
+            xw[...] = input_side
+    if kept.product_adds:
+        xw += recurrent
+    else:
+        kept.product[...] = recurrent
     if isinstance(kept.cell, GRUCell):
         kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
 
