@@ -12,6 +12,7 @@ Rows (one layer, ``input_size = H``, time-major):
 
   both at ``T`` in {1, 10}, ``B`` in {1, 8}, ``H`` in {64, 256};
 - ``cell step``: ``LSTMCell(x, (h, c))`` under ``torch.no_grad()``, against ``nn.LSTMCell``;
+- ``gru cell step``: ``GRUCell(x, h)`` under ``torch.no_grad()``, against ``nn.GRUCell``;
 - ``cell loop``: ``zero_grad``, 100 steps ``h, c = LSTMCell(x[t], (h, c))``, ``h.square().mean()
   .backward()``, against ``nn.LSTMCell``;
 
@@ -46,26 +47,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.torch import LSTM, LSTMCell  # noqa: E402
+from arrayrnn.torch import LSTM, GRUCell, LSTMCell  # noqa: E402
 
 WARM_S = 0.1
 CELL_STEPS = 100
 # issue 37's targets (ours / torch): T = 1 forwards at two sizes, every T = 1 training step, the cell loop;
-# issue 46's for the cell step (B = 1 and 8, H = 64-512)
+# issue 46's for the cells' step (LSTMCell and GRUCell, B = 1 and 8, H = 64-512)
 TARGETS = {("lstm forward", 1, 1, 64): 1.5, ("lstm forward", 1, 8, 256): 1.0, "lstm train T=1": 1.5,
            "cell step": 1.2, "cell loop": 1.2}
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    kind: str   # "lstm forward", "lstm train", "cell step", "cell loop"
+    kind: str   # "lstm forward", "lstm train", "cell step", "gru cell step", "cell loop"
     T: int
     B: int
     H: int
 
     def target(self) -> float | None:
-        if self.kind.startswith("cell"):
-            return TARGETS[self.kind]
+        if "cell" in self.kind:
+            return TARGETS[self.kind.removeprefix("gru ")]
         if self.kind == "lstm train":
             return TARGETS["lstm train T=1"] if self.T == 1 else None
         return TARGETS.get((self.kind, self.T, self.B, self.H))
@@ -76,13 +77,14 @@ def grid(quick: bool, sizes: list[int]) -> list[Row]:
     rows = [Row(kind, T, B, H) for kind in ("lstm forward", "lstm train") for H in sizes for T in (1, 10)
             for B in (1, 8)]
     return rows + [Row(kind, CELL_STEPS if kind == "cell loop" else 1, B, H)
-                   for kind in ("cell step", "cell loop") for H in sizes for B in (1, 8)]
+                   for kind in ("cell step", "gru cell step", "cell loop") for H in sizes for B in (1, 8)]
 
 
 # -- the calls ---------------------------------------------------------------------------------------
 def pair(row: Row) -> tuple[nn.Module, nn.Module]:
     """(ours, theirs) with the same weights."""
-    ours_cls, their_cls = (LSTMCell, nn.LSTMCell) if row.kind.startswith("cell") else (LSTM, nn.LSTM)
+    ours_cls, their_cls = {"cell step": (LSTMCell, nn.LSTMCell), "gru cell step": (GRUCell, nn.GRUCell),
+                           "cell loop": (LSTMCell, nn.LSTMCell)}.get(row.kind, (LSTM, nn.LSTM))
     torch.manual_seed(0)
     theirs = their_cls(row.H, row.H)
     ours = ours_cls(row.H, row.H)
@@ -102,6 +104,8 @@ def call(row: Row, module: nn.Module) -> Callable[[], torch.Tensor]:
     state = (torch.zeros(row.B, row.H), torch.zeros(row.B, row.H))
     if row.kind == "cell step":
         return lambda: _no_grad(lambda: module(x[0], state)[0])
+    if row.kind == "gru cell step":
+        return lambda: _no_grad(lambda: module(x[0], state[0]))
     return lambda: _train(module, lambda: _cell_loop(module, x, state))
 
 
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds = args.rounds or (3 if args.quick else 9)
     batch_s = (args.batch_ms or (5.0 if args.quick else 50.0)) / 1000
     if not args.no_warmup:  # every call on the numba engine from the first (its loops loaded or compiled)
-        ar.warmup("lstm", "float32", progress=False)
+        ar.warmup(("lstm", "gru"), "float32", progress=False)
     torch.set_num_threads(args.threads)
     ar.set_num_threads(args.threads)  # the engine's threads (numba's own threading layer stays unlaunched)
     with threadpoolctl.threadpool_limits(args.threads, user_api="blas"):

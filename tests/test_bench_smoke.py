@@ -209,9 +209,10 @@ def test_the_small_calls_bench_times_the_cell_step_rows_it_is_asked_for(capsys, 
         ar.set_num_threads(threads[0])
         torch.set_num_threads(threads[1])
     out = capsys.readouterr().out
-    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| cell step")]
-    shapes = [(int(r[2]), int(r[3])) for r in rows]
-    assert shapes == [(1, 16), (8, 16), (1, 24), (8, 24)]  # B in {1, 8} for each H asked for
+    rows = [line.strip("|").split("|") for line in out.splitlines() if "cell step" in line]
+    shapes = [(r[0].strip(), int(r[2]), int(r[3])) for r in rows]
+    assert shapes == [(kind, B, H) for kind in ("cell step", "gru cell step") for H in (16, 24)
+                      for B in (1, 8)]  # LSTMCell and GRUCell, B in {1, 8} for each H asked for
     for r in rows:
         assert "<= 1.2" in r[7] and float(r[8]) < 1e-5  # issue 46's target; the sides agree
     assert "(default setting: no warmup)" in out
