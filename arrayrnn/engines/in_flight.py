@@ -17,42 +17,35 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-
-class _Call:
-    """A call in flight, on thread ``ident`` (weakly held: a call whose cleanup an interrupt skipped
-    ends with its frame)."""
-
-    def __init__(self) -> None:
-        self.ident = threading.get_ident()
-
-
-_calls: weakref.WeakSet[_Call] = weakref.WeakSet()
+_calls: weakref.WeakSet[engine_call] = weakref.WeakSet()
 _no_fork = threading.Event()        # clear while a fork waits for the calls in flight
 _no_fork.set()
 _fork_lock = threading.Lock()       # one fork at a time
 FORK_POLL_S = 1e-3
 
 
-@contextmanager
-def engine_call() -> Iterator[None]:
-    """The scope of one engine call: a fork waits until it has ended (module doc)."""
-    call = _Call()
-    try:
-        _calls.add(call)
-        while not _no_fork.is_set() and not _inside_another_call(call):
-            _calls.discard(call)      # stand aside until the child exists
+class engine_call:  # lower case: used like a function, ``with engine_call():``
+    """The scope of one engine call: a fork waits until it has ended (module doc). The call in flight is
+    kept by thread ident, weakly (a call whose exit an interrupt skipped ends with its frame). A class, not
+    a ``@contextmanager`` generator: it wraps every engine call, a cell step's included (0.8 us less each)."""
+
+    __slots__ = ("ident", "__weakref__")
+
+    def __enter__(self) -> None:
+        self.ident = threading.get_ident()
+        _calls.add(self)
+        while not _no_fork.is_set() and not _inside_another_call(self):
+            _calls.discard(self)      # stand aside until the child exists
             _no_fork.wait()
-            _calls.add(call)
-        yield
-    finally:
-        _calls.discard(call)
+            _calls.add(self)
+
+    def __exit__(self, *exc: object) -> None:
+        _calls.discard(self)
 
 
-def _inside_another_call(call: _Call) -> bool:
+def _inside_another_call(call: engine_call) -> bool:
     return any(other.ident == call.ident and other is not call for other in list(_calls))
 
 
