@@ -252,21 +252,24 @@ def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np
     w = _source_views(sw)
     input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
     xw = kept.xw[0]
-    if kept.columns is None:  # one row: two GEMVs
+    if kept.columns is None:  # one row: two GEMVs, straight into place
         np.matmul(x, w.W_ih.T, out=xw)
-        recurrent = h @ w.W_hh.T
         if input_bias is not None:
             xw += input_bias
+        if kept.product_adds:
+            xw += h @ w.W_hh.T
+        else:
+            np.matmul(h, w.W_hh.T, out=kept.product)
     else:
         input_side, recurrent = kept.columns.products(w, x, h)
         if input_bias is not None:
             np.add(input_side, input_bias, out=xw)
         else:
             xw[...] = input_side
-    if kept.product_adds:
-        xw += recurrent
-    else:
-        kept.product[...] = recurrent
+        if kept.product_adds:
+            xw += recurrent
+        else:
+            kept.product[...] = recurrent
     if isinstance(kept.cell, GRUCell):
         kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
 
