@@ -291,7 +291,10 @@ def test_which_inference_steps_read_the_source():
     assert reads(16, 256) and not reads(17, 256) and reads(16, 182, "float64")
     assert reads(16, 300, mode="gru") and reads(8, 256, mode="rnn_tanh")
     assert not reads(9, 256, mode="rnn_tanh")
-    for other in ({"proj_size": 8}, {"layer_norm": True}, {"mode": "gru", "reset_after": False}):
+    import arrayrnn.cells  # noqa: F401  (registers "cifg")
+
+    for other in ({"proj_size": 8}, {"layer_norm": True}, {"mode": "gru", "reset_after": False},
+                  {"mode": "cifg"}):
         assert not reads(1, 256, **other)
 
 
