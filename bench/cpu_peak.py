@@ -36,7 +36,7 @@ def _fma_loop(typingctx, iters):
 
     def codegen(context, builder, signature, args):
         vec = ir.VectorType(ir.FloatType(), W)
-        fma = simd_ir._declare(builder.module, f"llvm.fma.v{W}f32", ir.FunctionType(vec, [vec] * 3))
+        fma = simd_ir.declare(builder.module, f"llvm.fma.v{W}f32", ir.FunctionType(vec, [vec] * 3))
         entry = builder.block
         loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
         builder.branch(loop)
@@ -53,7 +53,7 @@ def _fma_loop(typingctx, iters):
             acc.add_incoming(value, loop)
         i.add_incoming(nxt, loop)
         br = builder.cbranch(builder.icmp_signed("<", nxt, args[0]), loop, done)
-        br.set_metadata("llvm.loop", simd_ir._no_unroll(builder.module))
+        br.set_metadata("llvm.loop", simd_ir.no_unroll(builder.module))
         builder.position_at_end(done)
         total = new[0]
         for value in new[1:]:

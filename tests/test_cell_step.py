@@ -147,12 +147,13 @@ def test_zero_states_by_default_and_the_inputs_are_not_written(engine):
     family may run on different engines for a while, which agree within rounding, not bitwise.)"""
     case = cell_case("lstm")
     x, h, c = case.x[0].copy(), np.zeros((3, 5)), np.zeros((3, 5))
-    res = ar.cell_step(case.params, x, training=True, engine=engine)
-    explicit = ar.cell_step(case.params, x, h, c, engine=engine)
-    np.testing.assert_array_equal(res.h, explicit.h)
-    np.testing.assert_array_equal(res.c, explicit.c)
-    np.testing.assert_array_equal(x, case.x[0])
-    assert not np.shares_memory(res.h, x)
+    for training in (True, False):  # (an inference step may read the weights otherwise: its own bits)
+        res = ar.cell_step(case.params, x, training=training, engine=engine)
+        explicit = ar.cell_step(case.params, x, h, c, training=training, engine=engine)
+        np.testing.assert_array_equal(res.h, explicit.h)
+        np.testing.assert_array_equal(res.c, explicit.c)
+        np.testing.assert_array_equal(x, case.x[0])
+        assert not np.shares_memory(res.h, x)
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -226,13 +227,14 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
     """An inference step runs on the thread's kept loop (its buffers reused between calls); it gives what a
     step that builds its loop anew gives (a training step's), for batches that change between calls,
     returns new arrays each call and never writes its inputs. Bit for bit where it runs the same products;
-    within rounding where its products run on BLAS from the caller's buffer (the plain built-in cells)."""
+    within rounding where its products run on the row-dot kernel from the caller's buffer (the plain
+    built-in cells: ``steps_from_source``)."""
     pytest.importorskip("numba")
     import arrayrnn.cells  # noqa: F401  (registers "cifg")
 
     spec = RNNSpec(input_size=4, hidden_size=5, dtype="float32", **SPECS.get(name, {"mode": name}))
     stepper = step_engine(load_engine("numba"))
-    tol = {"rtol": 1e-5, "atol": 1e-6}  # the one-row steps' products run on BLAS (steps_from_source)
+    tol = {"rtol": 1e-5, "atol": 1e-6}
     sw = stepper.prepare(spec, ar.PackedParams.init(spec, seed=1).data)
     rng = np.random.default_rng(0)
     earlier = []
@@ -255,16 +257,17 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
         np.testing.assert_array_equal(fast.h_n, h_then)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 9])
 @pytest.mark.parametrize("name", ["lstm", "gru", "rnn-tanh-single-inp", "lstm-clip-nobias", "gru-single-rec"])
 def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name, rows, monkeypatch):
     """Steps from the caller's buffer need no prepare: any write (a bias included) reaches the next step.
-    One row reads it with two GEMVs, more rows as ``W @ x.T`` (here at any size of weights: the table set)."""
+    The row-dot kernel's tiles cover 1, 3 and 9 rows (one, a partial and several row blocks; the table set
+    so that any size of weights reads the buffer)."""
     pytest.importorskip("numba")
-    monkeypatch.setattr(thresholds, "SOURCE_STEP_ROWS", ((4, 0),))
+    monkeypatch.setattr(thresholds, "SOURCE_STEP_ROWS", ((rows + 1, 0),))
     case = cell_case(name, B=rows, dtype="float64")
     stepper = step_engine(load_engine("numba"))
-    assert stepper.steps_from_source(case.spec, rows) and not stepper.steps_from_source(case.spec, 5)
+    assert stepper.steps_from_source(case.spec, rows) and not stepper.steps_from_source(case.spec, rows + 2)
     data = case.params.data.copy()
     sw = stepper.prepare(case.spec, data)
     args = (case.x[0], case.h0[0], case.c0[0] if case.c0 is not None else None)
@@ -278,19 +281,20 @@ def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_cal
 
 
 def test_which_inference_steps_read_the_source():
-    """One or two rows always; up to 8 from 512 KiB of weights, up to 16 from 2 MiB; never a cell whose
-    loop makes its own recurrent product (projection, layer norm, reset-before GRU, a custom cell)."""
+    """Up to 8 rows always; up to 16 from 256 KiB of weights, 32 from 512 KiB, 64 from 2 MiB; never a cell
+    whose loop makes its own recurrent product (projection, layer norm, reset-before GRU, a custom cell)."""
     pytest.importorskip("numba")
     stepper = step_engine(load_engine("numba"))
 
     def reads(rows, H, dtype="float32", mode="lstm", **kw):
         return stepper.steps_from_source(RNNSpec(mode, input_size=H, hidden_size=H, dtype=dtype, **kw), rows)
 
-    assert reads(2, 4) and not reads(3, 4)
-    assert reads(8, 128) and not reads(9, 128) and not reads(8, 96)  # 8 * 128 * 128 * 4 B = 512 KiB
-    assert reads(16, 256) and not reads(17, 256) and reads(16, 182, "float64")
-    assert reads(16, 300, mode="gru") and reads(8, 256, mode="rnn_tanh")
-    assert not reads(9, 256, mode="rnn_tanh")
+    assert reads(1, 4) and reads(8, 4) and not reads(9, 4)
+    assert reads(16, 91) and not reads(16, 90) and not reads(17, 91)  # 32 * 91 * 91 + 32 * 91 B >= 256 KiB
+    assert reads(32, 128) and not reads(33, 128) and not reads(32, 127)  # 32 * 128 * 128 B = 512 KiB
+    assert reads(64, 256) and not reads(65, 256) and reads(64, 182, "float64") and not reads(64, 180, "float64")
+    assert reads(64, 300, mode="gru") and reads(32, 256, mode="rnn_tanh")
+    assert not reads(33, 256, mode="rnn_tanh")
     import arrayrnn.cells  # noqa: F401  (registers "cifg")
 
     for other in ({"proj_size": 8}, {"layer_norm": True}, {"mode": "gru", "reset_after": False},

@@ -154,6 +154,7 @@ def test_probes_cover_the_family(kind, dtype):
             res = ar.cell_step(ar.PackedParams.init(spec, seed=0), np.ones((B, 5), dtype), training=True,
                                engine="numba")
             ar.cell_step_backward(res, dh=np.ones_like(res.h))
+            ar.cell_step(ar.PackedParams.init(spec, seed=0), np.ones((B, 5), dtype), engine="numba")
             res = ar.rnn_forward(ar.PackedParams.init(spec.replace(num_layers=2, bidirectional=True), seed=0),
                                  np.ones((1, B, 5), dtype), engine="numba")  # one step per layer-direction
             assert res.engine == "numba"

@@ -76,12 +76,14 @@ ACTIVE_PROJECTION_MIN_ROWS = 4
 
 # -- the numba engine: one cell step (.numba.step) -------------------------------------------------------
 # An inference step of at most R rows of a plain built-in cell whose weights take at least N bytes ((R, N)
-# pairs) reads the caller's weights with NumPy's BLAS (``W @ x.T``: no private copy, nothing to compare);
-# any other step compares the buffer with its private copy (one memcmp, reading both) and runs the packed
-# products. Both products of a float32 LSTM, one thread, BLAS from the buffer / memcmp + packed (us): 128
-# KiB (H = 64) 6 / 23 at 1 row, 9 / 22 at 2, 16 / 14 at 4; 512 KiB (H = 128) 23 / 38 at 4, 35 / 55 at 8,
-# 85 / 76 at 16; 2 MiB (H = 256) 198 / 260 at 8, 239 / 314 at 16; 8 MiB (H = 512) 981 / 1167 at 16.
-SOURCE_STEP_ROWS = ((2, 0), (8, 1 << 19), (16, 1 << 21))
+# pairs) reads the caller's weights as they are, each row once (.numba.row_dot: no private copy, nothing to
+# compare); any other step compares the buffer with its private copy (one memcmp, reading both) and runs
+# the packed products. The whole inference step of a drop-in cell, one thread, from the buffer / compare +
+# packed (us; bench/RESULTS.md, 2026-12-01): LSTM 128 KiB (H = 64) 50 / 57 at 8 rows, 65 / 65 at 16, 91 /
+# 80 at 32; 512 KiB (H = 128) 109 / 132 at 16, 168 / 183 at 32, 302 / 281 at 64; 2 MiB (H = 256) 879 /
+# 1014 at 64. GRU 384 KiB (H = 128) 87 / 89 at 16, 135 / 124 at 32; 1.5 MiB (H = 256) 350 / 436 at 32, 646
+# / 652 at 64; 6 MiB (H = 512) 1953 / 2166 at 64.
+SOURCE_STEP_ROWS = ((8, 0), (16, 1 << 18), (32, 1 << 19), (64, 1 << 21))
 
 # -- cuDNN ----------------------------------------------------------------------------------------------
 # "auto" leaves sequences shorter than this to the CuPy engine. NOT MEASURED: no GPU was available when

@@ -98,6 +98,9 @@ def max_rows(nv: int, variant: str = VARIANT) -> int:
     return _MAX_ROWS[_REGISTERS[variant]][nv - 1]
 
 
+REGISTERS = _REGISTERS[VARIANT]
+"""The vector registers of this variant."""
+
 ROWS_BY_NV = (0,) + _MAX_ROWS[_REGISTERS[VARIANT]]
 """``ROWS_BY_NV[nv] == max_rows(nv)`` for this variant, as a tuple compiled code can index."""
 
@@ -155,12 +158,12 @@ def simd_jit(**options):
 
 
 # -- IR generation --------------------------------------------------------------------------------
-def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
     existing = module.globals.get(name)
     return existing if existing is not None else ir.Function(module, fnty, name=name)
 
 
-def _no_unroll(module: ir.Module) -> ir.MDValue:
+def no_unroll(module: ir.Module) -> ir.MDValue:
     """A fresh self-referencing ``!llvm.loop`` node that forbids unrolling."""
     disable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])
     node = module.add_metadata([ir.MetaDataString(module, f"arrayrnn.loop.{len(module.metadata)}"), disable])
@@ -168,7 +171,7 @@ def _no_unroll(module: ir.Module) -> ir.MDValue:
     return node
 
 
-class _Emitter:
+class Emitter:
     """Emits the K loops of one element type for one variant into the current function."""
 
     def __init__(self, builder: ir.IRBuilder, real: ir.Type, itemsize: int):
@@ -179,7 +182,9 @@ class _Emitter:
         self.vec = ir.VectorType(real, self.W)
         suffix = f"v{self.W}f{8 * itemsize}"
         name = "llvm.fmuladd" if VARIANT == "portable" else "llvm.fma"
-        self.fma = _declare(builder.module, f"{name}.{suffix}", ir.FunctionType(self.vec, [self.vec] * 3))
+        self.fma = declare(builder.module, f"{name}.{suffix}", ir.FunctionType(self.vec, [self.vec] * 3))
+        self.scalar_fma = declare(builder.module, f"{name}.f{8 * itemsize}",
+                                  ir.FunctionType(real, [real] * 3))
         self.i64 = ir.IntType(64)
         self.zero_vec = ir.Constant(self.vec, [0.0] * self.W)
 
@@ -191,6 +196,25 @@ class _Emitter:
         one = b.insert_element(ir.Constant(self.vec, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
         return b.shuffle_vector(one, ir.Constant(self.vec, ir.Undefined),
                                 ir.Constant(ir.VectorType(ir.IntType(32), self.W), [0] * self.W))
+
+    def lanes_sums(self, vecs):
+        """The sum of each vector's lanes, all in one tree: two vectors of ``g`` sums of ``s`` lanes each
+        become one of ``2 g`` sums of ``s / 2`` lanes (each sum's low half plus its high half), until every
+        lane is a sum. A sum's order is fixed by the lane count alone (lane ``l`` plus ``l + W/2``, then
+        ``l + W/4``, ...), not by how many vectors are summed with it."""
+        b, i32, W = self.b, ir.IntType(32), self.W
+        level, per = list(vecs), W  # the vectors, each holding W // per sums of `per` lanes
+        while per > 1:
+            if len(level) % 2:
+                level.append(self.zero_vec)
+            half, groups = per // 2, W // per
+            low = [q * per + r for q in range(2 * groups) for r in range(half)]
+            high = [i + half for i in low]
+            shuffle = [ir.Constant(ir.VectorType(i32, W), lanes) for lanes in (low, high)]
+            level = [b.fadd(b.shuffle_vector(one, two, shuffle[0]), b.shuffle_vector(one, two, shuffle[1]))
+                     for one, two in zip(level[::2], level[1::2], strict=True)]
+            per = half
+        return [b.extract_element(level[n // W], ir.Constant(i32, n % W)) for n in range(len(vecs))]
 
     def vload(self, ptr):
         return self.b.load(self.b.bitcast(ptr, self.vec.as_pointer()), align=self.align)
@@ -235,7 +259,7 @@ class _Emitter:
             for row, new_row in zip(accs, new, strict=True):
                 for acc, value in zip(row, new_row, strict=True):
                     acc.add_incoming(value, latch)
-        b.branch(header).set_metadata("llvm.loop", _no_unroll(b.module))
+        b.branch(header).set_metadata("llvm.loop", no_unroll(b.module))
         b.position_at_end(exit_)
         return kk, sets
 
@@ -320,7 +344,7 @@ def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Func
     fn.attributes.add("nounwind")
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     mr_v, nv_v, a_p, lda_v, b_p, ps_v, k_v, c_p, ldc_v, cvs_v, acc_v = fn.args
-    em = _Emitter(builder, real, itemsize)
+    em = Emitter(builder, real, itemsize)
     done = builder.append_basic_block("tile_done")
     switch_bb = builder.block
     cases = []

@@ -34,6 +34,7 @@ from . import direction
 from .bundles import Cell, GRUCell, no_variants
 from .packed_gemm import gemm, new_scratch, pack_b
 from .plan import one_step_on_one_thread
+from .row_dot import dot_rows_at
 
 Array = Any
 
@@ -188,7 +189,6 @@ class _KeptLoop:
         self.xw, self.rows, self.dtype, self.cell = xw, rows, dtype, cell
         self.product = direction.product_buffer(call) if outside else None
         self.product_adds = self.product is not None and self.product.base is xw  # into the input side
-        self.columns = _SourceColumns(spec, rows, dtype) if outside and rows > 1 else None
         self._loop, self._args = call.loop, call.plain_args()
 
     def run(self, h: Array, c: Array | None) -> DirectionForward:
@@ -225,51 +225,19 @@ def _outside_cell(sw: StepWeights, dtype: np.dtype) -> Cell:
     return cell._replace(b_hn=np.zeros(sw.spec.hidden_size, dtype)) if isinstance(cell, GRUCell) else cell
 
 
-class _SourceColumns:
-    """A kept loop's buffers for the products of more than one row from the caller's buffer, computed as
-    ``W @ x.T`` into columns: OpenBLAS runs ``x @ W.T`` over 2-16 rows as a GEMM that is 2-6x slower
-    (``(8, 256) @ (256, 1024)``: 164 us against 86)."""
-
-    def __init__(self, spec: RNNSpec, rows: int, dtype: np.dtype):
-        G = spec.gate_size
-        self.x_t = np.empty((spec.input_size, rows), dtype)
-        self.h_t = np.empty((spec.output_size, rows), dtype)
-        self.input_side, self.recurrent = np.empty((G, rows), dtype), np.empty((G, rows), dtype)
-
-    def products(self, w: DirectionWeights, x: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(x @ W_ih.T, h @ W_hh.T)``, transposed views of this object's buffers."""
-        self.x_t[...] = x.T
-        self.h_t[...] = h.T
-        np.matmul(w.W_ih, self.x_t, out=self.input_side)
-        np.matmul(w.W_hh, self.h_t, out=self.recurrent)
-        return self.input_side.T, self.recurrent.T
-
-
 def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
-    """Both products of an inference step, on NumPy's BLAS straight from the caller's buffer (no private
-    copy, no packing, nothing to compare): ``x @ W_ih.T`` plus the input-side biases into ``kept.xw``, ``h @
-    W_hh.T`` into ``kept.product``, a GRU's ``b_hn`` into its cell."""
+    """Both products of an inference step straight from the caller's buffer (no private copy, no packing,
+    nothing to compare), each row of a weight matrix read once (:mod:`.row_dot`): ``x @ W_ih.T`` plus the
+    input-side biases into ``kept.xw``, ``h @ W_hh.T`` into (or added into) ``kept.product``, a GRU's ``b_hn``
+    into its cell."""
     w = _source_views(sw)
+    W_ih, W_hh = _packed(sw, "source addresses", lambda: (w.W_ih.ctypes.data, w.W_hh.ctypes.data))
     input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
     xw = kept.xw[0]
-    if kept.columns is None:  # one row: two GEMVs, straight into place
-        np.matmul(x, w.W_ih.T, out=xw)
-        if input_bias is not None:
-            xw += input_bias
-        if kept.product_adds:
-            xw += h @ w.W_hh.T
-        else:
-            np.matmul(h, w.W_hh.T, out=kept.product)
-    else:
-        input_side, recurrent = kept.columns.products(w, x, h)
-        if input_bias is not None:
-            np.add(input_side, input_bias, out=xw)
-        else:
-            xw[...] = input_side
-        if kept.product_adds:
-            xw += recurrent
-        else:
-            kept.product[...] = recurrent
+    dot_rows_at(x, W_ih, xw)
+    if input_bias is not None:
+        xw += input_bias
+    dot_rows_at(h, W_hh, kept.product, kept.product_adds)
     if isinstance(kept.cell, GRUCell):
         kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
 

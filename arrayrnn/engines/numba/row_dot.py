@@ -1,0 +1,208 @@
+"""Products of a few rows with a weight matrix as it is (unpacked): ``out (+)= x @ w.T``, each row of ``w``
+read once.
+
+An inference step that reads the caller's weights as they are (:mod:`.step`, up to 64 rows) multiplies ``x
+(M, K)`` by ``w.T`` for a ``w (N, K)`` it may not pack (packing reads and writes the whole matrix: the step
+would cost what it saves). NumPy's OpenBLAS runs ``x @ w.T`` over 2-16 rows as a GEMM that packs ``w`` every
+call, and ``w @ x.T`` reads ``w`` at a quarter of its one-row speed (both products of an `H = 256` LSTM, one
+thread: 181 us at 8 rows, 46 at one; bench/RESULTS.md). This kernel takes ``w`` as it lies:
+:data:`W_ROWS` rows of ``w`` at a time are loaded as vectors along ``K`` and multiplied with up to
+:data:`ROWS` rows of ``x`` (which stay in L1), one accumulator per pair, each summed across its lanes at
+the end; roughly::
+
+    for j in range(0, N, W_ROWS):                             # rows of w: read from memory once
+        for i in range(0, M, ROWS):                           # the rows of x, from L1
+            acc[i][j] = sum_kk fma(x[i, kk:kk+L], w[j, kk:kk+L], acc[i][j])   # L lanes a vector
+            out[i, j] = (out[i, j] if accumulate else 0) + lanes_sum(acc[i][j]) + tail[i][j]
+
+``tail`` is the ``K mod L`` last products, one at a time. The sums' order is fixed by ``K`` and the lane
+count alone (not by ``M``, the thread or where a row's tile falls), so a row's result has the same bits
+whatever rows it is computed with. The IR is emitted for the SIMD variant of :mod:`.simd_ir` (its vector
+width and registers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .simd_ir import REGISTERS, VARIANT, Emitter, declare, no_unroll, simd_jit
+
+W_ROWS = 4 if REGISTERS == 32 else 2
+"""Rows of ``w`` a tile reads at once."""
+
+ROWS = 4
+"""The most rows of ``x`` a tile multiplies: ``ROWS * W_ROWS`` accumulators, the ``w`` vectors and a loaded
+``x`` vector fit the register file (4 x 4 ran 8 rows at `H = 256` in 100 us, 2 x 8 in 113, 1 x 8 in 158)."""
+
+
+class _DotEmitter(Emitter):
+    """Emits one ``(mr, nw)`` tile of :func:`dot_rows` into the current function."""
+
+    def dot_tile(self, mr, nw, x, ldx, w, ldw, k, out, ldo, accumulate, done):
+        b, i64 = self.b, self.i64
+        whole = b.mul(b.sdiv(k, ir.Constant(i64, self.W)), ir.Constant(i64, self.W))  # k rounded down
+        accs = self._vector_loop(mr, nw, x, ldx, w, ldw, whole)
+        flat = self.lanes_sums([acc for row in accs for acc in row])
+        sums = [flat[i * nw:(i + 1) * nw] for i in range(mr)]
+        sums = self._tail_loop(mr, nw, x, ldx, w, ldw, whole, k, sums)
+        for i in range(mr):
+            for j in range(nw):
+                ptr = self.gep(out, b.add(b.mul(ir.Constant(i64, i), ldo), ir.Constant(i64, j)))
+                total = b.select(accumulate, b.fadd(b.load(ptr), sums[i][j]), sums[i][j])
+                b.store(total, ptr)
+        b.branch(done)
+
+    def _loop_blocks(self, name):
+        return tuple(self.b.append_basic_block(f"{name}_{part}") for part in ("head", "body", "exit"))
+
+    def _vector_loop(self, mr, nw, x, ldx, w, ldw, end):
+        """The accumulators over the whole vectors of ``K`` (``kk`` from 0 by a vector below ``end``)."""
+        b, i64, L = self.b, self.i64, self.W
+        entry = b.block
+        header, body, exit_ = self._loop_blocks(f"dot_{mr}x{nw}")
+        b.branch(header)
+        b.position_at_end(header)
+        kk = b.phi(i64)
+        kk.add_incoming(ir.Constant(i64, 0), entry)
+        accs = [[b.phi(self.vec) for _ in range(nw)] for _ in range(mr)]
+        for acc in (acc for row in accs for acc in row):
+            acc.add_incoming(self.zero_vec, entry)
+        b.cbranch(b.icmp_signed("<=", b.add(kk, ir.Constant(i64, L)), end), body, exit_)
+        b.position_at_end(body)
+        w_vecs = [self.vload(self.gep(w, b.add(b.mul(ir.Constant(i64, j), ldw), kk))) for j in range(nw)]
+        new = []
+        for i in range(mr):
+            x_vec = self.vload(self.gep(x, b.add(b.mul(ir.Constant(i64, i), ldx), kk)))
+            new.append([b.call(self.fma, [x_vec, w_vecs[j], accs[i][j]]) for j in range(nw)])
+        kk.add_incoming(b.add(kk, ir.Constant(i64, L)), b.block)
+        for row, new_row in zip(accs, new, strict=True):
+            for acc, value in zip(row, new_row, strict=True):
+                acc.add_incoming(value, b.block)
+        b.branch(header).set_metadata("llvm.loop", no_unroll(b.module))
+        b.position_at_end(exit_)
+        return accs
+
+    def _tail_loop(self, mr, nw, x, ldx, w, ldw, start, k, sums):
+        """The products past the last whole vector, one ``kk`` at a time, added to ``sums``."""
+        b, i64 = self.b, self.i64
+        entry = b.block
+        header, body, exit_ = self._loop_blocks(f"tail_{mr}x{nw}")
+        b.branch(header)
+        b.position_at_end(header)
+        kk = b.phi(i64)
+        kk.add_incoming(start, entry)
+        accs = [[b.phi(self.real) for _ in range(nw)] for _ in range(mr)]
+        for row, init_row in zip(accs, sums, strict=True):
+            for acc, value in zip(row, init_row, strict=True):
+                acc.add_incoming(value, entry)
+        b.cbranch(b.icmp_signed("<", kk, k), body, exit_)
+        b.position_at_end(body)
+        w_vals = [b.load(self.gep(w, b.add(b.mul(ir.Constant(i64, j), ldw), kk))) for j in range(nw)]
+        new = []
+        for i in range(mr):
+            x_val = b.load(self.gep(x, b.add(b.mul(ir.Constant(i64, i), ldx), kk)))
+            new.append([b.call(self.scalar_fma, [x_val, w_vals[j], accs[i][j]]) for j in range(nw)])
+        kk.add_incoming(b.add(kk, ir.Constant(i64, 1)), b.block)
+        for row, new_row in zip(accs, new, strict=True):
+            for acc, value in zip(row, new_row, strict=True):
+                acc.add_incoming(value, b.block)
+        b.branch(header).set_metadata("llvm.loop", no_unroll(b.module))
+        b.position_at_end(exit_)
+        return accs
+
+
+def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Function:
+    """The module's copy of every ``(mr, nw)`` tile behind one switch, ``noinline`` (compile time)."""
+    name = f"arrayrnn_row_dot_{VARIANT}_f{8 * itemsize}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    i64, ptr = ir.IntType(64), real.as_pointer()
+    fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, ir.IntType(1)])
+    fn = declare(module, name, fnty)
+    fn.linkage = "linkonce_odr"
+    fn.attributes.add("noinline")
+    fn.attributes.add("nounwind")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    mr_v, nw_v, x_p, ldx_v, w_p, ldw_v, k_v, out_p, ldo_v, acc_v = fn.args
+    em = _DotEmitter(builder, real, itemsize)
+    done = builder.append_basic_block("dot_done")
+    switch_bb = builder.block
+    cases = []
+    for nw_c in range(1, W_ROWS + 1):
+        for mr_c in range(1, ROWS + 1):
+            case = builder.append_basic_block(f"dot_{mr_c}x{nw_c}")
+            builder.position_at_end(case)
+            em.dot_tile(mr_c, nw_c, x_p, ldx_v, w_p, ldw_v, k_v, out_p, ldo_v, acc_v, done)
+            cases.append((nw_c * 64 + mr_c, case))
+    builder.position_at_end(switch_bb)
+    switch = builder.switch(builder.add(builder.mul(nw_v, ir.Constant(i64, 64)), mr_v), done)
+    for value, case in cases:
+        switch.add_case(ir.Constant(i64, value), case)
+    builder.position_at_end(done)
+    builder.ret_void()
+    return fn
+
+
+@intrinsic
+def _tile_ir(typingctx, mr, nw, x, ldx, w, ldw, k, out, ldo, accumulate, like):
+    """One tile of :func:`dot_rows`; addresses as integers, strides in elements, ``like`` a scalar of the
+    element type."""
+    if not isinstance(like, types.Float):
+        return None
+    i64, ptr = types.int64, types.uintp
+    sig = types.void(i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, types.boolean, like)
+
+    def codegen(context, builder, signature, args):
+        real = context.get_value_type(like)
+        kernel = _kernel_function(builder.module, real, like.bitwidth // 8)
+        values = list(args[:-1])
+        for at in (2, 4, 7):                          # the addresses of x, w and out
+            values[at] = builder.inttoptr(values[at], real.as_pointer())
+        builder.call(kernel, values)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def dot_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray, accumulate: bool = False) -> None:
+    """``out = x @ w.T`` (``out += x @ w.T`` when ``accumulate``) for ``x (M, K)``, ``w (N, K)``
+    (C-contiguous) and ``out (M, N)`` of one float dtype; each row of ``w`` read once (module doc)."""
+    M, K = x.shape
+    if w.shape != (out.shape[1], K) or out.shape[0] != M or not (x.dtype == w.dtype == out.dtype):
+        raise ValueError(f"dot_rows: x {x.shape} {x.dtype}, w {w.shape} {w.dtype}, out {out.shape} "
+                         f"{out.dtype}; expected x (M, K), w (N, K), out (M, N) of one dtype")
+    if not w.flags.c_contiguous:
+        raise ValueError(f"dot_rows: w (strides {w.strides}) must be C-contiguous")
+    dot_rows_at(x, w.ctypes.data, out, accumulate)
+
+
+def dot_rows_at(x: np.ndarray, w_address: int, out: np.ndarray, accumulate: bool = False) -> None:
+    """:func:`dot_rows` with ``w`` given by its address (a caller that keeps it: ``ndarray.ctypes`` costs a
+    microsecond): ``w`` C-contiguous ``(out.shape[1], x.shape[1])`` of their dtype, alive for the call. ``x``
+    is copied unless C-contiguous and writeable, and ``out`` must be both: the kernel then has one
+    signature per dtype (the background compile loads it; a read-only weight buffer needs none of its
+    own, being an address)."""
+    if not (x.flags.c_contiguous and x.flags.writeable):
+        x = np.array(x, order="C")
+    if not (out.flags.c_contiguous and out.flags.writeable) or out.dtype != x.dtype:
+        raise ValueError(f"dot_rows: out ({out.dtype}, strides {out.strides}) must be C-contiguous, "
+                         f"writeable, {x.dtype}")
+    _dot_rows(x, w_address, out, accumulate)
+
+
+@simd_jit(cache=True, nogil=True, error_model="numpy")
+def _dot_rows(x, w, out, accumulate):
+    """:func:`dot_rows_at` compiled: ``w`` an address."""
+    M, K = x.shape
+    N = out.shape[1]
+    item = x.itemsize
+    like = x.dtype.type(0)
+    for j in range(0, N, W_ROWS):
+        nw = min(W_ROWS, N - j)
+        for i in range(0, M, ROWS):
+            mr = min(ROWS, M - i)
+            _tile_ir(mr, nw, x.ctypes.data + i * K * item, K, w + j * K * item, K, K,
+                     out.ctypes.data + (i * N + j) * item, N, accumulate, like)
