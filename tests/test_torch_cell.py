@@ -10,6 +10,7 @@ import io
 
 import pytest
 import torch
+from support.fresh_process import run_fresh
 from torch import nn
 
 from arrayrnn.engines import thresholds
@@ -241,6 +242,39 @@ def test_frozen_weights_written_between_inference_steps_and_a_step_with_an_input
         (out[0] if isinstance(out, tuple) else out).square().sum().backward()
         grads.append(xr.grad)
     torch.testing.assert_close(grads[0], grads[1])
+
+
+_FRESH_TRAINED_THEN_INFERENCE = """
+    import torch
+    import arrayrnn as ar
+    from arrayrnn.engines.numba import row_dot
+    from arrayrnn.engines.numba import warmup as W
+    from arrayrnn.torch import LSTMCell
+
+    torch.manual_seed(0)
+    cell, ref = LSTMCell(3, 5), torch.nn.LSTMCell(3, 5)
+    ref.load_state_dict(cell.state_dict())
+    x, hx = torch.randn(3, 3), (torch.randn(3, 5), torch.randn(3, 5))
+    cell(x, hx)[0].sum().backward()                    # a training step first: the training family is asked
+    assert W.wait(ar.RNNSpec(mode="lstm", input_size=3, hidden_size=5), training=True, timeout=800)
+    before = W.compiled_signatures()
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cell(x, hx), ref(x, hx))
+    step = cell.__dict__["_prepared"][0][1]
+    assert step.stepper.name == "numba" and step.stepper.steps_from_source(step.weights.spec, 3)
+    assert row_dot._dot_rows.signatures, "the inference steps did not read the weights as they are"
+    assert W.new_signatures(before, W.compiled_signatures()) == {}
+    print("ok")
+"""
+
+
+def test_a_users_fresh_process_steps_from_the_weights_without_compiling_once_trained(tmp_path):
+    """The default setting (background compile on, an empty cache): once the training family has loaded
+    (it loads the inference steps too), ``no_grad`` steps run numba's step from the weights as they are
+    (the row-dot kernel) and compile nothing in the caller's process."""
+    out = run_fresh(_FRESH_TRAINED_THEN_INFERENCE, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 def test_a_cell_first_called_before_numba_loaded_moves_to_it_once_loaded(monkeypatch):
