@@ -8,15 +8,12 @@ with ``ARRAYRNN_SIMD`` (and numba's target features) set, running this file's sh
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import numba
 import numpy as np
 import pytest
-from llvmlite import binding as llvm
+from support.simd_variants import errors_in_variant, runnable_variants
 
 from arrayrnn.engines.numba import blocking, simd_ir
 from arrayrnn.engines.numba import packed_gemm as pg
@@ -100,32 +97,11 @@ def test_bad_arguments_name_what_was_expected():
         pg.matmul(np.zeros((2, 5), np.float32), packed, 8)
 
 
-def _runnable_variants() -> list[str]:
-    host = {name for name, on in llvm.get_host_cpu_features().items() if on}
-    out = ["portable"]
-    if {"avx2", "fma"} <= host:
-        out.append("avx2")
-    if {"avx512f", "fma"} <= host:
-        out.append("avx512")
-    return out
-
-
-_NUMBA_TARGET = {"avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+sse4.2"},
-                 "avx512": {}, "portable": {}}
-
-
 @pytest.mark.parametrize("variant", [v for v in simd_ir.VARIANTS if v != simd_ir.VARIANT])
 def test_other_variants_match_matmul(variant):
-    if variant not in _runnable_variants():
+    if variant not in runnable_variants():
         pytest.skip(f"this CPU cannot run the {variant} variant")
-    env = dict(os.environ, ARRAYRNN_SIMD=variant, **_NUMBA_TARGET[variant])
-    here = os.path.dirname(__file__)
-    code = (f"import sys, numpy as np; sys.path.insert(0, {here!r}); import test_packed_gemm as t; "
-            f"from arrayrnn.engines.numba import simd_ir; assert simd_ir.VARIANT == {variant!r}; "
-            "print(t.check_shapes(np.float32), t.check_shapes(np.float64))")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    err32, err64 = map(float, done.stdout.split())
+    err32, err64 = errors_in_variant(variant, "test_packed_gemm")
     assert err32 < TOL[np.float32] and err64 < TOL[np.float64]
 
 

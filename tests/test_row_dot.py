@@ -7,13 +7,9 @@ runs is tested in process, every other one this CPU can run in a subprocess (as 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from test_packed_gemm import _NUMBA_TARGET, _runnable_variants
+from support.simd_variants import errors_in_variant, runnable_variants
 
 from arrayrnn.engines.numba import row_dot, simd_ir
 
@@ -53,16 +49,9 @@ def test_row_dot_matches_float64_matmul_on_every_tile_and_edge(dtype):
 
 @pytest.mark.parametrize("variant", [v for v in simd_ir.VARIANTS if v != simd_ir.VARIANT])
 def test_other_variants_match_float64_matmul(variant):
-    if variant not in _runnable_variants():
+    if variant not in runnable_variants():
         pytest.skip(f"this CPU cannot run the {variant} variant")
-    env = dict(os.environ, ARRAYRNN_SIMD=variant, **_NUMBA_TARGET[variant])
-    here = os.path.dirname(__file__)
-    code = (f"import sys, numpy as np; sys.path.insert(0, {here!r}); import test_row_dot as t; "
-            f"from arrayrnn.engines.numba import simd_ir; assert simd_ir.VARIANT == {variant!r}; "
-            "print(t.check_shapes(np.float32), t.check_shapes(np.float64))")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    err32, err64 = map(float, done.stdout.split())
+    err32, err64 = errors_in_variant(variant, "test_row_dot")
     assert err32 < TOL[np.float32] and err64 < TOL[np.float64]
 
 

@@ -28,7 +28,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .simd_ir import REGISTERS, VARIANT, Emitter, declare, no_unroll, simd_jit
+from .simd_ir import REGISTERS, VARIANT, Emitter, no_unroll, simd_jit, switched_kernel
 
 W_ROWS = 4 if REGISTERS == 32 else 2
 """Rows of ``w`` a tile reads at once."""
@@ -39,112 +39,68 @@ ROWS = 4
 
 
 class _DotEmitter(Emitter):
-    """Emits one ``(mr, nw)`` tile of :func:`dot_rows` into the current function."""
+    """Emits one ``(mr, nw)`` tile of :func:`dot_rows` into the current function; the tile's accumulators
+    are one flat list, ``acc[i * nw + j]`` for row ``i`` of ``x`` and row ``j`` of ``w``."""
 
     def dot_tile(self, mr, nw, x, ldx, w, ldw, k, out, ldo, accumulate, done):
         b, i64 = self.b, self.i64
         whole = b.mul(b.sdiv(k, ir.Constant(i64, self.W)), ir.Constant(i64, self.W))  # k rounded down
-        accs = self._vector_loop(mr, nw, x, ldx, w, ldw, whole)
-        flat = self.lanes_sums([acc for row in accs for acc in row])
-        sums = [flat[i * nw:(i + 1) * nw] for i in range(mr)]
-        sums = self._tail_loop(mr, nw, x, ldx, w, ldw, whole, k, sums)
+        vectors = self._counted_loop(ir.Constant(i64, 0), self.W, whole, [self.zero_vec] * (mr * nw),
+                                     lambda kk, accs: self._products(mr, nw, x, ldx, w, ldw, kk, accs, True))
+        sums = self._counted_loop(whole, 1, k, self.lanes_sums(vectors),        # the tail, one at a time
+                                  lambda kk, accs: self._products(mr, nw, x, ldx, w, ldw, kk, accs, False))
         for i in range(mr):
             for j in range(nw):
                 ptr = self.gep(out, b.add(b.mul(ir.Constant(i64, i), ldo), ir.Constant(i64, j)))
-                total = b.select(accumulate, b.fadd(b.load(ptr), sums[i][j]), sums[i][j])
-                b.store(total, ptr)
+                total = sums[i * nw + j]
+                b.store(b.select(accumulate, b.fadd(b.load(ptr), total), total), ptr)
         b.branch(done)
 
-    def _loop_blocks(self, name):
-        return tuple(self.b.append_basic_block(f"{name}_{part}") for part in ("head", "body", "exit"))
-
-    def _vector_loop(self, mr, nw, x, ldx, w, ldw, end):
-        """The accumulators over the whole vectors of ``K`` (``kk`` from 0 by a vector below ``end``)."""
-        b, i64, L = self.b, self.i64, self.W
-        entry = b.block
-        header, body, exit_ = self._loop_blocks(f"dot_{mr}x{nw}")
-        b.branch(header)
-        b.position_at_end(header)
-        kk = b.phi(i64)
-        kk.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [[b.phi(self.vec) for _ in range(nw)] for _ in range(mr)]
-        for acc in (acc for row in accs for acc in row):
-            acc.add_incoming(self.zero_vec, entry)
-        b.cbranch(b.icmp_signed("<=", b.add(kk, ir.Constant(i64, L)), end), body, exit_)
-        b.position_at_end(body)
-        w_vecs = [self.vload(self.gep(w, b.add(b.mul(ir.Constant(i64, j), ldw), kk))) for j in range(nw)]
+    def _products(self, mr, nw, x, ldx, w, ldw, kk, accs, vectors):
+        """``accs`` plus the products at ``kk``: of vectors along ``K``, or of single elements."""
+        b, i64 = self.b, self.i64
+        load, fma = (self.vload, self.fma) if vectors else (b.load, self.scalar_fma)
+        w_rows = [load(self.gep(w, b.add(b.mul(ir.Constant(i64, j), ldw), kk))) for j in range(nw)]
         new = []
         for i in range(mr):
-            x_vec = self.vload(self.gep(x, b.add(b.mul(ir.Constant(i64, i), ldx), kk)))
-            new.append([b.call(self.fma, [x_vec, w_vecs[j], accs[i][j]]) for j in range(nw)])
-        kk.add_incoming(b.add(kk, ir.Constant(i64, L)), b.block)
-        for row, new_row in zip(accs, new, strict=True):
-            for acc, value in zip(row, new_row, strict=True):
-                acc.add_incoming(value, b.block)
-        b.branch(header).set_metadata("llvm.loop", no_unroll(b.module))
-        b.position_at_end(exit_)
-        return accs
+            x_row = load(self.gep(x, b.add(b.mul(ir.Constant(i64, i), ldx), kk)))
+            new += [b.call(fma, [x_row, w_rows[j], accs[i * nw + j]]) for j in range(nw)]
+        return new
 
-    def _tail_loop(self, mr, nw, x, ldx, w, ldw, start, k, sums):
-        """The products past the last whole vector, one ``kk`` at a time, added to ``sums``."""
+    def _counted_loop(self, start, step, stop, inits, body):
+        """``accs = body(kk, accs)`` for ``kk`` from ``start`` by ``step`` while ``kk + step <= stop`` (never
+        unrolled: no spills), the accumulators starting from ``inits``; returns them at the exit."""
         b, i64 = self.b, self.i64
         entry = b.block
-        header, body, exit_ = self._loop_blocks(f"tail_{mr}x{nw}")
+        header, loop, exit_ = (b.append_basic_block(f"loop_{part}") for part in ("head", "body", "exit"))
         b.branch(header)
         b.position_at_end(header)
         kk = b.phi(i64)
         kk.add_incoming(start, entry)
-        accs = [[b.phi(self.real) for _ in range(nw)] for _ in range(mr)]
-        for row, init_row in zip(accs, sums, strict=True):
-            for acc, value in zip(row, init_row, strict=True):
-                acc.add_incoming(value, entry)
-        b.cbranch(b.icmp_signed("<", kk, k), body, exit_)
-        b.position_at_end(body)
-        w_vals = [b.load(self.gep(w, b.add(b.mul(ir.Constant(i64, j), ldw), kk))) for j in range(nw)]
-        new = []
-        for i in range(mr):
-            x_val = b.load(self.gep(x, b.add(b.mul(ir.Constant(i64, i), ldx), kk)))
-            new.append([b.call(self.scalar_fma, [x_val, w_vals[j], accs[i][j]]) for j in range(nw)])
-        kk.add_incoming(b.add(kk, ir.Constant(i64, 1)), b.block)
-        for row, new_row in zip(accs, new, strict=True):
-            for acc, value in zip(row, new_row, strict=True):
-                acc.add_incoming(value, b.block)
+        accs = [b.phi(value.type) for value in inits]
+        for acc, value in zip(accs, inits, strict=True):
+            acc.add_incoming(value, entry)
+        b.cbranch(b.icmp_signed("<=", b.add(kk, ir.Constant(i64, step)), stop), loop, exit_)
+        b.position_at_end(loop)
+        new = body(kk, accs)
+        kk.add_incoming(b.add(kk, ir.Constant(i64, step)), b.block)
+        for acc, value in zip(accs, new, strict=True):
+            acc.add_incoming(value, b.block)
         b.branch(header).set_metadata("llvm.loop", no_unroll(b.module))
         b.position_at_end(exit_)
         return accs
 
 
 def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Function:
-    """The module's copy of every ``(mr, nw)`` tile behind one switch, ``noinline`` (compile time)."""
-    name = f"arrayrnn_row_dot_{VARIANT}_f{8 * itemsize}"
-    existing = module.globals.get(name)
-    if existing is not None:
-        return existing
+    """The module's copy of every ``(mr, nw)`` tile behind one switch (:func:`.simd_ir.switched_kernel`)."""
     i64, ptr = ir.IntType(64), real.as_pointer()
-    fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, ir.IntType(1)])
-    fn = declare(module, name, fnty)
-    fn.linkage = "linkonce_odr"
-    fn.attributes.add("noinline")
-    fn.attributes.add("nounwind")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    mr_v, nw_v, x_p, ldx_v, w_p, ldw_v, k_v, out_p, ldo_v, acc_v = fn.args
-    em = _DotEmitter(builder, real, itemsize)
-    done = builder.append_basic_block("dot_done")
-    switch_bb = builder.block
-    cases = []
-    for nw_c in range(1, W_ROWS + 1):
-        for mr_c in range(1, ROWS + 1):
-            case = builder.append_basic_block(f"dot_{mr_c}x{nw_c}")
-            builder.position_at_end(case)
-            em.dot_tile(mr_c, nw_c, x_p, ldx_v, w_p, ldw_v, k_v, out_p, ldo_v, acc_v, done)
-            cases.append((nw_c * 64 + mr_c, case))
-    builder.position_at_end(switch_bb)
-    switch = builder.switch(builder.add(builder.mul(nw_v, ir.Constant(i64, 64)), mr_v), done)
-    for value, case in cases:
-        switch.add_case(ir.Constant(i64, value), case)
-    builder.position_at_end(done)
-    builder.ret_void()
-    return fn
+
+    def emit(builder, mr, nw, args, done):
+        _DotEmitter(builder, real, itemsize).dot_tile(mr, nw, *args[2:], done)
+
+    shapes = [(mr, nw) for nw in range(1, W_ROWS + 1) for mr in range(1, ROWS + 1)]
+    return switched_kernel(module, f"arrayrnn_row_dot_{VARIANT}_f{8 * itemsize}",
+                           [i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, ir.IntType(1)], shapes, emit)
 
 
 @intrinsic

@@ -329,38 +329,48 @@ def _tile_ir(typingctx, mr, nv, a, lda, bp, pstride, k, c, ldc, cvs, accumulate,
     return sig, codegen
 
 
-def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Function:
-    """The module's copy of the whole kernel (every tile shape behind one switch) as one function,
-    ``noinline``: its callers then share one body instead of inlining 40 K loops each (compile time)."""
-    name = f"arrayrnn_simd_tile_{VARIANT}_f{8 * itemsize}"
+def switched_kernel(module: ir.Module, name: str, args: list[ir.Type], shapes: list[tuple[int, int]],
+                    emit_case) -> ir.Function:
+    """The module's copy of the kernel function ``name``, ``noinline`` (its callers share one body instead of
+    inlining every case each: compile time): one case per ``(rows, cols)`` of ``shapes``, chosen by its
+    first two arguments, each emitted by ``emit_case(builder, rows, cols, fn.args, done)``, which branches
+    to ``done``."""
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    i64, ptr = ir.IntType(64), real.as_pointer()
-    fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, i64, ir.IntType(1)])
-    fn = ir.Function(module, fnty, name=name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
     fn.linkage = "linkonce_odr"
     fn.attributes.add("noinline")
     fn.attributes.add("nounwind")
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    mr_v, nv_v, a_p, lda_v, b_p, ps_v, k_v, c_p, ldc_v, cvs_v, acc_v = fn.args
-    em = Emitter(builder, real, itemsize)
-    done = builder.append_basic_block("tile_done")
+    done = builder.append_basic_block("done")
     switch_bb = builder.block
     cases = []
-    for nv_c in range(1, MAX_NV + 1):
-        for mr_c in range(1, max_rows(nv_c) + 1):
-            case = builder.append_basic_block(f"tile_{mr_c}x{nv_c}")
-            builder.position_at_end(case)
-            em.tile(mr_c, nv_c, a_p, lda_v, b_p, ps_v, k_v, c_p, ldc_v, cvs_v, acc_v, done)
-            cases.append((nv_c * 64 + mr_c, case))
+    for rows, cols in shapes:
+        case = builder.append_basic_block(f"case_{rows}x{cols}")
+        builder.position_at_end(case)
+        emit_case(builder, rows, cols, fn.args, done)
+        cases.append((cols * 64 + rows, case))
     builder.position_at_end(switch_bb)
-    switch = builder.switch(builder.add(builder.mul(nv_v, ir.Constant(i64, 64)), mr_v), done)
+    i64 = ir.IntType(64)
+    switch = builder.switch(builder.add(builder.mul(fn.args[1], ir.Constant(i64, 64)), fn.args[0]), done)
     for value, case in cases:
         switch.add_case(ir.Constant(i64, value), case)
     builder.position_at_end(done)
     builder.ret_void()
     return fn
+
+
+def _kernel_function(module: ir.Module, real: ir.Type, itemsize: int) -> ir.Function:
+    """The module's copy of the whole kernel: every tile shape behind one switch (:func:`switched_kernel`)."""
+    i64, ptr = ir.IntType(64), real.as_pointer()
+
+    def emit(builder, mr, nv, args, done):
+        Emitter(builder, real, itemsize).tile(mr, nv, *args[2:], done)
+
+    shapes = [(mr, nv) for nv in range(1, MAX_NV + 1) for mr in range(1, max_rows(nv) + 1)]
+    return switched_kernel(module, f"arrayrnn_simd_tile_{VARIANT}_f{8 * itemsize}",
+                           [i64, i64, ptr, i64, ptr, i64, i64, ptr, i64, i64, ir.IntType(1)], shapes, emit)
 
 
 @intrinsic
