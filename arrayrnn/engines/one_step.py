@@ -14,8 +14,8 @@ frontend runs it through :func:`one_step_forward` instead, on step weights made 
     y = inp[None]; h_n, c_n = stack of every (h, c)
 
 which is what the stack driver computes for ``T = 1``, bit for bit: the same cell loops (compiled once for
-both) and the same packed products (a step over a frozen copy never reads the weights through BLAS, which
-would round a row otherwise).
+both) and the same packed products (a step over a frozen copy never reads the weights as they lie through
+the row-dot kernel, which would round a row otherwise).
 """
 
 from __future__ import annotations

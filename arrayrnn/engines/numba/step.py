@@ -7,7 +7,8 @@ then calls the cell's compiled loops (:mod:`.lstm_loops`, :mod:`.gru_loops`, :mo
 cell's :mod:`.custom_loops`) directly, with ``T = 1``, on the calling thread and without the cell variants
 (a cell has none), through the same loop calls as a sequence (:mod:`.direction`): the input projection and
 every backward product on the packed GEMM (:mod:`.packed_gemm`), so no BLAS thread pool is woken for a product
-of a few rows.
+of a few rows. An inference step of a plain built-in cell over few rows packs nothing: it multiplies the
+caller's weights as they lie (:mod:`.row_dot`) and needs no comparison (:meth:`NumbaStep.steps_from_source`).
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ class NumbaStep(StepEngine):
 
     def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
         """A cell whose loop takes its product from outside (:func:`.direction.takes_product_outside`) over
-        few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): BLAS reads each weight
-        once, where the packed products need the buffer compared with the private copy first (both read
-        whole); over more rows the packed GEMM's speed pays for the comparison."""
+        few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): the row-dot kernel
+        reads each weight once, where the packed products need the buffer compared with the private copy
+        first (both read whole); over more rows the packed GEMM's speed pays for the comparison."""
         return _reads_source(spec, rows, thresholds.SOURCE_STEP_ROWS)
 
     def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
