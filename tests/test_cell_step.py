@@ -227,8 +227,8 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
     """An inference step runs on the thread's kept loop (its buffers reused between calls); it gives what a
     step that builds its loop anew gives (a training step's), for batches that change between calls,
     returns new arrays each call and never writes its inputs. Bit for bit where it runs the same products;
-    within rounding where its products run on the row-dot kernel from the caller's buffer (the plain
-    built-in cells: ``steps_from_source``)."""
+    within rounding where its products run from the caller's buffer (the plain built-in cells,
+    ``steps_from_source``: BLAS's GEMVs at one row, the row-dot kernel over more)."""
     pytest.importorskip("numba")
     import arrayrnn.cells  # noqa: F401  (registers "cifg")
 
@@ -261,8 +261,8 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
 @pytest.mark.parametrize("name", ["lstm", "gru", "rnn-tanh-single-inp", "lstm-clip-nobias", "gru-single-rec"])
 def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name, rows, monkeypatch):
     """Steps from the caller's buffer need no prepare: any write (a bias included) reaches the next step.
-    The row-dot kernel's tiles cover 1, 3 and 9 rows (one, a partial and several row blocks; the table set
-    so that any size of weights reads the buffer)."""
+    One row reads it with BLAS's two GEMVs; 3 and 9 rows with the row-dot kernel (a partial row block and
+    several; the table set so that any size of weights reads the buffer)."""
     pytest.importorskip("numba")
     monkeypatch.setattr(thresholds, "SOURCE_STEP_ROWS", ((rows + 1, 0),))
     case = cell_case(name, B=rows, dtype="float64")
