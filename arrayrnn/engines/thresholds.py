@@ -79,11 +79,10 @@ ACTIVE_PROJECTION_MIN_ROWS = 4
 # pairs) reads the caller's weights as they are, each row once (BLAS's GEMVs at one row, .numba.row_dot over
 # more: no private copy, nothing to compare); any other step compares the buffer with its private copy (one
 # memcmp, reading both) and runs the packed products. The whole inference step of a drop-in cell, one
-# thread, from the buffer / compare +
-# packed (us; bench/RESULTS.md, 2026-12-01): LSTM 128 KiB (H = 64) 50 / 57 at 8 rows, 65 / 65 at 16, 91 /
-# 80 at 32; 512 KiB (H = 128) 109 / 132 at 16, 168 / 183 at 32, 302 / 281 at 64; 2 MiB (H = 256) 879 /
-# 1014 at 64. GRU 384 KiB (H = 128) 87 / 89 at 16, 135 / 124 at 32; 1.5 MiB (H = 256) 350 / 436 at 32, 646
-# / 652 at 64; 6 MiB (H = 512) 1953 / 2166 at 64.
+# thread, from the buffer / compare + packed (us; bench/RESULTS.md, 2026-12-01): LSTM 128 KiB (H = 64) 50 /
+# 57 at 8 rows, 65 / 65 at 16, 91 / 80 at 32; 512 KiB (H = 128) 109 / 132 at 16, 168 / 183 at 32, 302 / 281
+# at 64; 2 MiB (H = 256) 879 / 1014 at 64. GRU 384 KiB (H = 128) 87 / 89 at 16, 135 / 124 at 32; 1.5 MiB (H
+# = 256) 350 / 436 at 32, 646 / 652 at 64; 6 MiB (H = 512) 1953 / 2166 at 64.
 SOURCE_STEP_ROWS = ((8, 0), (16, 1 << 18), (32, 1 << 19), (64, 1 << 21))
 
 # -- cuDNN ----------------------------------------------------------------------------------------------
