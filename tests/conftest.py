@@ -36,7 +36,7 @@ else:
 from support.engine_cases import EngineOnDevice, cpu_engines, dry_run_cases, engine_fixture, gpu_cases  # noqa: E402
 
 import arrayrnn as ar  # noqa: E402
-from arrayrnn.engines import forget_choices, thread_count  # noqa: E402
+from arrayrnn.engines import forget_choices, thread_count, thresholds  # noqa: E402
 
 ENGINES = cpu_engines()
 ENGINE_CASES = (*(EngineOnDevice(name, np) for name in ENGINES), *gpu_cases(), *dry_run_cases())
@@ -70,8 +70,11 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def threads(monkeypatch):
     """Sets the engine's thread count for the test (``arrayrnn.set_num_threads``; the engines read it per
-    call); restores what was set before, or the default, after."""
+    call); restores what was set before, or the default, after. A test that sets the threads exercises their
+    splits on its small shapes: every call may split (``MIN_SPLIT_CALL_FMAS = 0``; the rule itself is
+    tested in tests/test_loop_threads.py)."""
     monkeypatch.setattr(thread_count, "_explicit", thread_count._explicit)
+    monkeypatch.setattr(thresholds, "MIN_SPLIT_CALL_FMAS", 0)
     return ar.set_num_threads
 
 

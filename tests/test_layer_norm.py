@@ -111,6 +111,7 @@ def test_the_numba_engines_split_loops_and_schedules_equal_the_torch_oracle(case
     from arrayrnn.engines.numba.plan import forward_plan
 
     monkeypatch.setattr(thresholds, "COLUMN_SPLIT_MIN_STEP_FMAS", 0)
+    monkeypatch.setattr(thresholds, "MIN_SPLIT_CALL_FMAS", 0)   # these small calls split as large ones do
     fields = {**fields, "layer_norm": True}
     spec = variant_checks.variant_spec(fields)
     plan = forward_plan(spec, np.zeros((T, B, spec.input_size)), np.full(T, B), threads=2)

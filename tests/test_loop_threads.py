@@ -19,7 +19,7 @@ import pytest
 from support.rnn_cases import assert_same_results, engine_results
 
 import arrayrnn as ar
-from arrayrnn.engines import thresholds
+from arrayrnn.engines import thread_count, thresholds
 from arrayrnn.engines.base import CellMasks
 from arrayrnn.engines.numba import engine as numba_engine
 from arrayrnn.engines.numba import loop_threads, plan, workers
@@ -242,6 +242,52 @@ def test_the_split_is_used(threads, monkeypatch):
     assert seen and all(len(r) == 2 for r in seen)
 
 
+# -- small calls on the calling thread --------------------------------------------------------------
+def test_call_fmas_counts_every_layer_directions_two_products():
+    spec = ar.RNNSpec(mode="gru", input_size=5, hidden_size=6, num_layers=2, bidirectional=True)
+    # layer 0: x (5) and h (6) into 3 * 6 gates; layer 1: both directions' outputs (12) and h (6); 2 each
+    assert plan.call_fmas(spec, 7, 3) == 7 * 3 * 18 * 2 * ((5 + 6) + (12 + 6))
+
+
+def test_a_call_below_the_split_threshold_plans_one_thread(monkeypatch):
+    """Below MIN_SPLIT_CALL_FMAS multiply-adds a call gets one thread whatever the engine has (its parts'
+    hand-off costs more than the split saves: bench/bench_threads.py --small); from it, the engine's."""
+    monkeypatch.setattr(thread_count, "_explicit", thread_count._explicit)
+    ar.set_num_threads(2)
+    spec = ar.RNNSpec(mode="lstm", input_size=64, hidden_size=64)
+    T, B = 3, 16
+    x, bs = np.zeros((T, B, 64), np.float32), np.full(T, B, np.int64)
+    fmas = plan.call_fmas(spec, T, B)
+    for threshold, expected in ((fmas + 1, 1), (fmas, 2)):
+        monkeypatch.setattr(thresholds, "MIN_SPLIT_CALL_FMAS", threshold)
+        forward, backward = plan.forward_plan(spec, x, bs), plan.backward_plan(spec, B, steps=T)
+        assert (forward.threads, forward.row_threads) == (expected, expected)
+        assert (backward.threads, backward.row_threads) == (expected, expected)
+        assert plan.one_step_on_one_thread(spec, B) is (plan.call_fmas(spec, 1, B) < threshold)
+    assert plan.backward_plan(spec, B).threads == 2            # steps not known: the engine's threads
+    assert plan.forward_plan(spec, x, bs, threads=2).threads == 2   # asked for: as asked
+
+
+@pytest.mark.parametrize("threshold, splits", [(None, False), (0, True)], ids=["default", "all split"])
+def test_a_small_training_call_hands_no_part_to_a_worker(monkeypatch, threshold, splits):
+    """A small call (T = 2, B = 16, H = 32: 0.26M multiply-adds) at two threads runs its forward and its
+    backward on the calling thread: no split asks for a second thread; with the threshold at 0 it does."""
+    monkeypatch.setattr(thread_count, "_explicit", thread_count._explicit)
+    ar.set_num_threads(2)
+    if threshold is not None:
+        monkeypatch.setattr(thresholds, "MIN_SPLIT_CALL_FMAS", threshold)
+    wanted = []
+    real = workers.in_parallel
+    monkeypatch.setattr(workers, "in_parallel",
+                        lambda plan_, n, *args, **kwargs: wanted.append(n) or real(plan_, n, *args, **kwargs))
+    spec = ar.RNNSpec(mode="lstm", input_size=32, hidden_size=32)
+    params = ar.PackedParams.init(spec, seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32)
+    res = ar.rnn_forward(params, x, training=True, engine="numba")
+    ar.rnn_backward(res, dy=np.ones_like(res.y))
+    assert (max(wanted, default=1) > 1) is splits
+
+
 # -- failures and fork ------------------------------------------------------------------------------
 def test_an_error_in_a_worker_reaches_the_caller_after_every_range(threads):
     threads(2)
@@ -344,7 +390,7 @@ def test_the_plan_memo_is_keyed_on_every_threshold_the_plan_reads(monkeypatch):
     source = inspect.getsource(plan)
     read = set(re.findall(r"\bth\.([A-Z_]+)", source)) - {  # read per call (the backward's plan too)
         "ACTIVE_PROJECTION_MAX_FILL", "ACTIVE_PROJECTION_MIN_ROWS", "BLAS_ONE_THREAD_MAX_ROWS",
-        "BLAS_ONE_THREAD_MAX", "OPENBLAS_THREADED_MIN"}
+        "BLAS_ONE_THREAD_MAX", "OPENBLAS_THREADED_MIN", "MIN_SPLIT_CALL_FMAS"}
     assert read == set(plan._read_thresholds.__reduce__()[1])
     spec = ar.RNNSpec(mode="lstm", input_size=8, hidden_size=64)
     x = np.zeros((3, 12, 8), np.float32)

@@ -18,6 +18,11 @@ ACTIVE_ROWS_MAX_FILL = 0.75
 # A time loop's rows split one thread per this many rows: below it one thread ran faster (B = 8: two
 # threads 1.2-1.4x slower; B = 16: 0.7x).
 MIN_ROWS_PER_THREAD = 8
+# A call splits over threads only from this many multiply-adds (its forward's products, T * B * G*H * (I + H)
+# summed over layers and directions; numba.plan.call_fmas); below, it runs on the calling thread as with one
+# thread. bench/bench_threads.py --small, back to back, AMD Zen 4: two threads 1.04-3.4x slower than one at
+# 0.5-63M (T = 1-30, B = 16-64, H = 64-256, forward and training), 0.92-1.06x at 84M, 0.74-0.95x from 134M.
+MIN_SPLIT_CALL_FMAS = 1 << 26
 # From this many rows up to the rows split's 2 * MIN_ROWS_PER_THREAD, a plain LSTM or reset-after GRU
 # forward splits its hidden units instead (the column split, a barrier per step) when a step has
 # COLUMN_SPLIT_MIN_STEP_FMAS or more multiply-adds: 0.74-0.86x of one thread at B = 12, H = 256 (3.1M)

@@ -155,9 +155,12 @@ def _split_custom(modes: RNNSpec | str | Iterable[RNNSpec | str]) -> tuple[list[
 # -- running them -----------------------------------------------------------------------------------
 def compile_family(family: Family, progress: Any = None) -> Signatures:
     """Run the family's probe calls here (numba compiles what they reach); the signatures that appeared."""
+    from ..engines.numba.loop_threads import small_calls_split  # the engine's modules: not at import
+
     before = compiled_signatures()
     for call in probe_calls(family):
-        call()
+        with small_calls_split():   # tiny calls that must reach the split loops large calls run
+            call()
         if progress is not None:
             progress.update(1)
     finish_family(family)
@@ -166,9 +169,12 @@ def compile_family(family: Family, progress: Any = None) -> Signatures:
 
 def compile_path(path: Path) -> Signatures:
     """Run the path's probe calls here; the signatures that appeared."""
+    from ..engines.numba.loop_threads import small_calls_split
+
     before = compiled_signatures()
     for call in path_probe_calls(path):
-        call()
+        with small_calls_split():   # the path's call over a few steps: its splits as over all of them
+            call()
     mark_loaded(path)
     return new_signatures(before, compiled_signatures())
 

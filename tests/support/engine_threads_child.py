@@ -28,6 +28,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import arrayrnn as ar  # noqa: E402
+from arrayrnn.engines import thresholds  # noqa: E402
+
+thresholds.MIN_SPLIT_CALL_FMAS = 0   # small calls split as large ones do: the scenarios are the workers
 
 # shapes whose calls hand parts to the engine's workers (at 2 threads and more)
 CASES = {

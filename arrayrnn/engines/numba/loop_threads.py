@@ -62,6 +62,23 @@ def available_threads() -> int:
 
 
 @contextmanager
+def small_calls_split() -> Iterator[None]:
+    """Calls this thread makes inside plan their splits as large ones do, however few their multiply-adds
+    (:func:`.plan.available_to`): the compile-ahead probes, tiny calls that must reach every split loop."""
+    before = getattr(_state, "small_calls_split", False)
+    try:
+        _state.small_calls_split = True
+        yield
+    finally:
+        _state.small_calls_split = before
+
+
+def small_calls_split_here() -> bool:
+    """Whether this thread is inside :func:`small_calls_split`."""
+    return getattr(_state, "small_calls_split", False)
+
+
+@contextmanager
 def one_thread() -> Iterator[None]:
     """Everything of the engine this thread runs inside stays on this thread (a wavefront task: the
     other threads run other layers or directions)."""

@@ -3,7 +3,9 @@ driver's run objects (``StackRun.plan``, ``StackBackRun.plan``); the thresholds 
 :mod:`arrayrnn.engines.thresholds`.
 
 A forward's plan (:func:`forward_plan`), from the spec, the batch (sorted rows), the threads the call may
-use (:func:`.loop_threads.available_threads`) and the cell variants it applies:
+use (:func:`.loop_threads.available_threads`; one for a call of fewer multiply-adds than
+:data:`~arrayrnn.engines.thresholds.MIN_SPLIT_CALL_FMAS`, :func:`available_to`) and the cell variants it
+applies:
 
 - ``schedule`` (:func:`wavefront_schedule`): a bidirectional layer's directions side by side, a
   unidirectional stack's layers pipelined (:mod:`.wavefront`), or layer by layer;
@@ -32,7 +34,7 @@ import numpy as np
 from ...core.spec import RNNSpec
 from .. import thresholds as th
 from ..base import CellMasks
-from .loop_threads import available_threads
+from .loop_threads import available_threads, small_calls_split_here
 from .packed_gemm import vector_lanes
 
 DIRECTIONS, LAYERS = "directions", "layers"
@@ -62,7 +64,7 @@ def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: C
     """The plan of a forward over ``x (T, B, I)`` (rows sorted by length) with the cell variants ``masks``
     on ``threads`` threads (``None``: :func:`.loop_threads.available_threads`)."""
     T, B = x.shape[:2]
-    threads = available_threads() if threads is None else threads
+    threads = available_to(spec, T, B) if threads is None else threads
     variants = masks.applied() if masks is not None else ()
     return _forward_plan(spec, T, B, x.dtype, variants, threads, active_projection(x, batch_sizes),
                          _read_thresholds(th), wavefront_schedule)
@@ -72,10 +74,27 @@ def one_step_on_one_thread(spec: RNNSpec, rows: int) -> bool:
     """Whether a plain forward's plan over ONE time step of ``rows`` full rows runs all of it on one thread:
     no schedule, no rows or column split, every input projection on the packed kernel (a plan may still
     give the call more threads, which would only hold BLAS to one: ``call_threads``)."""
-    plan = _forward_plan(spec, 1, rows, np.dtype(spec.dtype), (), available_threads(), False,
+    plan = _forward_plan(spec, 1, rows, np.dtype(spec.dtype), (), available_to(spec, 1, rows), False,
                          _read_thresholds(th), wavefront_schedule)
     return (plan.schedule is None and plan.row_threads == 1 and plan.column_parts == 1
             and all(plan.packed_projection))
+
+
+def available_to(spec: RNNSpec, steps: int, rows: int) -> int:
+    """The threads a call over ``steps`` time steps of ``rows`` rows may use: the engine's
+    (:func:`.loop_threads.available_threads`), or one below :data:`~.thresholds.MIN_SPLIT_CALL_FMAS`
+    multiply-adds (:func:`call_fmas`), where handing parts to another core costs more than it saves
+    (unless the caller is inside :func:`.loop_threads.small_calls_split`)."""
+    threads = available_threads()
+    small = call_fmas(spec, steps, rows) < th.MIN_SPLIT_CALL_FMAS and not small_calls_split_here()
+    return 1 if threads > 1 and small else threads
+
+
+def call_fmas(spec: RNNSpec, steps: int, rows: int) -> int:
+    """The multiply-adds of a forward's products over ``steps`` steps of ``rows`` rows: each layer-direction's
+    ``x @ W_ih.T`` and ``h @ W_hh.T``, ``steps * rows * gate_size * (layer input + output size)``."""
+    widths = sum(spec.layer_input_size(layer) + spec.output_size for layer in range(spec.num_layers))
+    return steps * rows * spec.gate_size * spec.num_directions * widths
 
 
 # the thresholds a plan reads (tests/test_loop_threads.py checks the list against this module's code)
@@ -101,7 +120,8 @@ def _forward_plan(spec: RNNSpec, T: int, B: int, dtype: Any, variants: tuple[str
 def backward_plan(spec: RNNSpec, rows: int, threads: int | None = None,
                   steps: int | None = None) -> NumbaPlan:
     """The plan of a backward over ``rows`` batch rows (and ``steps`` time steps, if known)."""
-    threads = available_threads() if threads is None else threads
+    if threads is None:
+        threads = available_threads() if steps is None else available_to(spec, steps, rows)
     schedule = wavefront_schedule(spec, rows, threads, columns=False, backward=True)
     row_threads = rows_split(rows, 1 if schedule else threads)
     call = call_threads(rows, threads, schedule)
