@@ -62,7 +62,7 @@ class NumbaPlan:
 def forward_plan(spec: RNNSpec, x: np.ndarray, batch_sizes: np.ndarray, masks: CellMasks | None = None,
                  threads: int | None = None) -> NumbaPlan:
     """The plan of a forward over ``x (T, B, I)`` (rows sorted by length) with the cell variants ``masks``
-    on ``threads`` threads (``None``: :func:`.loop_threads.available_threads`)."""
+    on ``threads`` threads (``None``: the engine's, or one for a small call: :func:`available_to`)."""
     T, B = x.shape[:2]
     threads = available_to(spec, T, B) if threads is None else threads
     variants = masks.applied() if masks is not None else ()
