@@ -32,6 +32,7 @@ from ..engines.numba.warmup import (
     finish_family,
     mark_loaded,
     new_signatures,
+    probing,
 )
 from ..engines.thread_count import get_num_threads, set_num_threads
 from .cell import cell_step, cell_step_backward
@@ -155,11 +156,9 @@ def _split_custom(modes: RNNSpec | str | Iterable[RNNSpec | str]) -> tuple[list[
 # -- running them -----------------------------------------------------------------------------------
 def compile_family(family: Family, progress: Any = None) -> Signatures:
     """Run the family's probe calls here (numba compiles what they reach); the signatures that appeared."""
-    from ..engines.numba.loop_threads import small_calls_split  # the engine's modules: not at import
-
     before = compiled_signatures()
     for call in probe_calls(family):
-        with small_calls_split():   # tiny calls that must reach the split loops large calls run
+        with probing():   # tiny calls that must reach the split loops large calls run
             call()
         if progress is not None:
             progress.update(1)
@@ -169,11 +168,9 @@ def compile_family(family: Family, progress: Any = None) -> Signatures:
 
 def compile_path(path: Path) -> Signatures:
     """Run the path's probe calls here; the signatures that appeared."""
-    from ..engines.numba.loop_threads import small_calls_split
-
     before = compiled_signatures()
     for call in path_probe_calls(path):
-        with small_calls_split():   # the path's call over a few steps: its splits as over all of them
+        with probing():   # the path's call over a few steps: its splits as over all of them
             call()
     mark_loaded(path)
     return new_signatures(before, compiled_signatures())

@@ -48,7 +48,8 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -256,6 +257,16 @@ def _compile_elsewhere(job: Job, stop: threading.Event) -> None:
         mark_loaded(job)
         blocking.reload()   # a family's child tunes the packed GEMM's blocking once per CPU
         forget_choices()
+
+
+@contextmanager
+def probing() -> Iterator[None]:
+    """The scope of one probe call: tiny, it must still reach every split loop a large call runs, so its
+    plan splits as a large call's would (:func:`.loop_threads.small_calls_split`)."""
+    from .loop_threads import small_calls_split  # the engine's threads: not at import
+
+    with small_calls_split():
+        yield
 
 
 def finish_family(family: Family) -> None:
