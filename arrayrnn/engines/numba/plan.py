@@ -86,15 +86,22 @@ def available_to(spec: RNNSpec, steps: int, rows: int) -> int:
     multiply-adds (:func:`call_fmas`), where handing parts to another core costs more than it saves
     (unless the caller is inside :func:`.loop_threads.small_calls_split`)."""
     threads = available_threads()
-    small = call_fmas(spec, steps, rows) < th.MIN_SPLIT_CALL_FMAS and not small_calls_split_here()
-    return 1 if threads > 1 and small else threads
+    if threads == 1 or small_calls_split_here():
+        return threads
+    return 1 if call_fmas(spec, steps, rows) < th.MIN_SPLIT_CALL_FMAS else threads
 
 
 def call_fmas(spec: RNNSpec, steps: int, rows: int) -> int:
     """The multiply-adds of a forward's products over ``steps`` steps of ``rows`` rows: each layer-direction's
     ``x @ W_ih.T`` and ``h @ W_hh.T``, ``steps * rows * gate_size * (layer input + output size)``."""
+    return steps * rows * _fmas_per_step_row(spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _fmas_per_step_row(spec: RNNSpec) -> int:
+    """:func:`call_fmas` of one step of one row (asked at every call)."""
     widths = sum(spec.layer_input_size(layer) + spec.output_size for layer in range(spec.num_layers))
-    return steps * rows * spec.gate_size * spec.num_directions * widths
+    return spec.gate_size * spec.num_directions * widths
 
 
 # the thresholds a plan reads (tests/test_loop_threads.py checks the list against this module's code)

@@ -236,23 +236,26 @@ def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np
     ``kept.xw``, ``h @ W_hh.T`` into (or added into) ``kept.product``, a GRU's ``b_hn`` into its cell."""
     w = _source_views(sw)
     input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
+    addresses = _packed(sw, "source addresses", lambda: (w.W_ih.ctypes.data, w.W_hh.ctypes.data))
     xw = kept.xw[0]
-    if kept.rows == 1:  # two GEMVs, which NumPy's BLAS threads where the engine has threads to give
-        np.matmul(x, w.W_ih.T, out=xw)
-        if input_bias is not None:
-            xw += input_bias
-        if kept.product_adds:
-            xw += h @ w.W_hh.T
-        else:
-            np.matmul(h, w.W_hh.T, out=kept.product)
-    else:
-        W_ih, W_hh = _packed(sw, "source addresses", lambda: (w.W_ih.ctypes.data, w.W_hh.ctypes.data))
-        dot_rows_at(x, W_ih, xw)
-        if input_bias is not None:
-            xw += input_bias
-        dot_rows_at(h, W_hh, kept.product, kept.product_adds)
+    _times_weights(x, w.W_ih, addresses[0], xw)
+    if input_bias is not None:
+        xw += input_bias
+    _times_weights(h, w.W_hh, addresses[1], kept.product, kept.product_adds)
     if isinstance(kept.cell, GRUCell):
         kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
+
+
+def _times_weights(a: np.ndarray, w: np.ndarray, w_address: int, out: np.ndarray,
+                   accumulate: bool = False) -> None:
+    """``out (+)= a @ w.T`` from ``w`` as it lies (at ``w_address``): one row on BLAS's GEMV (which BLAS
+    threads where the engine has threads to give), more on the row-dot kernel."""
+    if a.shape[0] > 1:
+        dot_rows_at(a, w_address, out, accumulate)
+    elif accumulate:
+        out += a @ w.T
+    else:
+        np.matmul(a, w.T, out=out)
 
 
 def _product(a: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
