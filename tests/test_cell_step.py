@@ -228,7 +228,7 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
     step that builds its loop anew gives (a training step's), for batches that change between calls,
     returns new arrays each call and never writes its inputs. Bit for bit where it runs the same products;
     within rounding where its products run from the caller's buffer (the plain built-in cells,
-    ``steps_from_source``: BLAS's GEMVs at one row, the row-dot kernel over more)."""
+    ``steps_from_source``: one compiled call of both products)."""
     pytest.importorskip("numba")
     import arrayrnn.cells  # noqa: F401  (registers "cifg")
 
@@ -257,20 +257,24 @@ def test_the_numba_inference_step_on_its_kept_loop_equals_the_training_step(name
         np.testing.assert_array_equal(fast.h_n, h_then)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 9])
+@pytest.mark.parametrize(("rows", "gemv"), [(1, False), (1, True), (3, False), (9, False)])
 @pytest.mark.parametrize("name", ["lstm", "gru", "rnn-tanh-single-inp", "lstm-clip-nobias", "gru-single-rec"])
-def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name, rows, monkeypatch):
+def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_call(name, rows, gemv, threads,
+                                                                                  monkeypatch):
     """Steps from the caller's buffer need no prepare: any write (a bias included) reaches the next step.
-    One row reads it with BLAS's two GEMVs; 3 and 9 rows with the row-dot kernel (a partial row block and
-    several; the table set so that any size of weights reads the buffer)."""
+    Both products in one compiled call (3 and 9 rows: a partial row block and several), or, for one row of
+    large weights at more than one thread, BLAS's two GEMVs (``gemv``: the size threshold at 0); the rows
+    table set so that any size of weights reads the buffer."""
     pytest.importorskip("numba")
     monkeypatch.setattr(thresholds, "SOURCE_STEP_ROWS", ((rows + 1, 0),))
+    monkeypatch.setattr(thresholds, "SOURCE_GEMV_MIN_BYTES", 0 if gemv else 1 << 62)
     case = cell_case(name, B=rows, dtype="float64")
     stepper = step_engine(load_engine("numba"))
     assert stepper.steps_from_source(case.spec, rows) and not stepper.steps_from_source(case.spec, rows + 2)
     data = case.params.data.copy()
     sw = stepper.prepare(case.spec, data)
     args = (case.x[0], case.h0[0], case.c0[0] if case.c0 is not None else None)
+    threads(2 if gemv else 1)
     for write in (lambda: None, lambda: data.__setitem__(slice(-3, None), 0.5), lambda: data.__imul__(-1.5)):
         write()
         got = stepper.forward(sw, *args, keep_cache=False)
@@ -278,6 +282,33 @@ def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_cal
         np.testing.assert_allclose(got.h_n, want.h, rtol=1e-12, atol=1e-14)
         if want.c is not None:
             np.testing.assert_allclose(got.c_n, want.c, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_source_products_take_any_buffer_and_input_with_one_signature_per_dtype(dtype, monkeypatch):
+    """A read-only weight buffer and inputs that are strided or read-only step as a writeable, contiguous
+    one does, and compile no second signature (weights go as addresses, inputs are copied)."""
+    pytest.importorskip("numba")
+    from arrayrnn.engines.numba.source_products import source_products
+
+    monkeypatch.setattr(thresholds, "SOURCE_GEMV_MIN_BYTES", 1 << 62)
+    case = cell_case("gru", B=3, dtype=dtype)
+    stepper = step_engine(load_engine("numba"))
+    x, h = case.x[0], case.h0[0]
+    want = ar.cell_step(case.params, x, h, engine="reference").h
+    frozen = case.params.data.copy()
+    frozen.flags.writeable = False
+    wide = np.zeros((3, 2 * x.shape[1]), x.dtype)
+    wide[:, ::2] = x
+    h_read_only = h.copy()
+    h_read_only.flags.writeable = False
+    got = [stepper.forward(stepper.prepare(case.spec, data), x_in, h_in, None, keep_cache=False).h_n
+           for data, x_in, h_in in ((case.params.data.copy(), x, h), (frozen, wide[:, ::2], h_read_only))]
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == "float32" else {"rtol": 1e-12, "atol": 1e-14}
+    np.testing.assert_allclose(got[0], want, **tol)
+    np.testing.assert_array_equal(got[1], got[0])
+    assert stepper.steps_from_source(case.spec, 3)
+    assert sum(str(sig[0].dtype) == dtype for sig in source_products.signatures) == 1
 
 
 def test_which_inference_steps_read_the_source():

@@ -81,14 +81,22 @@ ACTIVE_PROJECTION_MIN_ROWS = 4
 
 # -- the numba engine: one cell step (.numba.step) -------------------------------------------------------
 # An inference step of at most R rows of a plain built-in cell whose weights take at least N bytes ((R, N)
-# pairs) reads the caller's weights as they are, each row once (BLAS's GEMVs at one row, .numba.row_dot over
-# more: no private copy, nothing to compare); any other step compares the buffer with its private copy (one
+# pairs) reads the caller's weights as they are, each row once (.numba.source_products; BLAS's GEMVs below:
+# no private copy, nothing to compare); any other step compares the buffer with its private copy (one
 # memcmp, reading both) and runs the packed products. The whole inference step of a drop-in cell, one
-# thread, from the buffer / compare + packed (us; bench/RESULTS.md, 2026-12-01): LSTM 128 KiB (H = 64) 50 /
+# thread, from the buffer (then two GEMVs at one row, .numba.row_dot over more, and the biases as NumPy
+# calls) / compare + packed (us; bench/RESULTS.md, 2026-12-01): LSTM 128 KiB (H = 64) 50 /
 # 57 at 8 rows, 65 / 65 at 16, 91 / 80 at 32; 512 KiB (H = 128) 109 / 132 at 16, 168 / 183 at 32, 302 / 281
 # at 64; 2 MiB (H = 256) 879 / 1014 at 64. GRU 384 KiB (H = 128) 87 / 89 at 16, 135 / 124 at 32; 1.5 MiB (H
 # = 256) 350 / 436 at 32, 646 / 652 at 64; 6 MiB (H = 512) 1953 / 2166 at 64.
 SOURCE_STEP_ROWS = ((8, 0), (16, 1 << 18), (32, 1 << 19), (64, 1 << 21))
+# A one-row inference step from the buffer with weights of at least this many bytes runs its products on
+# NumPy's BLAS (two GEMVs, which OpenBLAS threads) where the engine has more than one thread; otherwise
+# (and always at one thread) in one compiled call (.numba.source_products). OpenBLAS threads a GEMV from
+# about half a million elements. A drop-in cell's step at two threads, float32, I = H, BLAS / one call (us;
+# bench/RESULTS.md, 2026-12-01, AMD EPYC): LSTM 2 MiB 72 / 63, 3.1 MiB 87 / 79, 4.5 MiB 76 / 99, 8 MiB 102 /
+# 159; GRU 1.5 MiB 64 / 53, 3.4 MiB 91 / 78, 4.6 MiB 76 / 94, 6 MiB 87 / 115. float64 not measured.
+SOURCE_GEMV_MIN_BYTES = 1 << 22
 
 # -- cuDNN ----------------------------------------------------------------------------------------------
 # "auto" leaves sequences shorter than this to the CuPy engine. NOT MEASURED: no GPU was available when

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, register_jitable
 
 from .simd_ir import REGISTERS, VARIANT, Emitter, no_unroll, simd_jit, switched_kernel
 
@@ -152,6 +152,12 @@ def dot_rows_at(x: np.ndarray, w_address: int, out: np.ndarray, accumulate: bool
 @simd_jit(cache=True, nogil=True, error_model="numpy")
 def _dot_rows(x, w, out, accumulate):
     """:func:`dot_rows_at` compiled: ``w`` an address."""
+    rows_times_at(x, w, out, accumulate)
+
+
+@register_jitable(inline="always")
+def rows_times_at(x, w, out, accumulate):
+    """``out (+)= x @ w.T`` inside compiled code (:func:`dot_rows_at`'s contract: ``w`` an address)."""
     M, K = x.shape
     N = out.shape[1]
     item = x.itemsize

@@ -8,7 +8,8 @@ cell's :mod:`.custom_loops`) directly, with ``T = 1``, on the calling thread and
 (a cell has none), through the same loop calls as a sequence (:mod:`.direction`): the input projection and
 every backward product on the packed GEMM (:mod:`.packed_gemm`), so no BLAS thread pool is woken for a product
 of a few rows. An inference step of a plain built-in cell over few rows packs nothing: it multiplies the
-caller's weights as they lie (BLAS's GEMVs at one row, :mod:`.row_dot` over more) and needs no comparison
+caller's weights as they lie, both products and the biases in one compiled call
+(:mod:`.source_products`; BLAS's threaded GEMVs for one row of large weights), and needs no comparison
 (:meth:`NumbaStep.steps_from_source`).
 """
 
@@ -28,15 +29,16 @@ from ...core.params import PackedParams
 from ...core.spec import RNNSpec
 from .. import derived, thresholds
 from ..base import DirectionForward, DirectionGrads, DirectionWeights
-from ..cells import split_biases
+from ..cells import gate_slice, split_biases
 from ..in_flight import engine_call
 from ..stack import direction_weights
 from ..step import StepEngine, StepWeights
+from ..thread_count import get_num_threads
 from . import direction
 from .bundles import Cell, GRUCell, no_variants
 from .packed_gemm import gemm, new_scratch, pack_b
 from .plan import one_step_on_one_thread
-from .row_dot import dot_rows_at
+from .source_products import source_products
 
 Array = Any
 
@@ -111,8 +113,8 @@ class NumbaStep(StepEngine):
 
     def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
         """A cell whose loop takes its product from outside (:func:`.direction.takes_product_outside`) over
-        few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): BLAS's GEMVs (one row)
-        and the row-dot kernel read each weight once, where the packed products need the buffer compared
+        few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): its products
+        (:mod:`.source_products`) read each weight once, where the packed products need the buffer compared
         with the private copy first (both read whole); over more rows the packed GEMM's speed pays for the
         comparison."""
         return _reads_source(spec, rows, thresholds.SOURCE_STEP_ROWS)
@@ -230,32 +232,53 @@ def _outside_cell(sw: StepWeights, dtype: np.dtype) -> Cell:
 
 def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
     """Both products of an inference step straight from the caller's buffer (no private copy, no packing,
-    nothing to compare), each row of a weight matrix read once: at one row two GEMVs on NumPy's BLAS (which
-    threads them: at two threads 1.6x faster than one thread at ``H = 512``), over more rows the row-dot
-    kernel (:mod:`.row_dot`; BLAS packs or strides there); ``x @ W_ih.T`` plus the input-side biases into
+    nothing to compare), each row of a weight matrix read once, in one compiled call
+    (:func:`.source_products.source_products`): ``x @ W_ih.T`` plus the input-side biases into
     ``kept.xw``, ``h @ W_hh.T`` into (or added into) ``kept.product``, a GRU's ``b_hn`` into its cell."""
+    if x.shape[0] == 1 and sw.source.nbytes >= thresholds.SOURCE_GEMV_MIN_BYTES and get_num_threads() > 1:
+        _gemv_products(sw, kept, x, h)
+        return
+    b_hn = kept.cell.b_hn if isinstance(kept.cell, GRUCell) else _NO_BIAS[x.dtype.char]
+    source_products(_c_rows(x), _c_rows(h), _source_addresses(sw), kept.xw[0], kept.product,
+                    kept.product_adds, b_hn)
+
+
+def _gemv_products(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
+    """:func:`_products_from_source` of one row on NumPy's BLAS, whose GEMVs use the threads the engine
+    has (large weights: :data:`.thresholds.SOURCE_GEMV_MIN_BYTES`)."""
     w = _source_views(sw)
     input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
-    addresses = _packed(sw, "source addresses", lambda: (w.W_ih.ctypes.data, w.W_hh.ctypes.data))
     xw = kept.xw[0]
-    _times_weights(x, w.W_ih, addresses[0], xw)
+    np.matmul(x, w.W_ih.T, out=xw)
     if input_bias is not None:
         xw += input_bias
-    _times_weights(h, w.W_hh, addresses[1], kept.product, kept.product_adds)
+    if kept.product_adds:
+        xw += h @ w.W_hh.T
+    else:
+        np.matmul(h, w.W_hh.T, out=kept.product)
     if isinstance(kept.cell, GRUCell):
         kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
 
 
-def _times_weights(a: np.ndarray, w: np.ndarray, w_address: int, out: np.ndarray,
-                   accumulate: bool = False) -> None:
-    """``out (+)= a @ w.T`` from ``w`` as it lies (at ``w_address``): one row on BLAS's GEMV (which BLAS
-    threads where the engine has threads to give), more on the row-dot kernel."""
-    if a.shape[0] > 1:
-        dot_rows_at(a, w_address, out, accumulate)
-    elif accumulate:
-        out += a @ w.T
-    else:
-        np.matmul(a, w.T, out=out)
+_NO_BIAS = {"f": np.zeros(0, np.float32), "d": np.zeros(0, np.float64)}
+
+
+def _c_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous and writeable (one signature per dtype), copied only where it is not."""
+    flags = a.flags
+    return a if flags.c_contiguous and flags.writeable else np.array(a, order="C")
+
+
+def _source_addresses(sw: StepWeights) -> tuple[int, ...]:
+    """:func:`.source_products.source_products`'s ``weights`` for the caller's buffer: the addresses of
+    ``W_ih``, ``W_hh``, ``b_ih``, ``b_hh`` (0: absent) and the columns of ``b_hh`` kept apart."""
+    def make() -> tuple[int, ...]:
+        w = _source_views(sw)
+        G = sw.spec.gate_size
+        split = [gate_slice(sw.spec, name) for name in sw.spec.split_gates]
+        lo, hi = (split[0].start, split[0].stop) if split else (G, G)
+        return (*(a.ctypes.data if a is not None else 0 for a in (w.W_ih, w.W_hh, w.b_ih, w.b_hh)), lo, hi)
+    return _packed(sw, "source addresses", make)
 
 
 def _product(a: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
