@@ -285,11 +285,11 @@ def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_cal
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_the_source_products_take_any_buffer_and_input_with_one_signature_per_dtype(dtype, monkeypatch):
+def test_the_source_step_takes_any_buffer_and_input_with_one_signature_per_dtype(dtype, monkeypatch):
     """A read-only weight buffer and inputs that are strided or read-only step as a writeable, contiguous
     one does, and compile no second signature (weights go as addresses, inputs are copied)."""
     pytest.importorskip("numba")
-    from arrayrnn.engines.numba.source_products import source_products
+    from arrayrnn.engines.numba.source_step import gru_source_step
 
     monkeypatch.setattr(thresholds, "SOURCE_GEMV_MIN_BYTES", 1 << 62)
     case = cell_case("gru", B=3, dtype=dtype)
@@ -308,7 +308,7 @@ def test_the_source_products_take_any_buffer_and_input_with_one_signature_per_dt
     np.testing.assert_allclose(got[0], want, **tol)
     np.testing.assert_array_equal(got[1], got[0])
     assert stepper.steps_from_source(case.spec, 3)
-    assert sum(str(sig[0].dtype) == dtype for sig in source_products.signatures) == 1
+    assert sum(str(sig[0].dtype) == dtype for sig in gru_source_step.signatures) == 1
 
 
 def test_which_inference_steps_read_the_source():

@@ -247,7 +247,7 @@ def test_frozen_weights_written_between_inference_steps_and_a_step_with_an_input
 _FRESH_TRAINED_THEN_INFERENCE = """
     import torch
     import arrayrnn as ar
-    from arrayrnn.engines.numba import source_products
+    from arrayrnn.engines.numba import source_step
     from arrayrnn.engines.numba import warmup as W
     from arrayrnn.torch import LSTMCell
 
@@ -263,7 +263,7 @@ _FRESH_TRAINED_THEN_INFERENCE = """
             torch.testing.assert_close(cell(x, hx), ref(x, hx))
     step = cell.__dict__["_prepared"][0][1]
     assert step.stepper.name == "numba" and step.stepper.steps_from_source(step.weights.spec, 3)
-    assert source_products.source_products.signatures, "the steps did not read the weights as they are"
+    assert source_step.lstm_source_step.signatures, "the steps did not read the weights as they are"
     assert W.new_signatures(before, W.compiled_signatures()) == {}
     print("ok")
 """
@@ -272,7 +272,7 @@ _FRESH_TRAINED_THEN_INFERENCE = """
 def test_a_users_fresh_process_steps_from_the_weights_without_compiling_once_trained(tmp_path):
     """The default setting (background compile on, an empty cache): once the training family has loaded
     (it loads the inference steps too), ``no_grad`` steps run numba's step from the weights as they are
-    (:func:`.source_products.source_products`) and compile nothing in the caller's process."""
+    (:mod:`.source_step`) and compile nothing in the caller's process."""
     out = run_fresh(_FRESH_TRAINED_THEN_INFERENCE, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 

@@ -81,7 +81,7 @@ ACTIVE_PROJECTION_MIN_ROWS = 4
 
 # -- the numba engine: one cell step (.numba.step) -------------------------------------------------------
 # An inference step of at most R rows of a plain built-in cell whose weights take at least N bytes ((R, N)
-# pairs) reads the caller's weights as they are, each row once (.numba.source_products; BLAS's GEMVs below:
+# pairs) reads the caller's weights as they are, each row once (.numba.source_step; BLAS's GEMVs below:
 # no private copy, nothing to compare); any other step compares the buffer with its private copy (one
 # memcmp, reading both) and runs the packed products. The whole inference step of a drop-in cell, one
 # thread, from the buffer (then two GEMVs at one row, .numba.row_dot over more, and the biases as NumPy
@@ -92,7 +92,7 @@ ACTIVE_PROJECTION_MIN_ROWS = 4
 SOURCE_STEP_ROWS = ((8, 0), (16, 1 << 18), (32, 1 << 19), (64, 1 << 21))
 # A one-row inference step from the buffer with weights of at least this many bytes runs its products on
 # NumPy's BLAS (two GEMVs, which OpenBLAS threads) where the engine has more than one thread; otherwise
-# (and always at one thread) in one compiled call (.numba.source_products). OpenBLAS threads a GEMV from
+# (and always at one thread) in one compiled call (.numba.source_step). OpenBLAS threads a GEMV from
 # about half a million elements. A drop-in cell's step at two threads, float32, I = H, BLAS / one call (us;
 # bench/RESULTS.md, 2026-12-01, AMD EPYC): LSTM 2 MiB 72 / 63, 3.1 MiB 87 / 79, 4.5 MiB 76 / 99, 8 MiB 102 /
 # 159; GRU 1.5 MiB 64 / 53, 3.4 MiB 91 / 78, 4.6 MiB 76 / 94, 6 MiB 87 / 115. float64 not measured.

@@ -76,15 +76,10 @@ def _copy(a: Array, dtype: Any) -> np.ndarray:
 
 
 # -- the cell and its variants ----------------------------------------------------------------------
-def cell_of(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = False,
-            product_outside: bool = False) -> bd.Cell:
+def cell_of(spec: RNNSpec, w: DirectionWeights, dtype: Any, backward: bool = False) -> bd.Cell:
     """``w``'s recurrent weights packed for the forward loops (``h @ W.T``, gate-grouped) or the
-    ``backward`` ones (``d @ W``), with the mode's options. ``product_outside`` (forward, a mode of
-    :func:`takes_product_outside`): ``W_hh`` left empty, so the loop runs no recurrent product (zero unit
-    groups) and reads the one its caller put in :func:`product_buffer`."""
+    ``backward`` ones (``d @ W``), with the mode's options."""
     def packed(W: Array, gates: int = 1) -> np.ndarray:
-        if product_outside:
-            return no_packed(dtype)
         return pack_b(W) if backward else pack_b(W.T, gates=gates)
 
     dtype = np.dtype(dtype)
@@ -226,23 +221,6 @@ def _custom_forward(spec: RNNSpec, cell: bd.CustomCell, variants: bd.Variants, s
     loops.prepare(call.loop, call.plain_args(), dtype)
     cache = DirectionCache(residuals=kept.res_all, c=kept.c_all if spec.has_cell else None)
     return call, DirectionForward(steps.y, h, c if spec.has_cell else None, cache if keep else None)
-
-
-def takes_product_outside(spec: RNNSpec) -> bool:
-    """Whether the forward loop of ``spec`` can run on a recurrent product made outside it
-    (:func:`cell_of`'s ``product_outside``): the built-in cells without projection, layer norm or the
-    reset-before GRU (whose n product needs the step's r first)."""
-    plain = spec.custom_cell is None and not spec.proj_size and not spec.layer_norm
-    return plain and (spec.mode != "gru" or spec.reset_after)
-
-
-def product_buffer(call: LoopCall) -> np.ndarray:
-    """Where a forward loop of one step (a :func:`takes_product_outside` mode) reads ``h @ W_hh.T``: added
-    into ``xw[0]`` (LSTM, RNN), or, for the GRU, the work rows ``(B, 3H)`` (its n gate reads the product
-    apart from the input side)."""
-    if isinstance(call.args[2], bd.GRUCell):
-        return next(a for a in call.args if isinstance(a, bd.ForwardWork)).rows
-    return call.args[0].xw[0]
 
 
 def input_buffer(call: LoopCall) -> np.ndarray:

@@ -45,9 +45,9 @@ from .spin_barrier import barrier
 
 
 @register_jitable(inline="always")
-def _gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
+def gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
     """Reset-after GRU gate math of rows ``i0 .. i1``, units ``j0 .. j1`` (``hh = h @ W_hh.T`` there);
-    over views that start at ``j0`` (see :func:`.lstm_loops._lstm_tile`)."""
+    over views that start at ``j0`` (see :func:`.lstm_loops.lstm_tile`)."""
     R, Z, N = GRU_R * H, GRU_Z * H, GRU_N * H
     bias = b_hn[j0:j1]
     for b in range(i0, i1):
@@ -86,7 +86,7 @@ def gru_forward_columns(part, parts, sync, steps, state, cell, cache, work, scra
         n = min(bs[t], B)
         src, dst = h_buf[s % 2], h_buf[(s + 1) % 2]
         unit_groups(src, 0, n, W_hh_p, 3, u0, u1, rows, False, scratch)
-        _gru_after_tile(xw, t, 0, n, j0, j1, H, src, rows, b_hn, y, hn_all, keep)
+        gru_after_tile(xw, t, 0, n, j0, j1, H, src, rows, b_hn, y, hn_all, keep)
         column_step_end(xw, t, n, j0, j1, H, 3, src, dst, y, keep)
         if keep:
             hn_all[t, n:, j0:j1] = 0.0
@@ -129,7 +129,7 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, sc
                              scratch)
                 if norm is not None:
                     norm_rows(t, r0, n, 0, 3 * H, 0, norm, rows, False)
-                _gru_after_tile(xw, t, r0, n, 0, H, H, h, rows, b_hn, y, hn_all, keep)
+                gru_after_tile(xw, t, r0, n, 0, H, H, h, rows, b_hn, y, hn_all, keep)
             else:
                 _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch)
             if zone_h:
@@ -146,7 +146,7 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, sc
 def _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch):
     """A reset-before GRU step, rows ``r0 .. n``: the r, z product and gates, ``r * h`` (of the masked ``h``
     under recurrent dropout) into ``rows``, its n product, the output. Compiled apart, like
-    :func:`.lstm_loops._lstm_peephole_tile`."""
+    :func:`.lstm_loops.lstm_peephole_tile`."""
     prefer_full_vectors()
     xw, bs, y, reverse = steps
     h, c = state

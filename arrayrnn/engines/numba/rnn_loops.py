@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from numba.extending import register_jitable
+
 from .. import gate_math as gm
 from .loop_parts import (
     JIT,
@@ -24,6 +26,12 @@ from .loop_parts import (
 )
 from .packed_gemm import gemm
 from .simd_ir import prefer_full_vectors, simd_jit
+
+
+@register_jitable(inline="always")
+def rnn_activation(p, relu, zero):
+    """The plain RNN's ``relu(p)`` or ``tanh(p)`` (``zero`` of ``p``'s type)."""
+    return (p if p > zero else zero) if relu else tanh(p)
 
 
 @simd_jit(**JIT)
@@ -60,7 +68,7 @@ def rnn_forward_loop(r0, r1, steps, state, cell, variants, work, norm, scratch):
             for b in range(r0, n):
                 p, yb = pre[b], y[t, b]
                 for j in range(H):
-                    yb[j] = (p[j] if p[j] > zero else zero) if relu else tanh(p[j])
+                    yb[j] = rnn_activation(p[j], relu, zero)
             if zone_h:
                 copy_rows(xw[t, r0:n], y[t, r0:n])
                 zone_rows(m_h, t, h, y[t], r0, n)

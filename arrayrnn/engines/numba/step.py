@@ -8,8 +8,8 @@ cell's :mod:`.custom_loops`) directly, with ``T = 1``, on the calling thread and
 (a cell has none), through the same loop calls as a sequence (:mod:`.direction`): the input projection and
 every backward product on the packed GEMM (:mod:`.packed_gemm`), so no BLAS thread pool is woken for a product
 of a few rows. An inference step of a plain built-in cell over few rows packs nothing: it multiplies the
-caller's weights as they lie, both products and the biases in one compiled call
-(:mod:`.source_products`; BLAS's threaded GEMVs for one row of large weights), and needs no comparison
+caller's weights as they lie, its products and gate math in one compiled call
+(:mod:`.source_step`; BLAS's threaded GEMVs for one row of large weights), and needs no comparison
 (:meth:`NumbaStep.steps_from_source`).
 """
 
@@ -29,16 +29,14 @@ from ...core.params import PackedParams
 from ...core.spec import RNNSpec
 from .. import derived, thresholds
 from ..base import DirectionForward, DirectionGrads, DirectionWeights
-from ..cells import gate_slice, split_biases
 from ..in_flight import engine_call
 from ..stack import direction_weights
 from ..step import StepEngine, StepWeights
-from ..thread_count import get_num_threads
-from . import direction
-from .bundles import Cell, GRUCell, no_variants
+from . import direction, source_step
+from .bundles import Cell, no_variants
 from .packed_gemm import gemm, new_scratch, pack_b
 from .plan import one_step_on_one_thread
-from .source_products import source_products
+from .source_step import SourceStep
 
 Array = Any
 
@@ -105,16 +103,15 @@ class NumbaStep(StepEngine):
             return super().forward(sw, x, h, c, keep_cache)
         with engine_call():  # an inference step: on this thread's kept loop, its buffers reused
             kept = self._kept_loop(sw, x.shape[0], x.dtype)
-            if kept.product is None:
-                self._project_into(sw, x, kept.xw[0])
-            else:
-                _products_from_source(sw, kept, x, h)
+            if isinstance(kept, SourceStep):
+                return kept.run(x, h, c)
+            self._project_into(sw, x, kept.xw[0])
             return kept.run(h, c)
 
     def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
         """A cell whose loop takes its product from outside (:func:`.direction.takes_product_outside`) over
         few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): its products
-        (:mod:`.source_products`) read each weight once, where the packed products need the buffer compared
+        (:mod:`.source_step`) read each weight once, where the packed products need the buffer compared
         with the private copy first (both read whole); over more rows the packed GEMM's speed pays for the
         comparison."""
         return _reads_source(spec, rows, thresholds.SOURCE_STEP_ROWS)
@@ -130,18 +127,21 @@ class NumbaStep(StepEngine):
         self._project_into(sw, x, xw[0])
         return xw
 
-    def _kept_loop(self, sw: StepWeights, rows: int, dtype: np.dtype) -> _KeptLoop:
+    def _kept_loop(self, sw: StepWeights, rows: int, dtype: np.dtype) -> _KeptLoop | SourceStep:
         """This thread's kept one-step loop over ``sw`` for ``rows`` rows (one per thread and weights: a
-        call with another batch size makes a new one)."""
+        call with another batch size makes a new one): the step from the caller's buffer, or the packed
+        products' loop."""
         key = ("kept loop", threading.get_ident())
         kept = sw.packed.get(key)
         if kept is None or kept.rows != rows or kept.dtype != dtype:
             spec = sw.spec
             # a frozen buffer's packed forms can never go stale: then the packed products (the stack
             # driver's bits, and a custom cell twin's) cost no comparison to skip
-            outside = self.steps_from_source(spec, rows) and not derived.is_frozen(sw.source)
-            cell = _outside_cell(sw, dtype) if outside else self._cell(sw, False)
-            kept = sw.packed[key] = _KeptLoop(spec, cell, rows, dtype, outside)
+            if self.steps_from_source(spec, rows) and not derived.is_frozen(sw.source):
+                kept = SourceStep(spec, _source_views(sw), rows, dtype, sw.source.nbytes)
+            else:
+                kept = _KeptLoop(spec, self._cell(sw, False), rows, dtype)
+            sw.packed[key] = kept
         return kept
 
     @staticmethod
@@ -181,19 +181,15 @@ class NumbaStep(StepEngine):
 class _KeptLoop:
     """One step's forward loop without a cache (:func:`.direction.forward`), kept with its buffers by the
     thread that runs it: a call copies the states in, runs the loop and copies the new states out (the
-    caller owns what it gets), instead of building the loop's buffers and bundles again. With its
-    recurrent product ``outside`` the loop (:func:`.direction.takes_product_outside`), ``product`` is where
-    the caller puts ``h @ W_hh.T`` and ``cell`` the bundle whose GRU bias ``b_hn`` it fills."""
+    caller owns what it gets), instead of building the loop's buffers and bundles again."""
 
-    def __init__(self, spec: RNNSpec, cell: Cell, rows: int, dtype: np.dtype, outside: bool):
+    def __init__(self, spec: RNNSpec, cell: Cell, rows: int, dtype: np.dtype):
         xw = np.empty((1, rows, spec.gate_size), dtype)
         h0 = np.zeros((rows, spec.output_size), dtype)
         c0 = np.zeros((rows, spec.cell_width), dtype) if spec.has_cell else None
         call, self._result = direction.forward(spec, cell, no_variants(dtype), xw, _batch_sizes(rows), h0, c0,
                                                False, False)
-        self.xw, self.rows, self.dtype, self.cell = xw, rows, dtype, cell
-        self.product = direction.product_buffer(call) if outside else None
-        self.product_adds = self.product is not None and self.product.base is xw  # into the input side
+        self.xw, self.rows, self.dtype = xw, rows, dtype
         self._loop, self._args = call.loop, call.plain_args()
 
     def run(self, h: Array, c: Array | None) -> DirectionForward:
@@ -210,7 +206,7 @@ class _KeptLoop:
 def _reads_source(spec: RNNSpec, rows: int, table: tuple[tuple[int, int], ...]) -> bool:
     """:meth:`NumbaStep.steps_from_source` for the thresholds ``table`` (an argument: a test may set
     another; the answer is asked at every step)."""
-    if not direction.takes_product_outside(spec):
+    if not source_step.serves(spec):
         return False
     nbytes = layout_of(spec).size * np.dtype(spec.dtype).itemsize
     return any(rows <= most and nbytes >= least for most, least in table)
@@ -221,64 +217,6 @@ def _source_views(sw: StepWeights) -> DirectionWeights:
     summed biases are made once and go unused)."""
     return _packed(sw, "source views", lambda: direction_weights(
         PackedParams._wrap(sw.spec, sw.source, "canonical"), 0, 0))
-
-
-def _outside_cell(sw: StepWeights, dtype: np.dtype) -> Cell:
-    """The cell of a loop whose recurrent product comes from outside: nothing packed, and a GRU's ``b_hn``
-    a buffer of its own, filled at every call from the caller's biases."""
-    cell = direction.cell_of(sw.spec, _source_views(sw), dtype, product_outside=True)
-    return cell._replace(b_hn=np.zeros(sw.spec.hidden_size, dtype)) if isinstance(cell, GRUCell) else cell
-
-
-def _products_from_source(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
-    """Both products of an inference step straight from the caller's buffer (no private copy, no packing,
-    nothing to compare), each row of a weight matrix read once, in one compiled call
-    (:func:`.source_products.source_products`): ``x @ W_ih.T`` plus the input-side biases into
-    ``kept.xw``, ``h @ W_hh.T`` into (or added into) ``kept.product``, a GRU's ``b_hn`` into its cell."""
-    if x.shape[0] == 1 and sw.source.nbytes >= thresholds.SOURCE_GEMV_MIN_BYTES and get_num_threads() > 1:
-        _gemv_products(sw, kept, x, h)
-        return
-    b_hn = kept.cell.b_hn if isinstance(kept.cell, GRUCell) else _NO_BIAS[x.dtype.char]
-    source_products(_c_rows(x), _c_rows(h), _source_addresses(sw), kept.xw[0], kept.product,
-                    kept.product_adds, b_hn)
-
-
-def _gemv_products(sw: StepWeights, kept: _KeptLoop, x: np.ndarray, h: np.ndarray) -> None:
-    """:func:`_products_from_source` of one row on NumPy's BLAS, whose GEMVs use the threads the engine
-    has (large weights: :data:`.thresholds.SOURCE_GEMV_MIN_BYTES`)."""
-    w = _source_views(sw)
-    input_bias, inner_bias = split_biases(sw.spec, w.b_ih, w.b_hh)
-    xw = kept.xw[0]
-    np.matmul(x, w.W_ih.T, out=xw)
-    if input_bias is not None:
-        xw += input_bias
-    if kept.product_adds:
-        xw += h @ w.W_hh.T
-    else:
-        np.matmul(h, w.W_hh.T, out=kept.product)
-    if isinstance(kept.cell, GRUCell):
-        kept.cell.b_hn[...] = inner_bias if inner_bias is not None else 0
-
-
-_NO_BIAS = {"f": np.zeros(0, np.float32), "d": np.zeros(0, np.float64)}
-
-
-def _c_rows(a: np.ndarray) -> np.ndarray:
-    """``a`` C-contiguous and writeable (one signature per dtype), copied only where it is not."""
-    flags = a.flags
-    return a if flags.c_contiguous and flags.writeable else np.array(a, order="C")
-
-
-def _source_addresses(sw: StepWeights) -> tuple[int, ...]:
-    """:func:`.source_products.source_products`'s ``weights`` for the caller's buffer: the addresses of
-    ``W_ih``, ``W_hh``, ``b_ih``, ``b_hh`` (0: absent) and the columns of ``b_hh`` kept apart."""
-    def make() -> tuple[int, ...]:
-        w = _source_views(sw)
-        G = sw.spec.gate_size
-        split = [gate_slice(sw.spec, name) for name in sw.spec.split_gates]
-        lo, hi = (split[0].start, split[0].stop) if split else (G, G)
-        return (*(a.ctypes.data if a is not None else 0 for a in (w.W_ih, w.W_hh, w.b_ih, w.b_hh)), lo, hi)
-    return _packed(sw, "source addresses", make)
 
 
 def _product(a: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
