@@ -202,7 +202,7 @@ def test_every_way_of_changing_the_weights_is_seen_by_the_next_step(update, name
 def test_every_way_of_changing_the_weights_is_seen_by_the_next_inference_step(update, name, rows, table,
                                                                                  step_on, monkeypatch):
     """Under ``no_grad`` the numba step of a few rows reads the weights' buffer itself (nothing kept to
-    compare: up to 8 rows always, more where the weights are large), else (more rows: here ``table``
+    compare: up to 16 rows always, more where the weights are large), else (more rows: here ``table``
     makes 3 rows "more") its packed copy after a comparison: every write, whichever way, reaches the next
     step, before and after steps with a gradient."""
     if table is not None:

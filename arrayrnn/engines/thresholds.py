@@ -81,15 +81,15 @@ ACTIVE_PROJECTION_MIN_ROWS = 4
 
 # -- the numba engine: one cell step (.numba.step) -------------------------------------------------------
 # An inference step of at most R rows of a plain built-in cell whose weights take at least N bytes ((R, N)
-# pairs) reads the caller's weights as they are, each row once (.numba.source_step; BLAS's GEMVs below:
+# pairs) reads the caller's weights as they are, each row once, in one compiled call (.numba.source_step:
 # no private copy, nothing to compare); any other step compares the buffer with its private copy (one
-# memcmp, reading both) and runs the packed products. The whole inference step of a drop-in cell, one
-# thread, from the buffer (then two GEMVs at one row, .numba.row_dot over more, and the biases as NumPy
-# calls) / compare + packed (us; bench/RESULTS.md, 2026-12-01): LSTM 128 KiB (H = 64) 50 /
-# 57 at 8 rows, 65 / 65 at 16, 91 / 80 at 32; 512 KiB (H = 128) 109 / 132 at 16, 168 / 183 at 32, 302 / 281
-# at 64; 2 MiB (H = 256) 879 / 1014 at 64. GRU 384 KiB (H = 128) 87 / 89 at 16, 135 / 124 at 32; 1.5 MiB (H
-# = 256) 350 / 436 at 32, 646 / 652 at 64; 6 MiB (H = 512) 1953 / 2166 at 64.
-SOURCE_STEP_ROWS = ((8, 0), (16, 1 << 18), (32, 1 << 19), (64, 1 << 21))
+# memcmp, reading both) and runs the packed products. The whole inference step of a drop-in cell, float32,
+# one thread, I = H, from the buffer / compare + packed (us; best of 3 alternated rounds, bench/RESULTS.md,
+# 2026-12-01, AMD EPYC): LSTM 130 KiB (H = 64) 34 / 47 at 8 rows, 46 / 55 at 16, 71 / 70 at 32, 119 / 100 at
+# 64; 516 KiB 90 / 103 at 16, 154 / 151 at 32, 284 / 248 at 64; 2 MiB 441 / 449 at 32, 845 / 788 at 64. GRU
+# 98 KiB 38 / 46 at 16, 57 / 58 at 32; 387 KiB 71 / 85 at 16, 121 / 120 at 32, 218 / 188 at 64; 1.5 MiB 335 /
+# 336 at 32, 640 / 588 at 64; 6 MiB 2222 / 2319 at 64, 4584 / 4415 at 128.
+SOURCE_STEP_ROWS = ((16, 0), (32, 1 << 19), (64, 1 << 22))
 # A one-row inference step from the buffer with weights of at least this many bytes runs its products on
 # NumPy's BLAS (two GEMVs, which OpenBLAS threads) where the engine has more than one thread; otherwise
 # (and always at one thread) in one compiled call (.numba.source_step). OpenBLAS threads a GEMV from
