@@ -182,7 +182,7 @@ def test_time_loops_let_llvm_vectorise_at_512_bits():
         assert "prefer_full_vectors()" in inspect.getsource(fn.py_func), name
     # ... and asking puts the attribute on the function (compiled here: a function loaded from numba's
     # disk cache shows no IR)
-    tile = numba.njit(nogil=True)(lstm_loops.lstm_peephole_tile.py_func)
+    tile = numba.njit(nogil=True)(lstm_loops._lstm_peephole_tile.py_func)
     xw, y = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 2), np.float32)   # 1 step, 1 row, H = 2
     c, m, peepholes = np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32), np.zeros((3, 2), np.float32)
     tile(xw, 0, 0, 1, 2, c, y, m, False, False, y, np.float32(-1), np.float32(1), peepholes)

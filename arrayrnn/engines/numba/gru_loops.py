@@ -146,7 +146,7 @@ def gru_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, sc
 def _gru_before_step(t, r0, n, steps, state, cell, variants, work, norm, scratch):
     """A reset-before GRU step, rows ``r0 .. n``: the r, z product and gates, ``r * h`` (of the masked ``h``
     under recurrent dropout) into ``rows``, its n product, the output. Compiled apart, like
-    :func:`.lstm_loops.lstm_peephole_tile`."""
+    :func:`.lstm_loops._lstm_peephole_tile`."""
     prefer_full_vectors()
     xw, bs, y, reverse = steps
     h, c = state

@@ -7,7 +7,7 @@ per active row of step ``t``, roughly::
     i, f, g, o = sig(xw_i), sig(xw_f), tanh(xw_g), sig(xw_o)   # stored over xw[t] (the cache)
     c = clip(f * c + i * g);  h = o * tanh(c)        # h = (o * tanh(c)) @ W_hr.T with projection
 
-Peepholes have their own tile (:func:`lstm_peephole_tile`) and gate gradients (:func:`_lstm_peephole_grads`);
+Peepholes have their own tile (:func:`_lstm_peephole_tile`) and gate gradients (:func:`_lstm_peephole_grads`);
 layer norm adds the cell's norm ``tanh(g_c * LN(c) + b_c)`` (:func:`_lstm_norm_tile`, its column split
 :func:`lstm_norm_forward_columns`; backward :func:`_lstm_norm_grads`). :func:`lstm_forward_columns` splits the
 units instead of the rows.
@@ -88,7 +88,7 @@ def lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip
 
 
 @simd_jit(**JIT)  # keyed on the variant: prefer_full_vectors depends on it
-def lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P):
+def _lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, clip_lo, clip_hi, P):
     """:func:`lstm_tile` (all units) with peepholes ``P (3,H)``: ``i``, ``f`` also read the cell entering
     the step, ``o`` the new (clipped) cell. Compiled apart, not inlined: the forward loop that calls it
     once per step then compiles in less time."""
@@ -113,7 +113,7 @@ def lstm_peephole_tile(xw, t, i0, i1, H, c, y, m, project, keep, tanh_c_all, cli
 
 @simd_jit(**JIT)
 def _lstm_norm_tile(xw, t, i0, i1, H, c, y, m, project, tanh_c_all, clip_lo, clip_hi, P, norm):
-    """:func:`lstm_peephole_tile` with the cell's norm: ``h = o * tanh(g_c * LN(c) + b_c)`` (``P``: zeros
+    """:func:`_lstm_peephole_tile` with the cell's norm: ``h = o * tanh(g_c * LN(c) + b_c)`` (``P``: zeros
     without peepholes); ``tanh_c_all`` keeps each step's ``tanh(.)`` (the backward's residual), the cell's
     statistics go into slot 1."""
     prefer_full_vectors()
@@ -160,7 +160,7 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, s
     :class:`.ForwardWork`). Per step, per unit group and row tile: the tile's four gates (one GEMM tile)
     and at once their gate math; the projection ``(o * tanh(c)) @ W_hr.T`` from ``rows``. Recurrent
     dropout: the GEMM reads ``hm = h * h_mask``; zoneout after the step (``h~`` reads the cell before
-    zoneout, kept in ``c_cand_all``; ``c_prev`` scratch); peepholes: :func:`lstm_peephole_tile`."""
+    zoneout, kept in ``c_cand_all``; ``c_prev`` scratch); peepholes: :func:`_lstm_peephole_tile`."""
     prefer_full_vectors()
     xw, bs, y, reverse = steps
     h, c = state
@@ -188,7 +188,7 @@ def lstm_forward_loop(r0, r1, steps, state, cell, cache, variants, work, norm, s
             else:
                 unit_groups(src, r0, n, W_hh_p, 4, 0, W_hh_p.shape[0] // 4, xw[t], True, scratch)
                 if peep:
-                    lstm_peephole_tile(xw, t, r0, n, H, c, y, rows, project, keep, tanh_c_all, clip_lo,
+                    _lstm_peephole_tile(xw, t, r0, n, H, c, y, rows, project, keep, tanh_c_all, clip_lo,
                                         clip_hi, P)
                 else:
                     lstm_tile(xw, t, r0, n, 0, H, H, c, y, rows, project, keep, tanh_c_all, clip_lo, clip_hi)
@@ -491,7 +491,7 @@ def _lstm_carried_in(t, r0, n, grads, carry, cell, variants, work, scratch):
 
 @simd_jit(**JIT)
 def _lstm_peephole_grads(t, r0, n, residuals, grads, carry, cell, variants, work):
-    """:func:`_lstm_gate_grads` with the peepholes; compiled apart like :func:`lstm_peephole_tile`."""
+    """:func:`_lstm_gate_grads` with the peepholes; compiled apart like :func:`_lstm_peephole_tile`."""
     prefer_full_vectors()
     gates, c_all, c_prev, tanh_c_all = residuals
     bs, reverse, dy, dpre, d_h, dn_rec, has_seq, dc_seq = grads

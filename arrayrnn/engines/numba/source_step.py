@@ -12,11 +12,11 @@ biases made and added, the states copied in and out, the loop's bundles unboxed)
 Each product is :mod:`.row_dot`'s (each weight row read once); the bias sums and their order are
 :func:`~arrayrnn.engines.cells.split_biases`'s; the gate math is the time loops' (:mod:`.lstm_loops`,
 :mod:`.gru_loops`, :mod:`.rnn_loops`). ``products=False``: the caller already put them in ``xw`` /
-``product`` (BLAS's threaded GEMVs: :class:`SourceStep`). Weights, biases and peepholes come as addresses in
+``product`` (BLAS's threaded GEMVs: :class:`SourceStep`). Weights and biases come as addresses in
 ``weights`` (one signature per dtype, whether the buffer is writeable or not): ``W_ih (G, I)``, ``W_hh
 (G, H)`` (C-contiguous), ``b_ih``, ``b_hh`` ``(G,)`` (0: absent), the ``b_hh`` columns kept apart
-``split_lo, split_hi`` (none: ``G, G``), the peepholes ``P (3, H)`` (0: none). ``x`` and ``h`` are
-C-contiguous and writeable.
+``split_lo, split_hi`` (none: ``G, G``). ``x`` and ``h`` are C-contiguous and writeable. A step runs plain
+cells (no peepholes: :func:`~arrayrnn.engines.step.check_cell_spec`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ..cells import gate_slice, split_biases
 from ..thread_count import get_num_threads
 from .gru_loops import gru_after_tile
 from .loop_parts import JIT, one_of
-from .lstm_loops import lstm_peephole_tile, lstm_tile
+from .lstm_loops import lstm_tile
 from .rnn_loops import rnn_activation
 from .row_dot import rows_times_at
 from .simd_ir import simd_jit
@@ -100,12 +100,8 @@ def lstm_source_step(x, h, c, weights, products, clip_lo, clip_hi, xw, tanh_c, h
         _input_side(x, weights, xw[0])
         rows_times_at(h, weights[1], xw[0], True)
     c_out[...] = c
-    y, no_kept = h_out.reshape((1, B, H)), tanh_c.reshape((1, B, H))
-    if weights[6]:
-        P = carray(_pointer(weights[6], one_of(xw)), (3, H))
-        lstm_peephole_tile(xw, 0, 0, B, H, c_out, y, tanh_c, False, False, no_kept, clip_lo, clip_hi, P)
-    else:
-        lstm_tile(xw, 0, 0, B, 0, H, H, c_out, y, tanh_c, False, False, no_kept, clip_lo, clip_hi)
+    y, unused = h_out.reshape((1, B, H)), tanh_c.reshape((1, B, H))
+    lstm_tile(xw, 0, 0, B, 0, H, H, c_out, y, tanh_c, False, False, unused, clip_lo, clip_hi)
 
 
 @simd_jit(**JIT)
@@ -116,7 +112,7 @@ def gru_source_step(x, h, weights, products, xw, product, b_hn, hn, h_out):
     if products:
         _input_side(x, weights, xw[0])
         rows_times_at(h, weights[1], product, False)
-    b_ih, b_hh = _biases(weights, one_of(xw), xw.shape[2])
+    _, b_hh = _biases(weights, one_of(xw), xw.shape[2])
     for j in range(H):
         b_hn[j] = b_hh[weights[4] + j] if b_hh.shape[0] else 0
     gru_after_tile(xw, 0, 0, B, 0, H, H, h, product, b_hn, h_out.reshape((1, B, H)), hn, False)
@@ -153,7 +149,7 @@ class SourceStep:
         G, H = spec.gate_size, spec.hidden_size
         split = [gate_slice(spec, name) for name in spec.split_gates]
         lo, hi = (split[0].start, split[0].stop) if split else (G, G)
-        self.weights = (*(_address(a) for a in (w.W_ih, w.W_hh, w.b_ih, w.b_hh)), lo, hi, _address(w.P))
+        self.weights = (*(_address(a) for a in (w.W_ih, w.W_hh, w.b_ih, w.b_hh)), lo, hi)
         self.xw = np.empty((1, rows, G), dtype)
         self.work = np.empty((rows, G if spec.mode == "gru" else H), dtype)  # the GRU's product; tanh(c)
         self.b_hn, self.hn = np.empty(H, dtype), np.empty((1, rows, H), dtype)
