@@ -109,11 +109,10 @@ class NumbaStep(StepEngine):
             return kept.run(h, c)
 
     def steps_from_source(self, spec: RNNSpec, rows: int) -> bool:
-        """A cell whose loop takes its product from outside (:func:`.direction.takes_product_outside`) over
-        few enough rows for its weights' size (:data:`.thresholds.SOURCE_STEP_ROWS`): its products
-        (:mod:`.source_step`) read each weight once, where the packed products need the buffer compared
-        with the private copy first (both read whole); over more rows the packed GEMM's speed pays for the
-        comparison."""
+        """A plain built-in cell (:func:`.source_step.serves`) over few enough rows for its weights' size
+        (:data:`.thresholds.SOURCE_STEP_ROWS`): its step (:mod:`.source_step`) reads each weight once, where
+        the packed products need the buffer compared with the private copy first (both read whole); over
+        more rows the packed GEMM's speed pays for the comparison."""
         return _reads_source(spec, rows, thresholds.SOURCE_STEP_ROWS)
 
     def serves_one_step(self, spec: RNNSpec, rows: int) -> bool:
