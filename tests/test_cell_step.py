@@ -275,6 +275,11 @@ def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_cal
     sw = stepper.prepare(case.spec, data)
     args = (case.x[0], case.h0[0], case.c0[0] if case.c0 is not None else None)
     threads(2 if gemv else 1)
+    from arrayrnn.engines.numba.source_step import SourceStep
+
+    on_blas = []
+    gemv_products = SourceStep._gemv_products
+    monkeypatch.setattr(SourceStep, "_gemv_products", lambda *a: on_blas.append(1) or gemv_products(*a))
     for write in (lambda: None, lambda: data.__setitem__(slice(-3, None), 0.5), lambda: data.__imul__(-1.5)):
         write()
         got = stepper.forward(sw, *args, keep_cache=False)
@@ -282,6 +287,7 @@ def test_an_inference_step_from_the_source_reads_the_buffer_as_it_is_at_each_cal
         np.testing.assert_allclose(got.h_n, want.h, rtol=1e-12, atol=1e-14)
         if want.c is not None:
             np.testing.assert_allclose(got.c_n, want.c, rtol=1e-12, atol=1e-14)
+    assert len(on_blas) == (3 if gemv else 0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
