@@ -1,12 +1,12 @@
 """Products of a few rows with a weight matrix as it is (unpacked): ``out (+)= x @ w.T``, each row of ``w``
 read once.
 
-An inference step that reads the caller's weights as they are (:mod:`.step`, up to 64 rows) multiplies ``x
-(M, K)`` by ``w.T`` for a ``w (N, K)`` it may not pack (packing reads and writes the whole matrix: the step
-would cost what it saves). NumPy's OpenBLAS runs ``x @ w.T`` over 2-16 rows as a GEMM that packs ``w`` every
-call, and ``w @ x.T`` reads ``w`` at a quarter of its one-row speed (both products of an `H = 256` LSTM, one
-thread: 181 us at 8 rows, 46 at one; bench/RESULTS.md). This kernel takes ``w`` as it lies:
-:data:`W_ROWS` rows of ``w`` at a time are loaded as vectors along ``K`` and multiplied with up to
+An inference step that reads the caller's weights as they are (:mod:`.source_step`, up to 64 rows)
+multiplies ``x (M, K)`` by ``w.T`` for a ``w (N, K)`` it may not pack (packing reads and writes the whole
+matrix: the step would cost what it saves). NumPy's OpenBLAS runs ``x @ w.T`` over 2-16 rows as a GEMM that
+packs ``w`` every call, and ``w @ x.T`` reads ``w`` at a quarter of its one-row speed (both products of an
+`H = 256` LSTM, one thread: 181 us at 8 rows, 46 at one; bench/RESULTS.md). This kernel takes ``w`` as it
+lies: :data:`W_ROWS` rows of ``w`` at a time are loaded as vectors along ``K`` and multiplied with up to
 :data:`ROWS` rows of ``x`` (which stay in L1), one accumulator per pair, each summed across its lanes at
 the end; roughly::
 
@@ -125,39 +125,37 @@ def _tile_ir(typingctx, mr, nw, x, ldx, w, ldw, k, out, ldo, accumulate, like):
 
 def dot_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray, accumulate: bool = False) -> None:
     """``out = x @ w.T`` (``out += x @ w.T`` when ``accumulate``) for ``x (M, K)``, ``w (N, K)``
-    (C-contiguous) and ``out (M, N)`` of one float dtype; each row of ``w`` read once (module doc)."""
+    (C-contiguous) and ``out (M, N)`` of one float dtype; each row of ``w`` read once (module doc). ``x`` is
+    copied unless C-contiguous and writeable, and ``out`` must be both, ``w`` goes as its address: the kernel
+    then has one signature per dtype (a read-only weight buffer needs none of its own)."""
     M, K = x.shape
     if w.shape != (out.shape[1], K) or out.shape[0] != M or not (x.dtype == w.dtype == out.dtype):
         raise ValueError(f"dot_rows: x {x.shape} {x.dtype}, w {w.shape} {w.dtype}, out {out.shape} "
                          f"{out.dtype}; expected x (M, K), w (N, K), out (M, N) of one dtype")
     if not w.flags.c_contiguous:
         raise ValueError(f"dot_rows: w (strides {w.strides}) must be C-contiguous")
-    dot_rows_at(x, w.ctypes.data, out, accumulate)
-
-
-def dot_rows_at(x: np.ndarray, w_address: int, out: np.ndarray, accumulate: bool = False) -> None:
-    """:func:`dot_rows` with ``w`` given by its address (a caller that keeps it: ``ndarray.ctypes`` costs a
-    microsecond): ``w`` C-contiguous ``(out.shape[1], x.shape[1])`` of their dtype, alive for the call. ``x``
-    is copied unless C-contiguous and writeable, and ``out`` must be both: the kernel then has one
-    signature per dtype (the background compile loads it; a read-only weight buffer needs none of its
-    own, being an address)."""
-    if not (x.flags.c_contiguous and x.flags.writeable):
-        x = np.array(x, order="C")
-    if not (out.flags.c_contiguous and out.flags.writeable) or out.dtype != x.dtype:
+    if not (out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"dot_rows: out ({out.dtype}, strides {out.strides}) must be C-contiguous, "
                          f"writeable, {x.dtype}")
-    _dot_rows(x, w_address, out, accumulate)
+    _dot_rows(writeable_rows(x), w.ctypes.data, out, accumulate)
+
+
+def writeable_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous and writeable (the compiled callers' one signature per dtype), copied only where it
+    is not."""
+    flags = a.flags
+    return a if flags.c_contiguous and flags.writeable else np.array(a, order="C")
 
 
 @simd_jit(cache=True, nogil=True, error_model="numpy")
 def _dot_rows(x, w, out, accumulate):
-    """:func:`dot_rows_at` compiled: ``w`` an address."""
+    """:func:`dot_rows` compiled: ``w`` an address."""
     rows_times_at(x, w, out, accumulate)
 
 
 @register_jitable(inline="always")
 def rows_times_at(x, w, out, accumulate):
-    """``out (+)= x @ w.T`` inside compiled code (:func:`dot_rows_at`'s contract: ``w`` an address)."""
+    """``out (+)= x @ w.T`` inside compiled code (:func:`dot_rows`'s contract, ``w`` an address)."""
     M, K = x.shape
     N = out.shape[1]
     item = x.itemsize

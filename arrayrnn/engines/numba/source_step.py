@@ -36,7 +36,7 @@ from .gru_loops import gru_after_tile
 from .loop_parts import JIT, one_of
 from .lstm_loops import lstm_tile
 from .rnn_loops import rnn_activation
-from .row_dot import rows_times_at
+from .row_dot import rows_times_at, writeable_rows
 from .simd_ir import simd_jit
 
 
@@ -159,7 +159,7 @@ class SourceStep:
 
     def run(self, x: np.ndarray, h: np.ndarray, c: np.ndarray | None) -> DirectionForward:
         """One step from ``x (B, I)``, ``h``, ``c`` (read, never written): new arrays ``h'``, ``c'``."""
-        x, h = _c_rows(x), _c_rows(h)
+        x, h = writeable_rows(x), writeable_rows(h)
         products = not (self.gemv_sized and get_num_threads() > 1)
         if not products:
             self._gemv_products(x, h)
@@ -167,8 +167,8 @@ class SourceStep:
         mode = self.spec.mode
         if mode == "lstm":
             c_out = np.empty_like(h_out)
-            lstm_source_step(x, h, _c_rows(c), self.weights, products, *self.clip, self.xw, self.work, h_out,
-                             c_out)
+            lstm_source_step(x, h, writeable_rows(c), self.weights, products, *self.clip, self.xw, self.work,
+                             h_out, c_out)
         elif mode == "gru":
             gru_source_step(x, h, self.weights, products, self.xw, self.work, self.b_hn, self.hn, h_out)
         else:
@@ -194,9 +194,3 @@ def _address(a: np.ndarray | None) -> int:
     if not a.flags.c_contiguous:
         raise ValueError(f"a weight block of strides {a.strides} is not C-contiguous")
     return a.ctypes.data
-
-
-def _c_rows(a: np.ndarray) -> np.ndarray:
-    """``a`` C-contiguous and writeable (one signature per dtype), copied only where it is not."""
-    flags = a.flags
-    return a if flags.c_contiguous and flags.writeable else np.array(a, order="C")
