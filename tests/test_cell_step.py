@@ -14,7 +14,8 @@ from support.rnn_cases import host, make_case, on_device, xp_of
 
 import arrayrnn as ar
 from arrayrnn import RNNSpec
-from arrayrnn.engines import load_engine, step_engine, thresholds
+from arrayrnn.engines import load_engine, stack, step_engine, thresholds
+from arrayrnn.engines import step as step_module
 from arrayrnn.engines.base import Engine
 from arrayrnn.engines.step import StepEngine
 
@@ -139,6 +140,31 @@ def test_a_backward_after_an_inference_step_recomputes_it(engine):
     trained, after_inference = (step(case, engine, training=t)[1] for t in (True, False))
     np.testing.assert_array_equal(host(after_inference.dparams.data), host(trained.dparams.data))
     np.testing.assert_array_equal(host(after_inference.dx), host(trained.dx))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_every_weight_gradient_product_is_written_into_its_block(engine, name, rows, monkeypatch):
+    """The weight gradients' products of a step and of a sequence write their block of the gradient buffer
+    themselves (``matmul(a, b, out=block)``), no temporary copied in (one row: the outer products); the
+    step still equals the one-step sequence."""
+    original, into = stack._weight_grads, []
+
+    def recording(matmul, spec, grads, *args, **kwargs):
+        def product(a, b, out=None):
+            into.append(out is not None and np.shares_memory(out, grads.data))
+            return matmul(a, b, out=out)
+        return original(product, spec, grads, *args, **kwargs)
+
+    monkeypatch.setattr(stack, "_weight_grads", recording)
+    monkeypatch.setattr(step_module, "_weight_grads", recording)
+    case = cell_case(name, B=rows)
+    _, g = step(case, engine)
+    res = ar.rnn_forward(case.params, case.x, h0=case.h0, c0=case.c0, training=True, engine=engine)
+    want = ar.rnn_backward(res, np.zeros_like(res.y), case.dh_n, case.dc_n)
+    assert len(into) >= 4 and all(into)
+    np.testing.assert_allclose(g.dparams.data, want.dparams.data, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("engine", ["reference", "numba"])

@@ -22,7 +22,7 @@ import arrayrnn as ar
 from arrayrnn.engines import thread_count, thresholds
 from arrayrnn.engines.base import CellMasks
 from arrayrnn.engines.numba import engine as numba_engine
-from arrayrnn.engines.numba import loop_threads, plan, workers
+from arrayrnn.engines.numba import loop_threads, packed_gemm, plan, workers
 from arrayrnn.engines.numba.packed_gemm import vector_lanes
 from arrayrnn.engines.numba.spin_barrier import barrier, cancel_barrier, new_sync
 
@@ -420,9 +420,9 @@ def test_a_small_one_thread_backward_holds_blas_to_one_thread(monkeypatch, steps
     def blas_threads():
         return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
 
-    def recording(self, a, b):
+    def recording(self, a, b, out=None):
         seen.extend(blas_threads())
-        return matmul(self, a, b)
+        return matmul(self, a, b, out)
 
     monkeypatch.setattr(numba_engine.NumbaEngine, "matmul", recording)
     params = ar.PackedParams.init(spec, seed=0)
@@ -441,14 +441,21 @@ def test_a_small_one_thread_backward_holds_blas_to_one_thread(monkeypatch, steps
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("m, n", [(1024, 256), (7, 3), (1, 1), (0, 4)])
 def test_an_outer_product_gives_blas_bits_without_blas(m, n, dtype, monkeypatch):
-    """``split_matmul`` of ``(M, 1) @ (1, N)`` (a weight gradient over one (step, row) pair) is one broadcast
-    multiply: BLAS's bits (each entry one rounded product), NumPy's ``matmul`` never called; into ``out``
-    too, and from the transposed views the backward passes."""
+    """``split_matmul`` of ``(M, 1) @ (1, N)`` (a weight gradient over one (step, row) pair) is one multiply
+    per entry: BLAS's bits (each entry one rounded product), NumPy's ``matmul`` never called; into ``out``
+    too, and from the transposed views the backward passes. A C-order ``out`` (or none) takes the compiled
+    kernel (:func:`.packed_gemm.outer`), an ``out`` in another order NumPy's broadcast multiply: the same
+    bits."""
     rng = np.random.default_rng(m)
     a, b = rng.standard_normal((1, m)).astype(dtype).T, rng.standard_normal((1, n)).astype(dtype)
     want = np.matmul(a, b)
+    compiled = []
     monkeypatch.setattr(loop_threads.np, "matmul", None)  # any BLAS call fails
+    kernel = packed_gemm._outer_into
+    monkeypatch.setattr(packed_gemm, "_outer_into", lambda *args: compiled.append(1) or kernel(*args))
     got, into = loop_threads.split_matmul(a, b), np.empty((m, n), dtype)
-    assert loop_threads.split_matmul(a, b, out=into) is into
-    for result in (got, into):
+    fortran = np.empty((m, n), dtype, order="F")
+    assert loop_threads.split_matmul(a, b, out=into) is into and len(compiled) == 2
+    assert loop_threads.split_matmul(a, b, out=fortran) is fortran and len(compiled) == 2 + (m * n <= 1)
+    for result in (got, into, fortran):
         assert result.dtype == want.dtype and result.tobytes() == want.tobytes()

@@ -247,7 +247,7 @@ def test_frozen_weights_written_between_inference_steps_and_a_step_with_an_input
 _FRESH_TRAINED_THEN_INFERENCE = """
     import torch
     import arrayrnn as ar
-    from arrayrnn.engines.numba import source_step
+    from arrayrnn.engines.numba import packed_gemm, source_step
     from arrayrnn.engines.numba import warmup as W
     from arrayrnn.torch import LSTMCell
 
@@ -264,6 +264,8 @@ _FRESH_TRAINED_THEN_INFERENCE = """
     step = cell.__dict__["_prepared"][0][1]
     assert step.stepper.name == "numba" and step.stepper.steps_from_source(step.weights.spec, 3)
     assert source_step.lstm_source_step.signatures, "the steps did not read the weights as they are"
+    cell(x[:1], (hx[0][:1], hx[1][:1]))[0].sum().backward()  # one row: the weight gradients' outer products
+    assert packed_gemm._outer_into.signatures, "the one-row backward took no outer product"
     assert W.new_signatures(before, W.compiled_signatures()) == {}
     print("ok")
 """
@@ -272,7 +274,8 @@ _FRESH_TRAINED_THEN_INFERENCE = """
 def test_a_users_fresh_process_steps_from_the_weights_without_compiling_once_trained(tmp_path):
     """The default setting (background compile on, an empty cache): once the training family has loaded
     (it loads the inference steps too), ``no_grad`` steps run numba's step from the weights as they are
-    (:mod:`.source_step`) and compile nothing in the caller's process."""
+    (:mod:`.source_step`), a one-row training step's backward its outer products, and neither compiles
+    anything in the caller's process."""
     out = run_fresh(_FRESH_TRAINED_THEN_INFERENCE, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 

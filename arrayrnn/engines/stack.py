@@ -58,7 +58,7 @@ from .in_flight import engine_call
 from .layer_norm import input_backward, norm_weights, normalize_input
 
 Array = Any
-MatMul = Callable[..., Array]  # (a, b) -> a @ b; input_projection's also takes out=
+MatMul = Callable[..., Array]  # (a, b, out=None) -> a @ b, into out (a C-contiguous 2-D view) if given
 
 
 @dataclass(frozen=True, eq=False)
@@ -285,10 +285,14 @@ class StackEngine(Engine):
         read inactive rows (``b >= batch_sizes[t]``; the numba engine's) leave those entries unwritten."""
         return input_projection(x, w, out=out)
 
-    def matmul(self, a: Array, b: Array) -> Array:
-        """``a @ b`` for the backward's hoisted products (``dx``, the weight gradients); an engine may run
-        them on its own threads."""
-        return a @ b
+    def matmul(self, a: Array, b: Array, out: Array | None = None) -> Array:
+        """``a @ b`` for the backward's hoisted products (``dx``, the weight gradients), into ``out`` (a
+        C-contiguous view: a block of the gradient buffer) if given; an engine may run them on its own
+        threads, and write ``out`` without a temporary."""
+        if out is None:
+            return a @ b
+        out[...] = a @ b
+        return out
 
     # -- forward --------------------------------------------------------------------------------
     def take_input(self, x: Array, lengths: np.ndarray, batch_first: bool) -> SortedInput:
@@ -486,8 +490,8 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
     ``(T, B, F)`` stack into the products' rows (:class:`ActiveRows`). With layer norm ``d_product`` is
     the cotangent of ``W_ih x`` (``g.dpre_in`` that of the normalised side) and ``b_hh``'s gradient was
     written by :func:`.layer_norm.input_backward`."""
-    def put(name: str, value: Array) -> None:
-        grads.view(layer, direction, name)[...] = value
+    def into(name: str) -> Array:
+        return grads.view(layer, direction, name)
 
     if w.P is not None:  # first: it reads the stacks whole, which ``rows`` may compact
         c_new = fwd.cache.c_cand if fwd.cache.c_cand is not None else fwd.cache.c
@@ -496,9 +500,9 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
         dP[1] = (gate(spec, g.dpre_in, "f") * c_prev).sum(axis=(0, 1))
         dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
     dpre_in = rows(g.dpre_in)
-    put("W_ih", matmul((dpre_in if d_product is None else rows(d_product)).T, rows(layer_input)))
+    matmul((dpre_in if d_product is None else rows(d_product)).T, rows(layer_input), out=into("W_ih"))
     if w.b_ih is not None:
-        put("b_ih", dpre_in.sum(axis=0))
+        into("b_ih")[...] = dpre_in.sum(axis=0)
     if w.h_mask is not None:
         h_prev = h_prev * w.h_mask
     db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None and w.norm is None else None
@@ -508,7 +512,7 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
         grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
     if w.W_hr is not None:
         m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
-        put("W_hr", matmul(rows(g.d_h).T, rows(m)))
+        matmul(rows(g.d_h).T, rows(m), out=into("W_hr"))
 
 
 def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array | None, g: DirectionGrads,
@@ -518,8 +522,8 @@ def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array |
     dpre_in, dpre_rec = rows(g.dpre_in), rows(g.dpre_rec)
     if g.dn_rec is not None:  # reset-after GRU: the n part apart, the r and z parts are dpre_in's
         rz, n, dn_rec = gate_slice(spec, "r", "z"), gate_slice(spec, "n"), rows(g.dn_rec)
-        dW_hh[rz] = matmul(gate(spec, dpre_in, "r", "z").T, h_prev)
-        dW_hh[n] = matmul(dn_rec.T, h_prev)
+        matmul(gate(spec, dpre_in, "r", "z").T, h_prev, out=dW_hh[rz])
+        matmul(dn_rec.T, h_prev, out=dW_hh[n])
         if db_hh is not None:
             db_hh[rz] = gate(spec, dpre_in, "r", "z").sum(axis=0)
             db_hh[n] = dn_rec.sum(axis=0)
@@ -528,11 +532,11 @@ def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array |
         db_hh[...] = dpre_rec.sum(axis=0)
     if spec.mode == "gru" and not spec.reset_after:
         # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
-        dW_hh[gate_slice(spec, "r", "z")] = matmul(gate(spec, dpre_rec, "r", "z").T, h_prev)
+        matmul(gate(spec, dpre_rec, "r", "z").T, h_prev, out=dW_hh[gate_slice(spec, "r", "z")])
         r_h = gate(spec, rows(fwd.cache.gates), "r") * h_prev
-        dW_hh[gate_slice(spec, "n")] = matmul(gate(spec, dpre_rec, "n").T, r_h)
+        matmul(gate(spec, dpre_rec, "n").T, r_h, out=dW_hh[gate_slice(spec, "n")])
     else:
-        dW_hh[...] = matmul(dpre_rec.T, h_prev)
+        matmul(dpre_rec.T, h_prev, out=dW_hh)
 
 
 # -- float16: float32 math ----------------------------------------------------------------------

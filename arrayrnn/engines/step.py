@@ -186,9 +186,9 @@ class StepEngine:
         return self.engine.kernel.backward(sw.spec, sw.w, fwd, h[None], c[None] if c is not None else None,
                                            dy, dh, dc, self._batch_sizes(fwd.y), False)
 
-    def matmul(self, a: Array, b: Array) -> Array:
-        """``a @ b`` for the weight gradients' products."""
-        return self.engine.matmul(a, b)
+    def matmul(self, a: Array, b: Array, out: Array | None = None) -> Array:
+        """``a @ b`` for the weight gradients' products (into ``out``, a block of the gradient, if given)."""
+        return self.engine.matmul(a, b, out=out)
 
     def input_grad(self, sw: StepWeights, dpre: Array) -> Array:
         """``dx = dpre @ W_ih`` (``dpre``: ``(B, G*H)``)."""

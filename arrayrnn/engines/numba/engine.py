@@ -257,8 +257,8 @@ class NumbaEngine(StackEngine):
     def own_step_engine(self) -> NumbaStep:
         return NumbaStep(self)
 
-    def matmul(self, a: Array, b: Array) -> Array:
-        return split_matmul(a, b)
+    def matmul(self, a: Array, b: Array, out: Array | None = None) -> Array:
+        return split_matmul(a, b, out)
 
     # -- forward --------------------------------------------------------------------------------
     def forward_sorted(self, params: Any, x: Array, batch_sizes: np.ndarray, h0: Array, c0: Array | None,

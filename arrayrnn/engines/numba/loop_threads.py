@@ -48,7 +48,7 @@ import threadpoolctl
 from ..determinism import is_deterministic
 from ..thread_count import get_num_threads
 from . import workers
-from .packed_gemm import new_scratch
+from .packed_gemm import new_scratch, outer
 from .spin_barrier import cancel_barrier, new_sync
 
 # gemm_threads: the threads split_matmul uses in this thread's current call; one_thread: see one_thread()
@@ -169,7 +169,7 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) ->
     """``a @ b`` (2-D, into ``out`` if given) with the rows of ``a`` split over :func:`gemm_threads`
     threads, each one BLAS call (NumPy releases the GIL in it); one call when a share would be small."""
     if a.shape[1] == 1:  # an outer product (one (step, row) pair, or an input of width 1)
-        return _outer(a, b, out)
+        return outer(a, b, out)
     threads = gemm_threads()
     M = a.shape[0]
     if threads == 1 or M < 64 * threads:
@@ -179,16 +179,6 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) ->
     in_parallel_split(lambda r0, r1: np.matmul(a[r0:r1], b, out=out[r0:r1]), lambda n: split_rows(M, n),
                       threads)
     return out
-
-
-def _outer(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """``a @ b`` for ``a (M, 1)``, ``b (1, N)``: one broadcast multiply, each entry ``a[i] * b[j]`` rounded
-    once, as BLAS's product over one term rounds it (the same bits), without BLAS's packing of both operands
-    for a product that is one multiply per entry (measured in bench/RESULTS.md, "an outer product")."""
-    dtype = np.result_type(a, b)
-    if out is None:
-        out = np.empty((a.shape[0], b.shape[1]), dtype)
-    return np.multiply(a, b, out=out, dtype=dtype)
 
 
 @functools.cache

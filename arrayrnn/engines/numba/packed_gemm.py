@@ -268,6 +268,29 @@ def gemm_steps(v0, v1, a, bp, c, bias, batch_sizes, scratch):
         gemm(a[t, :n], part, 1, c[t, :n, c0:c1], bias.size > 0, scratch)
 
 
+@simd_jit(**_JIT)
+def _outer_into(a, b, out):
+    for i in range(a.shape[0]):
+        ai, row = a[i], out[i]
+        for j in range(b.shape[0]):
+            row[j] = ai * b[j]
+
+
+def outer(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` for ``a (M, 1)`` and ``b (1, N)``, into ``out`` if given: each entry ``a[i] * b[j]`` rounded
+    once, as BLAS's product over one term (the same bits), without packing either operand or a BLAS call
+    (a weight gradient over one (step, row) pair: bench/RESULTS.md, "an outer product"). Compiled for one
+    float32 / float64 dtype and ``out`` in C order (or none), else NumPy's broadcast multiply."""
+    dtype = np.result_type(a, b)
+    compiled = dtype in (np.float32, np.float64) and a.dtype == b.dtype == dtype
+    if out is None:
+        out = np.empty((a.shape[0], b.shape[1]), dtype)
+    if compiled and out.dtype == dtype and out.flags.c_contiguous:
+        _outer_into(np.ascontiguousarray(a[:, 0]), np.ascontiguousarray(b[0]), out)
+        return out
+    return np.multiply(a, b, out=out, dtype=dtype)
+
+
 def matmul(a: np.ndarray, packed: np.ndarray, n: int, gates: int = 1, out: np.ndarray | None = None,
            accumulate: bool = False) -> np.ndarray:
     """``a @ b`` for ``packed = pack_b(b, gates)`` and ``b``'s column count ``n``; into ``out`` if given

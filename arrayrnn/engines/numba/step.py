@@ -34,7 +34,7 @@ from ..stack import direction_weights
 from ..step import StepEngine, StepWeights
 from . import direction, source_step
 from .bundles import Cell, no_variants
-from .packed_gemm import gemm, new_scratch, pack_b
+from .packed_gemm import gemm, new_scratch, outer, pack_b
 from .plan import one_step_on_one_thread
 from .source_step import SourceStep
 
@@ -170,8 +170,10 @@ class NumbaStep(StepEngine):
         call(0, B, _scratch(dtype))
         return grads
 
-    def matmul(self, a: Array, b: Array) -> np.ndarray:
-        return _product(a, pack_b(b), b.shape[1])
+    def matmul(self, a: Array, b: Array, out: np.ndarray | None = None) -> np.ndarray:
+        if a.shape[1] == 1:  # a weight gradient of one row
+            return outer(a, b, out)
+        return _product(a, pack_b(b), b.shape[1], out)
 
     def input_grad(self, sw: StepWeights, dpre: np.ndarray) -> np.ndarray:
         return _product(dpre, _packed(sw, "W_ih", lambda: pack_b(sw.w.W_ih)), sw.w.W_ih.shape[1])
@@ -218,8 +220,10 @@ def _source_views(sw: StepWeights) -> DirectionWeights:
         PackedParams._wrap(sw.spec, sw.source, "canonical"), 0, 0))
 
 
-def _product(a: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
-    """``a @ b`` (``packed = pack_b(b)``, ``n`` columns) on the packed GEMM, on this thread."""
-    out = np.empty((a.shape[0], n), a.dtype)
+def _product(a: np.ndarray, packed: np.ndarray, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` (``packed = pack_b(b)``, ``n`` columns) on the packed GEMM, on this thread, into ``out`` (C
+    order: a gradient block, written without a temporary) if given."""
+    if out is None:
+        out = np.empty((a.shape[0], n), a.dtype)
     gemm(_rows(a), packed, 1, out, False, _scratch(a.dtype))
     return out
