@@ -490,29 +490,29 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
     ``(T, B, F)`` stack into the products' rows (:class:`ActiveRows`). With layer norm ``d_product`` is
     the cotangent of ``W_ih x`` (``g.dpre_in`` that of the normalised side) and ``b_hh``'s gradient was
     written by :func:`.layer_norm.input_backward`."""
-    def into(name: str) -> Array:
+    def block(name: str) -> Array:  # this layer-direction's block of the gradient buffer
         return grads.view(layer, direction, name)
 
     if w.P is not None:  # first: it reads the stacks whole, which ``rows`` may compact
         c_new = fwd.cache.c_cand if fwd.cache.c_cand is not None else fwd.cache.c
-        dP = grads.view(layer, direction, "P")
+        dP = block("P")
         dP[0] = (gate(spec, g.dpre_in, "i") * c_prev).sum(axis=(0, 1))
         dP[1] = (gate(spec, g.dpre_in, "f") * c_prev).sum(axis=(0, 1))
         dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
     dpre_in = rows(g.dpre_in)
-    matmul((dpre_in if d_product is None else rows(d_product)).T, rows(layer_input), out=into("W_ih"))
+    matmul((dpre_in if d_product is None else rows(d_product)).T, rows(layer_input), out=block("W_ih"))
     if w.b_ih is not None:
-        into("b_ih")[...] = dpre_in.sum(axis=0)
+        block("b_ih")[...] = dpre_in.sum(axis=0)
     if w.h_mask is not None:
         h_prev = h_prev * w.h_mask
-    db_hh = grads.view(layer, direction, "b_hh") if w.b_hh is not None and w.norm is None else None
-    _recurrent_grads(matmul, spec, grads.view(layer, direction, "W_hh"), db_hh, g, fwd, rows(h_prev), rows)
+    dW_hh = block("W_hh")
+    db_hh = block("b_hh") if w.b_hh is not None and w.norm is None else None
+    _recurrent_grads(matmul, spec, dW_hh, db_hh, g, fwd, rows(h_prev), rows)
     if cell_masks is not None and cell_masks.weight is not None:
-        k = layer * spec.num_directions + direction
-        grads.view(layer, direction, "W_hh")[...] *= cell_masks.weight[k]
+        dW_hh *= cell_masks.weight[layer * spec.num_directions + direction]
     if w.W_hr is not None:
         m = gate(spec, fwd.cache.gates, "o") * fwd.cache.tanh_c
-        matmul(rows(g.d_h).T, rows(m), out=into("W_hr"))
+        matmul(rows(g.d_h).T, rows(m), out=block("W_hr"))
 
 
 def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array | None, g: DirectionGrads,

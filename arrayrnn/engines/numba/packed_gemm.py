@@ -19,6 +19,9 @@ tile and copied. ``M``, ``N`` or ``K`` may be any size, ``K = 0`` included.
 Which tile a product uses: blocks of 2 vectors with up to :func:`.simd_ir.max_rows` ``(2)`` rows
 (10 with AVX-512), or 4 vectors for products of at most ``max_rows(4)`` rows (a per-step product of a
 small batch); gate-grouped products use ``G``-vector tiles.
+
+A product over one term (``K = 1``: a weight gradient of one (step, row) pair) needs no packing:
+:func:`outer`.
 """
 
 from __future__ import annotations
