@@ -348,6 +348,57 @@ def test_split_matmul_equals_matmul_and_blas_is_held_to_one_thread_only_inside(t
         assert n == 1 and [lib.num_threads for lib in blas.lib_controllers] == before
 
 
+@pytest.mark.parametrize("rows", [517, 7])
+@pytest.mark.parametrize("count", [1, 2])
+def test_split_matmul_adds_the_bias_in_each_threads_share(threads, count, rows, monkeypatch):
+    """``split_matmul(a, b, bias=)`` (the numba engine's input projection on BLAS) gives the bits of the
+    product then ``+= bias`` in one pass, and with two threads adds each share's bias on that share's thread
+    (the pass over a large product is memory-bound); a product too small to split is one product and one
+    pass."""
+    threads(count)
+    rng = np.random.default_rng(rows)
+    a, b = rng.standard_normal((rows, 33)).astype(np.float32), rng.standard_normal((21, 33)).astype(np.float32).T
+    bias = rng.standard_normal(21).astype(np.float32)
+    shares = []
+    share = loop_threads._share
+    monkeypatch.setattr(loop_threads, "_share", lambda *args: shares.append(args[3] is bias) or share(*args))
+    with loop_threads.engine_threads(count):
+        want = loop_threads.split_matmul(a, b)
+        want += bias
+        split = count == 2 and rows >= 64 * count
+        assert shares == ([False, False] if split else [])
+        shares.clear()
+        into = np.empty_like(want)
+        got = loop_threads.split_matmul(a, b, into, bias=bias)
+    assert got is into and got.tobytes() == want.tobytes()
+    assert shares == ([True, True] if split else [])
+
+
+def test_the_numba_engines_blas_projection_is_the_shared_drivers_with_its_bias_split(threads, monkeypatch):
+    """The numba engine's input projection on BLAS (a product past ``PACKED_PROJECTION_MAX``) equals the
+    shared driver's :func:`.stack.input_projection` on the same split product, bit for bit, and is the
+    path a whole-sequence call of that size takes."""
+    from arrayrnn.engines import stack
+    from arrayrnn.engines.numba.engine import blas_projection
+
+    threads(2)
+    T, B, I, H = 40, 64, 96, 80
+    assert not plan.packed_projection(T, B, I, 4 * H, np.float32)
+    spec = ar.RNNSpec(mode="lstm", input_size=I, hidden_size=H)
+    w = stack.direction_weights(ar.PackedParams.init(spec, seed=3), 0, 0)
+    x = np.random.default_rng(3).standard_normal((T, B, I)).astype(np.float32)
+    with loop_threads.engine_threads(2):
+        want = stack.input_projection(x, w, loop_threads.split_matmul)
+        got = blas_projection(x, w, np.empty_like(want))
+    assert got.shape == (T, B, 4 * H) and got.tobytes() == want.tobytes()
+    from arrayrnn.engines.numba import engine
+
+    taken = []
+    monkeypatch.setattr(engine, "blas_projection", lambda *args: taken.append(1) or blas_projection(*args))
+    result = ar.rnn_forward(ar.PackedParams.init(spec, seed=3), x, engine="numba")
+    assert taken == [1] and np.isfinite(result.y).all()
+
+
 def test_float32_results_change_with_the_thread_count_only_by_the_documented_rounding(threads):
     """docs/guide/threads.md, "Rounding across thread counts": the hoisted products split their rows over the
     threads a call gets, and OpenBLAS rounds a product of fewer rows differently (issue 34 saw ~1e-8 in y,

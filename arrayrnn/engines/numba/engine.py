@@ -60,7 +60,7 @@ from ..base import (
 )
 from ..determinism import is_deterministic
 from ..layer_norm import put_grads
-from ..stack import StackBackRun, StackCache, StackEngine, StackRun, input_projection
+from ..stack import StackBackRun, StackCache, StackEngine, StackRun
 from . import custom_loops, direction, input_norm, warmup, wavefront
 from .bundles import Cell
 from .direction import LoopCall, cell_of, variants_of
@@ -196,6 +196,14 @@ def project_active_rows(x: np.ndarray, w: DirectionWeights, batch_sizes: np.ndar
     return xw
 
 
+def blas_projection(x: np.ndarray, w: DirectionWeights, out: np.ndarray | None) -> np.ndarray:
+    """``x @ W_ih.T + input_bias`` on NumPy's BLAS, the rows and the bias's pass split over the call's
+    threads (:func:`split_matmul`)."""
+    T, B, I = x.shape
+    flat_out = None if out is None else out.reshape(T * B, -1)
+    return split_matmul(x.reshape(T * B, I), w.W_ih.T, flat_out, bias=w.input_bias).reshape(T, B, -1)
+
+
 def packed_projector(w: DirectionWeights, rows: int) -> Projector:
     """``x @ W_ih.T + input_bias`` on the packed kernel, this thread, for chunks of steps of ``rows`` rows,
     ``W_ih`` packed once."""
@@ -304,7 +312,7 @@ class NumbaEngine(StackEngine):
             return lambda x, out: project_active_rows(x, w, run.batch_sizes, out, plan.direction_threads)
         if plan.packed_projection[layer]:
             return packed_projector(w, run.x.shape[1])
-        return lambda x, out: input_projection(x, w, split_matmul, out)
+        return lambda x, out: blas_projection(x, w, out)
 
     # -- backward -------------------------------------------------------------------------------
     def backward_sorted(self, cache: StackCache, dy: Array, dh_n: Array, dc_n: Array | None,

@@ -165,20 +165,36 @@ def gemm_threads() -> int:
     return getattr(_state, "gemm_threads", 1)
 
 
-def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``a @ b`` (2-D, into ``out`` if given) with the rows of ``a`` split over :func:`gemm_threads`
-    threads, each one BLAS call (NumPy releases the GIL in it); one call when a share would be small."""
-    if a.shape[1] == 1:  # an outer product (one (step, row) pair, or an input of width 1)
-        return outer(a, b, out)
+def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+                 bias: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` (2-D, into ``out`` if given), ``+ bias`` (``(N,)``) if given, with the rows of ``a`` split
+    over :func:`gemm_threads` threads, each one BLAS call (NumPy releases the GIL in it) and its rows' bias
+    (the bias pass over a large product is memory-bound: split, it runs on both cores' bandwidth); one
+    call when a share would be small."""
     threads = gemm_threads()
     M = a.shape[0]
-    if threads == 1 or M < 64 * threads:
-        return np.matmul(a, b, out=out)
-    if out is None:
-        out = np.empty((M, b.shape[1]), np.result_type(a, b))
-    in_parallel_split(lambda r0, r1: np.matmul(a[r0:r1], b, out=out[r0:r1]), lambda n: split_rows(M, n),
-                      threads)
+    if threads > 1 and M >= 64 * threads:
+        if out is None:
+            out = np.empty((M, b.shape[1]), np.result_type(a, b))
+        in_parallel_split(functools.partial(_share, a, b, out, bias), lambda n: split_rows(M, n), threads)
+        return out
+    out = _matmul(a, b, out)
+    if bias is not None:
+        out += bias
     return out
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if a.shape[1] == 1:  # an outer product (one (step, row) pair, or an input of width 1)
+        return outer(a, b, out)
+    return np.matmul(a, b, out=out)
+
+
+def _share(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, r0: int, r1: int) -> None:
+    """Rows ``r0 .. r1`` of :func:`split_matmul`."""
+    _matmul(a[r0:r1], b, out[r0:r1])
+    if bias is not None:
+        out[r0:r1] += bias
 
 
 @functools.cache
