@@ -357,7 +357,8 @@ def test_split_matmul_adds_the_bias_in_each_threads_share(threads, count, rows, 
     pass."""
     threads(count)
     rng = np.random.default_rng(rows)
-    a, b = rng.standard_normal((rows, 33)).astype(np.float32), rng.standard_normal((21, 33)).astype(np.float32).T
+    a = rng.standard_normal((rows, 33)).astype(np.float32)
+    b = rng.standard_normal((21, 33)).astype(np.float32).T
     bias = rng.standard_normal(21).astype(np.float32)
     shares = []
     share = loop_threads._share

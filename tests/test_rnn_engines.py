@@ -151,3 +151,54 @@ def test_residual_cache_size_is_as_documented(fields, per_step):
         for fwd in layer:
             assert fwd.cache.nbytes_per_step_row() == per_step * spec.hidden_size * 4
             assert fwd.y.shape == (3, 2, spec.output_size)
+
+
+# every block kind and how the backward writes it: biases on and off, both GRUs, projection, peepholes, layer
+# norm (with and without a cell), DropConnect and the other masks, two layers and two directions, padding
+GRADIENT_BLOCK_CASES = [
+    dict(mode="lstm", num_layers=2, bidirectional=True),
+    dict(mode="lstm", bias=False, proj_size=2, peepholes=True),
+    dict(mode="lstm", layer_norm=True, peepholes=True, weight_dropout=0.3, recurrent_dropout=0.3),
+    dict(mode="lstm", zoneout=0.3, zoneout_cell=0.2, proj_size=2, bidirectional=True),
+    dict(mode="gru", num_layers=2, dropout=0.3),
+    dict(mode="gru", reset_after=False, bidirectional=True, weight_dropout=0.2),
+    dict(mode="gru", layer_norm=True, bias=False),
+    dict(mode="gru", layer_norm=True, zoneout=0.3),
+    dict(mode="rnn_tanh", layer_norm=True, num_layers=2),
+    dict(mode="rnn_relu", bias=False, recurrent_dropout=0.4),
+]
+
+
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+@pytest.mark.parametrize("fields", GRADIENT_BLOCK_CASES,
+                         ids=lambda fields: "-".join(f"{k}={v}" for k, v in fields.items()))
+def test_the_backward_writes_every_block_of_its_uninitialised_gradient_buffer(engine, fields, monkeypatch):
+    """The backward's gradient buffer is not initialised (:func:`.stack.gradient_buffer`): filled with NaN
+    first, every variant's gradients come out finite and bit for bit those of a zeroed buffer, so no block is
+    left unwritten (a missed one would be NaN here, and garbage for a user)."""
+    from arrayrnn import rnn_backward
+    from arrayrnn.engines import stack
+
+    spec = RNNSpec(input_size=3, hidden_size=4, dtype="float64", **fields)
+    T, B, out = 5, 3, spec.output_size * spec.num_directions
+    rng = np.random.default_rng(7)
+    params = PackedParams.init(spec, seed=7)
+    x, dy = rng.standard_normal((T, B, 3)), rng.standard_normal((T, B, out))
+    lengths = np.array([5, 2, 4])
+
+    def gradients(fill: float) -> np.ndarray:
+        made = stack.gradient_buffer
+
+        def filled(spec_, xp):
+            buffer = made(spec_, xp)
+            buffer.data.fill(fill)
+            return buffer
+
+        with monkeypatch.context() as patch:
+            patch.setattr(stack, "gradient_buffer", filled)
+            res = rnn_forward(params, x, lengths, training=True, seed=3, engine=engine)
+            return rnn_backward(res, dy).dparams.data
+
+    poisoned, zeroed = gradients(np.nan), gradients(0.0)
+    assert np.isfinite(poisoned).all(), f"unwritten entries: {np.flatnonzero(~np.isfinite(poisoned))}"
+    assert poisoned.tobytes() == zeroed.tobytes()
