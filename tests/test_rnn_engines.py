@@ -154,7 +154,8 @@ def test_residual_cache_size_is_as_documented(fields, per_step):
 
 
 # every block kind and how the backward writes it: biases on and off, both GRUs, projection, peepholes, layer
-# norm (with and without a cell), DropConnect and the other masks, two layers and two directions, padding
+# norm (with and without a cell), DropConnect and the other masks, two layers and two directions (the test
+# adds padded rows, and rows of length 0)
 GRADIENT_BLOCK_CASES = [
     dict(mode="lstm", num_layers=2, bidirectional=True),
     dict(mode="lstm", bias=False, proj_size=2, peepholes=True),
@@ -184,9 +185,8 @@ def test_the_backward_writes_every_block_of_its_uninitialised_gradient_buffer(en
     rng = np.random.default_rng(7)
     params = PackedParams.init(spec, seed=7)
     x, dy = rng.standard_normal((T, B, 3)), rng.standard_normal((T, B, out))
-    lengths = np.array([5, 2, 4])
 
-    def gradients(fill: float) -> np.ndarray:
+    def gradients(fill: float, lengths: np.ndarray) -> np.ndarray:
         made = stack.gradient_buffer
 
         def filled(spec_, xp):
@@ -199,6 +199,7 @@ def test_the_backward_writes_every_block_of_its_uninitialised_gradient_buffer(en
             res = rnn_forward(params, x, lengths, training=True, seed=3, engine=engine)
             return rnn_backward(res, dy).dparams.data
 
-    poisoned, zeroed = gradients(np.nan), gradients(0.0)
-    assert np.isfinite(poisoned).all(), f"unwritten entries: {np.flatnonzero(~np.isfinite(poisoned))}"
-    assert poisoned.tobytes() == zeroed.tobytes()
+    for lengths in (np.array([5, 2, 4]), np.array([0, 0, 0])):  # padded rows; no step active at all
+        poisoned, zeroed = gradients(np.nan, lengths), gradients(0.0, lengths)
+        assert np.isfinite(poisoned).all(), f"unwritten entries: {np.flatnonzero(~np.isfinite(poisoned))}"
+        assert poisoned.tobytes() == zeroed.tobytes()
