@@ -380,6 +380,7 @@ def test_the_numba_engines_blas_projection_is_the_shared_drivers_with_its_bias_s
     shared driver's :func:`.stack.input_projection` on the same split product, bit for bit, and is the
     path a whole-sequence call of that size takes."""
     from arrayrnn.engines import stack
+    from arrayrnn.engines.numba import engine
     from arrayrnn.engines.numba.engine import blas_projection
 
     threads(2)
@@ -392,8 +393,6 @@ def test_the_numba_engines_blas_projection_is_the_shared_drivers_with_its_bias_s
         want = stack.input_projection(x, w, loop_threads.split_matmul)
         got = blas_projection(x, w, np.empty_like(want))
     assert got.shape == (T, B, 4 * H) and got.tobytes() == want.tobytes()
-    from arrayrnn.engines.numba import engine
-
     taken = []
     monkeypatch.setattr(engine, "blas_projection", lambda *args: taken.append(1) or blas_projection(*args))
     result = ar.rnn_forward(ar.PackedParams.init(spec, seed=3), x, engine="numba")
