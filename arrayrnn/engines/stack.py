@@ -510,13 +510,14 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
         dP[2] = (gate(spec, g.dpre_in, "o") * c_new).sum(axis=(0, 1))
     dpre_in = rows(g.dpre_in)
     matmul((dpre_in if d_product is None else rows(d_product)).T, rows(layer_input), out=block("W_ih"))
-    if w.b_ih is not None:
-        block("b_ih")[...] = dpre_in.sum(axis=0)
+    db_ih = block("b_ih") if w.b_ih is not None else None
+    if db_ih is not None:
+        db_ih[...] = dpre_in.sum(axis=0)
     if w.h_mask is not None:
         h_prev = h_prev * w.h_mask
     dW_hh = block("W_hh")
     db_hh = block("b_hh") if w.b_hh is not None and w.norm is None else None
-    _recurrent_grads(matmul, spec, dW_hh, db_hh, g, fwd, rows(h_prev), rows)
+    _recurrent_grads(matmul, spec, dW_hh, db_hh, g, fwd, rows(h_prev), rows, db_ih)
     if cell_masks is not None and cell_masks.weight is not None:
         dW_hh *= cell_masks.weight[layer * spec.num_directions + direction]
     if w.W_hr is not None:
@@ -525,20 +526,23 @@ def _weight_grads(matmul: MatMul, spec: RNNSpec, grads: PackedParams, layer: int
 
 
 def _recurrent_grads(matmul: MatMul, spec: RNNSpec, dW_hh: Array, db_hh: Array | None, g: DirectionGrads,
-                     fwd: DirectionForward, h_prev: Array, rows: Callable[[Array], Array] = _rows) -> None:
+                     fwd: DirectionForward, h_prev: Array, rows: Callable[[Array], Array] = _rows,
+                     db_ih: Array | None = None) -> None:
     """``dW_hh`` and ``db_hh`` (``None``: no ``b_hh``) from the gradient of ``W_hh h_prev + b_hh``, with
-    ``h_prev`` as rows (of ``rows``)."""
+    ``h_prev`` as rows (of ``rows``). ``db_ih``, if written: the sum of ``dpre_in``, copied where ``db_hh``
+    sums the same cotangent (the plain LSTM's whole ``dpre_rec``, the reset-after GRU's r, z parts)."""
     dpre_in, dpre_rec = rows(g.dpre_in), rows(g.dpre_rec)
     if g.dn_rec is not None:  # reset-after GRU: the n part apart, the r and z parts are dpre_in's
         rz, n, dn_rec = gate_slice(spec, "r", "z"), gate_slice(spec, "n"), rows(g.dn_rec)
         matmul(gate(spec, dpre_in, "r", "z").T, h_prev, out=dW_hh[rz])
         matmul(dn_rec.T, h_prev, out=dW_hh[n])
         if db_hh is not None:
-            db_hh[rz] = gate(spec, dpre_in, "r", "z").sum(axis=0)
+            db_hh[rz] = db_ih[rz] if db_ih is not None else gate(spec, dpre_in, "r", "z").sum(axis=0)
             db_hh[n] = dn_rec.sum(axis=0)
         return
     if db_hh is not None:
-        db_hh[...] = dpre_rec.sum(axis=0)
+        same = g.dpre_rec is g.dpre_in and db_ih is not None
+        db_hh[...] = db_ih if same else dpre_rec.sum(axis=0)
     if spec.mode == "gru" and not spec.reset_after:
         # the n rows of W_hh multiply r * h_prev, the r and z rows multiply h_prev
         matmul(gate(spec, dpre_rec, "r", "z").T, h_prev, out=dW_hh[gate_slice(spec, "r", "z")])
