@@ -188,15 +188,28 @@ def test_wide_hidden_sizes_cross_every_tile_edge(config):
     assert_same_results(ours, oracle, rtol=1e-11, atol=1e-12)
 
 
-def test_inference_forward_equals_training_forward():
-    spec = ar.RNNSpec(mode="lstm", input_size=5, hidden_size=6, proj_size=2, bidirectional=True)
-    x = np.random.default_rng(3).standard_normal((7, 20, 5)).astype(np.float32)
+@pytest.mark.parametrize("mode, options, shape", [
+    ("lstm", {"proj_size": 2, "bidirectional": True}, (7, 20, 5, 6)),
+    ("lstm", {}, (7, 20, 5, 6)),
+    ("gru", {}, (7, 20, 5, 6)),
+    ("lstm", {}, (24, 12, 8, 256)),   # the column split where the call has two threads
+    ("gru", {}, (24, 12, 8, 320)),
+])
+def test_inference_forward_equals_training_forward(mode, options, shape):
+    """The gate tiles store the activated gates (the backward's residuals) only when the cache is kept; the
+    inference loop's outputs are the training loop's, bit for bit."""
+    T, B, I, H = shape
+    spec = ar.RNNSpec(mode=mode, input_size=I, hidden_size=H, **options)
+    x = np.random.default_rng(3).standard_normal((T, B, I)).astype(np.float32)
+    lengths = np.random.default_rng(4).integers(0, T + 1, B)
     params = ar.PackedParams.init(spec)
-    a = ar.rnn_forward(params, x, engine="numba")
-    b = ar.rnn_forward(params, x, training=True, engine="numba")
-    np.testing.assert_array_equal(a.y, b.y)
-    np.testing.assert_array_equal(a.h_n, b.h_n)
-    np.testing.assert_array_equal(a.c_n, b.c_n)
+    for rows in (None, lengths):
+        a = ar.rnn_forward(params, x, rows, engine="numba")
+        b = ar.rnn_forward(params, x, rows, training=True, engine="numba")
+        np.testing.assert_array_equal(a.y, b.y)
+        np.testing.assert_array_equal(a.h_n, b.h_n)
+        if spec.has_cell:
+            np.testing.assert_array_equal(a.c_n, b.c_n)
 
 
 def test_backward_twice_from_one_forward_gives_the_same_gradients():

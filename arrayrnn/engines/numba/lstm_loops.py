@@ -77,14 +77,17 @@ def lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip
         cb = c[b, j0:j1]
         out = m[b, j0:j1] if project else y[t, b, j0:j1]
         tc_out = tanh_c_all[t if keep else 0, b, j0:j1] if project else m[b, j0:j1]
-        for j in range(j1 - j0):
-            gi = sigmoid(gi_[j])
-            gf = sigmoid(gf_[j])
-            gg = tanh(gg_[j])
-            go = sigmoid(go_[j])
-            cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
-            tc = tanh(cn)
-            _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tc)
+        if keep:  # the activated gates over their pre-activations: the backward's residuals
+            for j in range(j1 - j0):
+                gi, gf, gg, go = sigmoid(gi_[j]), sigmoid(gf_[j]), tanh(gg_[j]), sigmoid(go_[j])
+                cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+                _store_lstm(gi_, gf_, gg_, go_, cb, tc_out, out, j, gi, gf, gg, go, cn, tanh(cn))
+        else:  # no cache: xw and tanh(c) are scratch, only the cell and the output are stored
+            for j in range(j1 - j0):
+                gi, gf, gg, go = sigmoid(gi_[j]), sigmoid(gf_[j]), tanh(gg_[j]), sigmoid(go_[j])
+                cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
+                cb[j] = cn
+                out[j] = go * tanh(cn)
 
 
 @simd_jit(**JIT)  # keyed on the variant: prefer_full_vectors depends on it
