@@ -55,8 +55,8 @@ def gru_after_tile(xw, t, i0, i1, j0, j1, H, h, hh, b_hn, y, hn_all, keep):
         gr, gz, gn = g[R + j0:R + j1], g[Z + j0:Z + j1], g[N + j0:N + j1]
         qr, qz, qn = q[R + j0:R + j1], q[Z + j0:Z + j1], q[N + j0:N + j1]
         hb, yb = h[b, j0:j1], y[t, b, j0:j1]
-        hn_out = hn_all[t if keep else 0, b, j0:j1]
         if keep:  # the activated gates over their pre-activations, W_hn h + b_hn: the backward's residuals
+            hn_out = hn_all[t, b, j0:j1]
             for j in range(j1 - j0):
                 r, z, hn = sigmoid(gr[j] + qr[j]), sigmoid(gz[j] + qz[j]), qn[j] + bias[j]
                 nn = tanh(gm.gru_candidate_input(gn[j], r, hn))

@@ -76,8 +76,8 @@ def lstm_tile(xw, t, i0, i1, j0, j1, H, c, y, m, project, keep, tanh_c_all, clip
         gg_, go_ = g[LSTM_G * H + j0:LSTM_G * H + j1], g[LSTM_O * H + j0:LSTM_O * H + j1]
         cb = c[b, j0:j1]
         out = m[b, j0:j1] if project else y[t, b, j0:j1]
-        tc_out = tanh_c_all[t if keep else 0, b, j0:j1] if project else m[b, j0:j1]
         if keep:  # the activated gates over their pre-activations: the backward's residuals
+            tc_out = tanh_c_all[t, b, j0:j1] if project else m[b, j0:j1]
             for j in range(j1 - j0):
                 gi, gf, gg, go = sigmoid(gi_[j]), sigmoid(gf_[j]), tanh(gg_[j]), sigmoid(go_[j])
                 cn = gm.lstm_cell(gi, gf, gg, cb[j], clip_lo, clip_hi)
