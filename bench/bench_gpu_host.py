@@ -12,7 +12,9 @@ where that file exists):
   compiled here (gcc) and called through cudnn_bindings' ctypes prototypes, as the real ones would be. The
   stand-in's array arithmetic runs on the host; its time is measured and SUBTRACTED (on a GPU an array
   operation costs its launch, not its arithmetic), its Python dispatch is kept as the stand-in for CuPy's;
-  a custom kernel (the weight fingerprint) is one stub launch.
+  a custom kernel (the weight fingerprint) is one stub launch. The wrapper that times each operation costs
+  about a microsecond outside the interval it records; it is measured at the start (printed) and taken
+  off per operation too.
 - peer: ``torch.nn.LSTM/GRU.forward`` on CPU tensors of the same shapes with ``torch._VF.lstm/gru``
   replaced by a function returning preallocated outputs: the module's Python part (argument checks,
   ``hx`` zeros, the call), under ``torch.no_grad()`` for the forward rows and with grad enabled for the
@@ -89,26 +91,51 @@ def stubbed_compute() -> Iterator[None]:
 
 # -- the stand-in's arithmetic, timed so that it can be subtracted -------------------------------------------
 class Arithmetic:
-    """Seconds the stand-in CuPy spent in NumPy arithmetic (and the count of its operations)."""
+    """Seconds the stand-in CuPy spent in NumPy arithmetic (and the count of its operations), and what the
+    timing wrapper itself costs per operation outside the interval it records (``overhead``, measured by
+    :meth:`calibrate`): the bench's instrument, not ours, so :func:`_mean_us` takes it off too."""
 
     def __init__(self) -> None:
-        self.seconds, self.ops = 0.0, 0
+        self.seconds, self.ops, self.overhead = 0.0, 0, 0.0
+
+    def timing(self, fn: Callable) -> Callable:
+        """``fn`` with its time added to ``seconds`` and counted in ``ops``."""
+        def run(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - start
+                self.ops += 1
+        return run
+
+    def calibrate(self, calls: int = 20000, rounds: int = 5) -> float:
+        """Seconds per call that :meth:`timing`'s wrapper adds beyond the interval it records: the median
+        over ``rounds`` of (a wrapped no-op's time - the recorded time - a bare no-op's time)."""
+        def noop(*args, **kwargs):
+            return None
+
+        wrapped, samples = self.timing(noop), []
+        seconds, ops = self.seconds, self.ops
+        for _ in range(rounds):
+            before, start = self.seconds, time.thread_time()
+            for _ in range(calls):
+                wrapped(1, x=2)
+            outside = time.thread_time() - start - (self.seconds - before)
+            start = time.thread_time()
+            for _ in range(calls):
+                noop(1, x=2)
+            samples.append((outside - (time.thread_time() - start)) / calls)
+        self.seconds, self.ops = seconds, ops
+        self.overhead = max(0.0, statistics.median(samples))
+        return self.overhead
 
     @contextlib.contextmanager
     def timed(self, fake: types.ModuleType) -> Iterator[None]:
         saved = {name: getattr(fake, name) for name in ("_call", "_poisoned")}
         saved_items = (fake.ndarray.__getitem__, fake.ndarray.__setitem__)
         saved_module = {name: getattr(fake.MODULE, name) for name in ("asarray", "array")}
-
-        def timing(fn: Callable) -> Callable:
-            def run(*args, **kwargs):
-                start = time.thread_time()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self.seconds += time.thread_time() - start
-                    self.ops += 1
-            return run
+        timing = self.timing
 
         def call(func, args, kwargs):  # fake_cupy._call with only the NumPy function timed
             outs = kwargs.get("out")
@@ -268,11 +295,15 @@ def _theirs(mode: str, shape: tuple, training: bool) -> Callable[[], None]:
 
 
 def _mean_us(fn: Callable[[], None], calls: int, arithmetic: Arithmetic | None = None) -> float:
-    before = arithmetic.seconds if arithmetic else 0.0
+    """Mean thread microseconds of ``fn()``, less the stand-in's arithmetic and the timing wrapper's own cost
+    per operation (``arithmetic.overhead``)."""
+    before, ops = (arithmetic.seconds, arithmetic.ops) if arithmetic else (0.0, 0)
     start = time.thread_time()
     for _ in range(calls):
         fn()
-    spent = time.thread_time() - start - ((arithmetic.seconds - before) if arithmetic else 0.0)
+    spent = time.thread_time() - start
+    if arithmetic:
+        spent -= arithmetic.seconds - before + (arithmetic.ops - ops) * arithmetic.overhead
     return spent / calls * 1e6
 
 
@@ -317,10 +348,17 @@ def _lengths_row(cp, fake: types.ModuleType, arithmetic: Arithmetic, mode: str, 
     return row
 
 
+def _calibrated() -> Arithmetic:
+    arithmetic = Arithmetic()
+    overhead_us = arithmetic.calibrate() * 1e6
+    print(f"the timing wrapper's own cost, taken off ours per array operation: {overhead_us:.2f} us")
+    return arithmetic
+
+
 def measure_lengths(rounds: int, calls: int) -> list[dict]:
     from support import cudnn_dry_run, fake_cupy
 
-    rows, arithmetic = [], Arithmetic()
+    rows, arithmetic = [], _calibrated()
     with stubbed_compute(), cudnn_dry_run.installed(_bench_bindings()) as cp:
         for mode in MODES:
             for what in ("forward", "train_step"):
@@ -335,7 +373,7 @@ def measure_lengths(rounds: int, calls: int) -> list[dict]:
 def measure(rounds: int, calls: int) -> list[dict]:
     from support import cudnn_dry_run, fake_cupy
 
-    rows, arithmetic = [], Arithmetic()
+    rows, arithmetic = [], _calibrated()
     with stubbed_compute(), cudnn_dry_run.installed(_bench_bindings()) as cp, torch_without_vf():
         for name in SHAPES:
             for mode in MODES:
