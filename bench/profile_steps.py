@@ -107,6 +107,7 @@ SHAPES = {  # name: (T, B, I, H, variable lengths); "S4-layer1": S4's second lay
     "S1": (100, 64, 256, 256, False), "S2-layer": (50, 16, 128, 512, False), "S3": (200, 1, 64, 128, False),
     "S4-layer1": (100, 64, 512, 256, False), "S5": (100, 64, 256, 256, True)}
 STACKS = {"S4": ((100, 64, 256, 256), 2, True)}  # name: ((T, B, I, H), layers, bidirectional)
+STACK_PARTS = {"S4": ("S1", "S4-layer1")}  # the one-layer shapes of its layer-directions (2 each)
 COLUMNS, ROWS, ONE = "columns", "rows", "1 thread"   # a time loop's split
 
 
@@ -393,7 +394,7 @@ def render_stacks(stacks, results) -> str:
            "|---|---|---|---|---|---|"]
     for (name, mode), totals in stacks.items():
         for phase, whole in totals.items():
-            parts = sum(2 * results[(layer, mode)][phase]["total"] for layer in ("S1", "S4-layer1"))
+            parts = sum(2 * results[(layer, mode)][phase]["total"] for layer in STACK_PARTS[name])
             out.append(f"| {name} | {mode} | {phase} | {whole:.2f} | {parts:.2f} | {whole / parts:.2f} |")
     return "\n".join(out) + "\n"
 
@@ -479,6 +480,18 @@ def write_results(section: str, label: str) -> None:
     results_md.write_block(RESULTS, start, end, section)
 
 
+def _check_stacks(parser: argparse.ArgumentParser, shapes: list[str]) -> None:
+    """A stack is timed against its layer-directions' one-layer shapes: refuse it without them, before any
+    timing (the table would have nothing to compare with)."""
+    for name in shapes:
+        missing = [layer for layer in STACK_PARTS.get(name, ()) if layer not in shapes]
+        if missing:
+            wanted = [s for s in shapes if s != name] + missing + [name]
+            parser.error(f"--shapes {name} is compared with its layers {', '.join(STACK_PARTS[name])}, and "
+                         f"{', '.join(missing)} is not among --shapes {','.join(shapes)}; pass --shapes "
+                         f"{','.join(wanted)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="S1,S3")
@@ -491,6 +504,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="after", help="names the RESULTS.md block (before / after)")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
+    _check_stacks(parser, args.shapes.split(","))
     threadpoolctl.threadpool_limits(args.threads)
     peaks = fma_peaks(args.threads, args.peak)
     print("FMA peak GFLOP/s by threads:", {n: round(v, 1) for n, v in peaks.items()}, flush=True)

@@ -86,6 +86,17 @@ def test_step_profile_takes_lengths_and_times_a_stack_against_its_layers(capsys,
     assert whole > 0 and ratio == pytest.approx(whole / parts, abs=0.01)
 
 
+def test_step_profile_refuses_a_stack_without_its_layers_by_name(capsys, monkeypatch):
+    """``--shapes S4`` alone used to time everything and then fail with a KeyError in its table."""
+    profile = _load_bench(monkeypatch, BENCH.with_name("profile_steps.py"))
+    with pytest.raises(SystemExit) as exit_info:
+        profile.main(["--shapes", "S1,S4", "--modes", "lstm", "--repeats", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--shapes S4 is compared with its layers S1, S4-layer1" in err
+    assert "S4-layer1 is not among --shapes S1,S4; pass --shapes S1,S4-layer1,S4" in err
+
+
 def test_step_profile_reports_each_loops_roofline(capsys, monkeypatch, threads):
     from arrayrnn.engines import thresholds
 
